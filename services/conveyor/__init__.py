@@ -1,0 +1,17 @@
+"""Conveyor: background jobs where accepting a job is a database commit."""
+
+from .core.errors import ConveyorError, Retry
+from .core.jobs import Status
+from .enqueue import JobSpec, enqueue, enqueue_many
+from .router import Job, JobRouter
+
+__all__ = [
+    "ConveyorError",
+    "Job",
+    "JobRouter",
+    "JobSpec",
+    "Retry",
+    "Status",
+    "enqueue",
+    "enqueue_many",
+]

@@ -1,0 +1,334 @@
+"""The ``conveyor`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from .core.config import Settings
+from .core.logging import configure
+
+
+def _settings() -> Settings:
+    return Settings()
+
+
+def _print(data: Any) -> None:
+    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .core.db.connect import database_name
+    from .core.db.migrate import migrate
+
+    settings = _settings()
+    try:
+        created = migrate(settings.database_url)
+    except OSError as exc:
+        print(f"conveyor migrate: cannot reach PostgreSQL: {exc}", file=sys.stderr)
+        return 2
+    name = database_name(settings.database_url)
+    print(f"database {name!r} {'created and ' if created else ''}migrated to head")
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    from . import services
+
+    settings = _settings()
+    server = services.api_server(settings, args.host, args.port)
+    print(f"conveyor api listening on http://{args.host}:{args.port}", file=sys.stderr)
+    services.run(lambda stop: services.serve_api(server, stop))
+    return 0
+
+
+def cmd_publisher(args: argparse.Namespace) -> int:
+    from . import services
+
+    settings = _settings()
+    services.run(
+        lambda stop: services.run_publisher(settings, stop, maintenance=not args.no_maintenance)
+    )
+    return 0
+
+
+def cmd_sweeper(args: argparse.Namespace) -> int:
+    from . import services
+
+    settings = _settings()
+    services.run(lambda stop: services.run_sweeper(settings, stop))
+    return 0
+
+
+def _types(value: str | None) -> list[str] | None:
+    return [t.strip() for t in value.split(",") if t.strip()] if value else None
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from . import services
+    from .worker.consumer import Worker
+    from .worker.health import serve_health
+
+    settings = _settings()
+    if args.shutdown_grace is not None:
+        settings = settings.model_copy(update={"shutdown_grace": args.shutdown_grace})
+    router = services.load_router(args.app)
+    try:
+        worker = Worker(settings, router, types=_types(args.types), concurrency=args.concurrency)
+    except ValueError as exc:
+        print(f"conveyor worker: {exc}", file=sys.stderr)
+        return 2
+
+    async def main(stop: asyncio.Event) -> None:
+        health = None
+        port = args.health_port if args.health_port is not None else settings.worker_health_port
+        if port is not None:
+            health = await serve_health(worker, "0.0.0.0", port)
+        await services._start_with_retry(worker.start, stop, "worker")
+        await stop.wait()
+        await worker.stop()
+        if health is not None:
+            health.close()
+
+    services.run(main)
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from . import services
+    from .core.db.migrate import migrate
+    from .worker.consumer import Worker
+
+    settings = _settings()
+    router = services.load_router(args.app)
+    problem = asyncio.run(services.preflight(settings))
+    if problem:
+        print(f"conveyor dev: {problem}", file=sys.stderr)
+        return 2
+    migrate(settings.database_url)
+    server = services.api_server(settings, args.host, args.port)
+    worker = Worker(settings, router, concurrency=args.concurrency)
+    first = router.types[0]
+    url = f"http://{args.host}:{args.port}"
+
+    async def main(stop: asyncio.Event) -> None:
+        await worker.start()
+        tasks = [
+            asyncio.create_task(services.serve_api(server, stop)),
+            asyncio.create_task(services.run_publisher(settings, stop)),
+        ]
+        print(
+            f"\nConveyor is running: API {url}  (docs {url}/docs)\n"
+            f"Handlers: {', '.join(router.types)}\n"
+            "Try:\n"
+            f"  curl -s -X POST {url}/jobs -H 'content-type: application/json' "
+            f"""-d '{{"type": "{first}", "payload": {{"name": "world"}}}}'\n"""
+            f"  curl -s {url}/jobs/<id from above>\n"
+            "Ctrl-C stops it.\n",
+            file=sys.stderr,
+            flush=True,
+        )
+        await stop.wait()
+        await worker.stop()
+        await asyncio.gather(*tasks)
+
+    services.run(main)
+    return 0
+
+
+# ---------------------------------------------------------------------------- operator commands
+
+
+async def _with_pool(fn: Any) -> Any:
+    import asyncpg
+
+    settings = _settings()
+    conn = await asyncpg.connect(settings.database_url, timeout=5)
+    try:
+        return await fn(conn)
+    finally:
+        await conn.close()
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from .api.models import JobResource
+    from .core.db import store
+
+    def resource(row: Any) -> dict[str, Any]:
+        return JobResource.from_row(row).model_dump(mode="json")
+
+    async def go(conn: Any) -> int:
+        if args.action == "list":
+            rows = await store.job_list(
+                conn, job_type=args.type, status=args.status, after=None, limit=args.limit
+            )
+            for r in rows:
+                print(f"{r['id']}  {r['job_type']:<24} {r['status']:<12} attempts={r['attempts']}"
+                      f"  created={r['created_at']:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+            return 0
+        job_id = uuid.UUID(args.id)
+        if args.action == "show":
+            row = await store.job_get(conn, job_id)
+        elif args.action == "cancel":
+            async with conn.transaction():
+                ok = await store.job_cancel(conn, job_id)
+                row = await store.job_get(conn, job_id)
+            if row is not None and not ok:
+                print(f"job {job_id} is {row['status']}: nothing to cancel", file=sys.stderr)
+                return 1
+        else:  # retry
+            async with conn.transaction():
+                ok = bool(await store.job_redrive(conn, [job_id]))
+                row = await store.job_get(conn, job_id)
+            if row is not None and not ok:
+                print(f"job {job_id} is {row['status']}: only FAILED or CANCELLED jobs can be "
+                      "retried", file=sys.stderr)  # fmt: skip
+                return 1
+        if row is None:
+            print(f"no job {job_id}", file=sys.stderr)
+            return 1
+        _print(resource(row))
+        return 0
+
+    try:
+        return int(asyncio.run(_with_pool(go)))
+    except ValueError as exc:
+        print(f"conveyor jobs: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from .core.amqp.topology import Topology, connect
+    from .core.db.connect import create_pool
+    from .maintenance import deadletters as dl
+
+    settings = _settings()
+    ids = {uuid.UUID(i) for i in (args.id or [])} if args.action != "list" else set()
+    if args.action != "list" and not (ids or args.type or args.all):
+        print(
+            "conveyor dlq: say which: --id ID (repeatable), --type TYPE or --all", file=sys.stderr
+        )
+        return 2
+
+    async def go() -> int:
+        connection = await connect(settings.amqp_url, name="conveyor-dlq")
+        pool = await create_pool(settings.database_url, application_name="conveyor-dlq", max_size=2)
+        try:
+            topology = Topology(settings.namespace)
+            if args.action == "list":
+                seen = await dl.scan(connection, pool, topology, lambda _: "keep", limit=args.limit)
+                _print([d.as_dict() for d, _ in seen])
+                return 0
+            match = dl.selector(ids, args.type, args.all)
+            decide = (
+                dl.redrive_decision(match) if args.action == "redrive" else dl.purge_decision(match)
+            )
+            seen = await dl.scan(connection, pool, topology, decide)
+            summary: dict[str, int] = {}
+            for _, decision in seen:
+                summary[decision] = summary.get(decision, 0) + 1
+            _print({"scanned": len(seen), **summary})
+            return 0
+        finally:
+            await connection.close()
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="conveyor",
+        description="Background jobs where accepting a job is a database commit. Settings come "
+        "from CONVEYOR_* environment variables (CONVEYOR_DATABASE_URL, CONVEYOR_AMQP_URL, "
+        "CONVEYOR_NAMESPACE, CONVEYOR_VISIBILITY_TIMEOUT, ...).",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("migrate", help="create the database if missing, then alembic upgrade head")
+    s.set_defaults(func=cmd_migrate)
+
+    s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.set_defaults(func=cmd_api)
+
+    s = sub.add_parser(
+        "publisher",
+        help="relay the outbox to RabbitMQ; also runs the maintenance duties (scheduled jobs, "
+        "lease recovery, reconciler, retention) unless --no-maintenance",
+    )
+    s.add_argument("--no-maintenance", action="store_true",
+                   help="relay only; run `conveyor sweeper` separately")  # fmt: skip
+    s.set_defaults(func=cmd_publisher)
+
+    s = sub.add_parser("sweeper", help="run only the maintenance duties")
+    s.set_defaults(func=cmd_sweeper)
+
+    s = sub.add_parser("worker", help="run the handlers registered on a JobRouter")
+    s.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
+    s.add_argument("--types", help="comma-separated job types to consume (default: all handlers)")
+    s.add_argument("--concurrency", type=int, default=16,
+                   help="jobs run at once; also the prefetch bound (default 16)")  # fmt: skip
+    s.add_argument("--shutdown-grace", type=float, default=None,
+                   help="seconds in-flight jobs get to finish on SIGTERM (default "
+                   "CONVEYOR_SHUTDOWN_GRACE or 25)")  # fmt: skip
+    s.add_argument("--health-port", type=int, default=None,
+                   help="serve /healthz, /readyz and /metrics on this port")  # fmt: skip
+    s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("dev", help="API + publisher + maintenance + worker in one process")
+    s.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--concurrency", type=int, default=16)
+    s.set_defaults(func=cmd_dev)
+
+    s = sub.add_parser("jobs", help="show, list, cancel or retry jobs")
+    jobs = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, help_ in (("show", "print one job"), ("cancel", "cancel a job"),
+                        ("retry", "re-queue a FAILED or CANCELLED job")):  # fmt: skip
+        j = jobs.add_parser(name, help=help_)
+        j.add_argument("id")
+    j = jobs.add_parser("list", help="list jobs, newest first")
+    j.add_argument("--type")
+    j.add_argument("--status", choices=[
+        "PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED",
+    ])  # fmt: skip
+    j.add_argument("--limit", type=int, default=50)
+    s.set_defaults(func=cmd_jobs)
+
+    s = sub.add_parser("dlq", help="list, redrive or purge the dead-letter queue")
+    dlq = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    d = dlq.add_parser("list", help="print dead letters (they stay in the queue)")
+    d.add_argument("--limit", type=int, default=100)
+    for name, help_ in (("redrive", "re-queue the jobs of matching dead letters"),
+                        ("purge", "delete matching dead letters (jobs stay FAILED)")):  # fmt: skip
+        d = dlq.add_parser(name, help=help_)
+        d.add_argument("--id", action="append", help="a job id (repeatable)")
+        d.add_argument("--type", help="every dead letter of this job type")
+        d.add_argument("--all", action="store_true", help="every dead letter")
+    s.set_defaults(func=cmd_dlq)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure()
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

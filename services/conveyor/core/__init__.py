@@ -1,0 +1,1 @@
+"""Shared by every service; never imports api, publisher, worker or maintenance."""

@@ -1,0 +1,1 @@
+"""RabbitMQ: every broker name (topology) and connection helpers."""

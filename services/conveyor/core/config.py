@@ -1,0 +1,42 @@
+"""Settings, read from the environment once in an entry point and passed down."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of a Conveyor process. Environment variables carry the ``CONVEYOR_`` prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_", extra="ignore")
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/conveyor"
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    namespace: str = Field(default="jobs", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$")
+    visibility_timeout: float = Field(default=30.0, gt=0)
+
+    # API limits
+    max_payload_bytes: int = Field(default=256 * 1024, gt=0)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_batch: int = Field(default=1000, gt=0)
+    db_timeout: float = Field(default=1.5, gt=0)
+    db_pool_size: int = Field(default=10, gt=0)
+
+    # job defaults when neither the submitter nor the handler says
+    default_max_retries: int = Field(default=3, ge=0)
+
+    # publisher
+    relay_batch: int = Field(default=500, gt=0)
+    relay_poll_interval: float = Field(default=1.0, gt=0)
+
+    # maintenance (runs inside the publisher process, see README)
+    schedule_interval: float = Field(default=0.25, gt=0)
+    lease_sweep_interval: float = Field(default=2.0, gt=0)
+    reconcile_interval: float = Field(default=15.0, gt=0)
+    reconcile_after: float = Field(default=60.0, gt=0)
+    retention_days: float = Field(default=7.0, gt=0)
+
+    # worker
+    shutdown_grace: float = Field(default=25.0, ge=0)
+    worker_health_port: int | None = None

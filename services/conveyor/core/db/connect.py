@@ -1,0 +1,81 @@
+"""Connections to PostgreSQL: pools per component, database creation, outage classification."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+# Exceptions that mean "PostgreSQL is not reachable / the connection broke", as opposed to a bug
+# or a constraint violation. Callers map them to 503 or retry with backoff.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    socket.gaierror,
+    asyncio.TimeoutError,
+    TimeoutError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.QueryCanceledError,
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, UNAVAILABLE)
+
+
+async def create_pool(
+    url: str,
+    *,
+    application_name: str,
+    min_size: int = 0,
+    max_size: int = 10,
+    timeout: float = 5.0,
+    command_timeout: float | None = None,
+) -> Any:
+    """A pool that does not connect eagerly (``min_size=0``), so a process starts while the
+    database is down and recovers by itself when it comes back."""
+    return await asyncpg.create_pool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=timeout,
+        command_timeout=command_timeout,
+        max_inactive_connection_lifetime=60.0,
+        server_settings={"application_name": application_name},
+    )
+
+
+def database_name(url: str) -> str:
+    name = urlsplit(url).path.lstrip("/")
+    return name or "postgres"
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+async def ensure_database(url: str, *, timeout: float = 5.0) -> bool:
+    """Create the database of ``url`` when it does not exist. Returns True when created."""
+    name = database_name(url)
+    conn = await asyncpg.connect(with_database(url, "postgres"), timeout=timeout)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if exists:
+            return False
+        quoted = '"' + name.replace('"', '""') + '"'
+        try:
+            await conn.execute(f"CREATE DATABASE {quoted}")
+        except asyncpg.exceptions.DuplicateDatabaseError:
+            return False
+        return True
+    finally:
+        await conn.close()

@@ -1,0 +1,93 @@
+"""SQLAlchemy Core tables: the single source of the schema. Alembic migrations must match it
+(``tests/integration/test_schema.py`` diffs a migrated database against this metadata)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from ..jobs import Status
+
+metadata = sa.MetaData()
+
+job_status = pg.ENUM(*[s.value for s in Status], name="job_status", create_type=False)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("job_type", sa.Text(), nullable=False),
+    sa.Column("status", job_status, nullable=False),
+    sa.Column("priority", sa.SmallInteger(), nullable=False),
+    sa.Column("payload", pg.JSONB(), nullable=False),
+    sa.Column("result", pg.JSONB(), nullable=True),
+    # NULL until the first claim: then the handler's default (or the global one) is written.
+    sa.Column("max_retries", sa.Integer(), nullable=True),
+    sa.Column("timeout_seconds", sa.Float(), nullable=True),
+    # failures consumed so far (errors, timeouts, lost leases); Retry(delay) does not count
+    sa.Column("retry_count", sa.Integer(), nullable=False, server_default="0"),
+    # claims so far: the fencing token of every write after a claim
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("last_error", sa.Text(), nullable=True),
+    sa.Column("run_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("worker_id", sa.Text(), nullable=True),
+    sa.Column("cancel_requested", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("idempotency_key", sa.Text(), nullable=True),
+    sa.Column("request_hash", sa.Text(), nullable=True),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    ),
+    sa.Column(
+        "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    ),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
+    sa.CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_object"),
+    sa.UniqueConstraint("idempotency_key", name="jobs_idempotency_key_key"),
+)
+
+# Operator queries and GET /jobs: backlog by type and status, keyset pages.
+sa.Index(
+    "jobs_type_status_created_idx", jobs.c.job_type, jobs.c.status, jobs.c.created_at, jobs.c.id
+)
+sa.Index("jobs_created_idx", jobs.c.created_at, jobs.c.id)
+# Maintenance: due scheduled/retrying jobs and expired leases, kept small by partial predicates.
+sa.Index(
+    "jobs_due_idx",
+    jobs.c.run_at,
+    postgresql_where=jobs.c.status.in_(["SCHEDULED", "RETRYING"]),
+)
+sa.Index(
+    "jobs_lease_idx",
+    jobs.c.lease_expires_at,
+    postgresql_where=jobs.c.status == "IN_PROGRESS",
+)
+sa.Index(
+    "jobs_finished_idx",
+    jobs.c.finished_at,
+    postgresql_where=jobs.c.finished_at.isnot(None),
+)
+
+job_outbox = sa.Table(
+    "job_outbox",
+    metadata,
+    sa.Column("id", sa.BigInteger(), sa.Identity(always=False), primary_key=True),
+    sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("job_type", sa.Text(), nullable=False),
+    sa.Column("priority", sa.SmallInteger(), nullable=False),
+    # work: the type's queue; retry: the holding pen of delay_seconds; dead: the dead-letter queue
+    sa.Column("destination", sa.Text(), nullable=False, server_default="work"),
+    sa.Column("delay_seconds", sa.Integer(), nullable=True),
+    sa.Column("error", sa.Text(), nullable=True),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    ),
+    sa.CheckConstraint(
+        "destination IN ('work', 'retry', 'dead')", name="job_outbox_destination_check"
+    ),
+)
+sa.Index("job_outbox_job_id_idx", job_outbox.c.job_id)
+
+OUTBOX_CHANNEL = "conveyor_outbox"

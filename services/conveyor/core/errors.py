@@ -1,0 +1,50 @@
+"""The error tree: one base class, handler-facing control flow exceptions."""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Base class of every error Conveyor raises on purpose."""
+
+
+class InvalidJob(ConveyorError, ValueError):
+    """A submitted job is malformed (bad type name, priority, payload, schedule)."""
+
+
+class PayloadTooLarge(InvalidJob):
+    """A job's payload is over the configured limit."""
+
+
+class IdempotencyConflict(ConveyorError):
+    """The same Idempotency-Key was used with a different request body."""
+
+
+class JobNotFound(ConveyorError):
+    """No job has that id."""
+
+
+class InvalidTransition(ConveyorError):
+    """The job's status does not allow the requested operation."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServiceUnavailable(ConveyorError):
+    """PostgreSQL or RabbitMQ cannot be reached right now."""
+
+
+class Retry(Exception):
+    """Raised by a handler to ask for another attempt after ``delay`` seconds.
+
+    A ``Retry`` does not consume one of the job's retries (like Oban's snooze); any other
+    exception does.
+    """
+
+    def __init__(self, delay: float = 0.0, reason: str = "retry requested") -> None:
+        super().__init__(reason)
+        if delay < 0:
+            raise ValueError("Retry delay must be >= 0")
+        self.delay = float(delay)
+        self.reason = reason

@@ -1,0 +1,127 @@
+"""Job vocabulary: statuses, priorities, type names, backoff. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from enum import StrEnum
+
+from .errors import InvalidJob
+
+
+class Status(StrEnum):
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    IN_PROGRESS = "IN_PROGRESS"
+    RETRYING = "RETRYING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+CANCELLABLE = frozenset({Status.PENDING, Status.SCHEDULED, Status.RETRYING})
+REDRIVABLE = frozenset({Status.FAILED, Status.CANCELLED})
+
+# Every status change the system makes, and who makes it. Tests walk this table.
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.SCHEDULED: frozenset({Status.PENDING, Status.CANCELLED}),
+    Status.PENDING: frozenset({Status.IN_PROGRESS, Status.CANCELLED}),
+    Status.IN_PROGRESS: frozenset(
+        {Status.COMPLETED, Status.RETRYING, Status.FAILED, Status.CANCELLED, Status.PENDING}
+    ),
+    Status.RETRYING: frozenset({Status.IN_PROGRESS, Status.CANCELLED}),
+    Status.COMPLETED: frozenset(),
+    Status.FAILED: frozenset({Status.PENDING}),
+    Status.CANCELLED: frozenset({Status.PENDING}),
+}
+
+PRIORITY_NAMES = {"high": 9, "normal": 5, "low": 1}
+DEFAULT_PRIORITY = 5
+TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+_TYPE_RE = re.compile(TYPE_PATTERN)
+
+
+def parse_priority(value: int | str | None) -> int:
+    """``"high"``/``"normal"``/``"low"`` or an integer 0-9 → the AMQP priority."""
+    if value is None:
+        return DEFAULT_PRIORITY
+    if isinstance(value, bool):
+        raise InvalidJob("priority must be 'high', 'normal', 'low' or an integer 0-9")
+    if isinstance(value, int):
+        if 0 <= value <= 9:
+            return value
+        raise InvalidJob("priority must be between 0 and 9")
+    if isinstance(value, str) and value in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value]
+    raise InvalidJob("priority must be 'high', 'normal', 'low' or an integer 0-9")
+
+
+def check_type(job_type: str) -> str:
+    if not isinstance(job_type, str) or not _TYPE_RE.match(job_type):
+        raise InvalidJob(f"job type must match {TYPE_PATTERN}")
+    return job_type
+
+
+def new_job_id() -> uuid.UUID:
+    """A UUIDv7: time-ordered, so new rows land at the right edge of the primary key index."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    rand_a = (rand >> 62) & 0xFFF
+    rand_b = rand & 0x3FFF_FFFF_FFFF_FFFF
+    value = ((ms & 0xFFFF_FFFF_FFFF) << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
+    return uuid.UUID(int=value)
+
+
+# ---------------------------------------------------------------- retry delays and holding pens
+#
+# Every distinct retry delay is a durable holding-pen queue with a fixed TTL, so delays must come
+# from a bounded set. Handler-configured ``retry_delays`` are used exactly; the default
+# exponential backoff and ``Retry(delay=...)`` snap to this ladder of pens.
+PEN_LADDER: tuple[int, ...] = (
+    1, 2, 3, 5, 7, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 450, 600, 900, 1200, 1800,
+    2700, 3600, 5400, 7200, 10800, 21600,
+)  # fmt: skip
+
+
+def snap_to_pen(delay: float) -> int:
+    """The smallest pen delay >= ``delay`` (0 stays 0: no pen, straight back to the queue)."""
+    if delay <= 0:
+        return 0
+    i = bisect.bisect_left(PEN_LADDER, delay)
+    return PEN_LADDER[min(i, len(PEN_LADDER) - 1)]
+
+
+def backoff_delay(
+    retry_number: int,
+    retry_delays: Sequence[float] | None = None,
+    *,
+    rng: random.Random | None = None,
+) -> int:
+    """Seconds before retry number ``retry_number`` (1-based).
+
+    With ``retry_delays`` the n-th entry is used (the last one repeats). Without, the delay grows
+    exponentially (2, 4, 8, ... seconds, capped at one hour) with "equal jitter": a random point
+    in the upper half of the interval, snapped to the pen ladder.
+    """
+    if retry_number < 1:
+        raise ValueError("retry_number is 1-based")
+    if retry_delays:
+        return max(0, round(retry_delays[min(retry_number, len(retry_delays)) - 1]))
+    ceiling = min(2.0**retry_number, 3600.0)
+    r = rng or random
+    return snap_to_pen(r.uniform(ceiling / 2, ceiling))
+
+
+def pen_name_suffix(delay: int) -> str:
+    """``5`` → ``5s``, ``300`` → ``5m``, ``3600`` → ``1h``."""
+    if delay % 3600 == 0:
+        return f"{delay // 3600}h"
+    if delay % 60 == 0:
+        return f"{delay // 60}m"
+    return f"{delay}s"

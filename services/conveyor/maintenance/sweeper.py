@@ -1,0 +1,165 @@
+"""The sweeper: promotes due scheduled jobs, recovers expired leases, reconciles jobs whose
+broker message was lost, and deletes old finished jobs. Each duty has a one-step method; time
+comes from the database (``now()``), so tests never sleep and skewed clocks never matter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aio_pika.abc import AbstractRobustConnection
+
+from ..core.amqp.topology import Topology, connect
+from ..core.config import Settings
+from ..core.db import store
+from ..core.db.connect import create_pool
+from ..core.logging import event
+from ..core.metrics import Metrics
+
+log = logging.getLogger("conveyor.sweeper")
+
+BATCH = 1000
+
+
+class Sweeper:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.topology = Topology(settings.namespace)
+        self.pool: Any = None
+        self.connection: AbstractRobustConnection | None = None
+
+    async def start(self) -> None:
+        self.pool = await create_pool(
+            self.settings.database_url, application_name="conveyor-sweeper", max_size=2
+        )
+        with contextlib.suppress(Exception):
+            self.connection = await connect(self.settings.amqp_url, name="conveyor-sweeper")
+
+    async def close(self) -> None:
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                await self.connection.close()
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.pool.close(), 5)
+
+    # ------------------------------------------------------------------ one-step duties
+
+    async def promote_due(self) -> int:
+        """SCHEDULED jobs whose ``run_at`` has passed (database clock) → PENDING + outbox row."""
+        total = 0
+        while True:
+            async with self.pool.acquire() as conn, conn.transaction():
+                n = int(await conn.fetchval(store.JOB_PROMOTE_DUE, BATCH))
+            total += n
+            if n < BATCH:
+                break
+        self._count("promote", total)
+        return total
+
+    async def seconds_until_next_due(self) -> float | None:
+        async with self.pool.acquire() as conn:
+            delta = await conn.fetchval(store.JOB_NEXT_DUE)
+        return None if delta is None else max(0.0, delta.total_seconds())
+
+    async def recover_leases(self) -> dict[str, int]:
+        """IN_PROGRESS jobs whose lease expired (dead or hung worker): back to the queue while
+        retries remain, else FAILED and dead-lettered."""
+        counts: dict[str, int] = {}
+        while True:
+            async with self.pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(
+                    store.JOB_RECOVER_EXPIRED, BATCH, self.settings.default_max_retries
+                )
+            for r in rows:
+                counts[r["status"]] = counts.get(r["status"], 0) + 1
+                event(log, "job_lease_expired", logging.WARNING, job_id=str(r["id"]),
+                      now=r["status"])  # fmt: skip
+            if len(rows) < BATCH:
+                break
+        self._count("lease_recovered", sum(counts.values()))
+        return counts
+
+    async def reconcile(self, *, queue_depth: Callable[[str], Awaitable[int]] | None = None) -> int:
+        """Re-publish PENDING/RETRYING jobs that should long have reached a worker and have no
+        outbox row in flight. Per type, only as many as the queue is short of: a long backlog
+        that is really sitting in its queue is left alone instead of flooded with duplicates."""
+        depth = queue_depth or self._queue_depth
+        after = self.settings.reconcile_after
+        async with self.pool.acquire() as conn:
+            overdue = await conn.fetch(store.JOB_COUNT_OVERDUE, after)
+        total = 0
+        for row in overdue:
+            job_type, n = row["job_type"], int(row["n"])
+            ready = await depth(job_type)
+            missing = n - ready
+            if missing <= 0:
+                continue
+            async with self.pool.acquire() as conn, conn.transaction():
+                done = int(
+                    await conn.fetchval(store.JOB_REPUBLISH_OVERDUE, job_type, after, missing)
+                )
+            total += done
+            event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
+                  queued=ready, republished=done)  # fmt: skip
+        self._count("reconciled", total)
+        return total
+
+    async def _queue_depth(self, job_type: str) -> int:
+        """Ready messages in the type's queue (0 when the queue is missing)."""
+        if self.connection is None:
+            self.connection = await connect(self.settings.amqp_url, name="conveyor-sweeper")
+        channel = await self.connection.channel()
+        try:
+            queue = await channel.declare_queue(self.topology.work_queue(job_type), passive=True)
+            return int(queue.declaration_result.message_count or 0)
+        except Exception:
+            return 0
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def delete_expired(self) -> int:
+        """Delete COMPLETED/CANCELLED jobs older than the retention period (FAILED jobs stay
+        until an operator redrives or deletes them)."""
+        seconds = self.settings.retention_days * 86400
+        total = 0
+        while True:
+            async with self.pool.acquire() as conn, conn.transaction():
+                status = await conn.execute(store.JOB_DELETE_EXPIRED, seconds, BATCH)
+            n = int(status.split()[-1])
+            total += n
+            if n < BATCH:
+                break
+        self._count("retention_deleted", total)
+        return total
+
+    def _count(self, duty: str, n: int) -> None:
+        if n:
+            self.metrics.maintenance.labels(duty).inc(n)
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        duties: list[tuple[str, float, Callable[[], Awaitable[Any]]]] = [
+            ("promote", self.settings.schedule_interval, self.promote_due),
+            ("leases", self.settings.lease_sweep_interval, self.recover_leases),
+            ("reconcile", self.settings.reconcile_interval, self.reconcile),
+            ("retention", 3600.0, self.delete_expired),
+        ]
+        await asyncio.gather(*(self._every(stop, n, i, f) for n, i, f in duties))
+
+    async def _every(
+        self, stop: asyncio.Event, name: str, interval: float, duty: Callable[[], Awaitable[Any]]
+    ) -> None:
+        while not stop.is_set():
+            try:
+                await duty()
+            except Exception as exc:
+                event(log, "maintenance_failed", logging.WARNING, duty=name, error=repr(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)

@@ -1,0 +1,207 @@
+"""The outbox relay: claims outbox rows with ``FOR UPDATE SKIP LOCKED``, publishes them with
+publisher confirms (all of a batch in flight at once), and deletes a row only after its confirm.
+Several replicas run side by side safely; a crash between confirm and delete republishes (the
+worker's claim makes the duplicate harmless)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+import orjson
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+
+from ..core.amqp.topology import PEN_HEADER, Topology, connect
+from ..core.backoff import Backoff
+from ..core.config import Settings
+from ..core.db import store
+from ..core.db.connect import create_pool
+from ..core.db.schema import OUTBOX_CHANNEL
+from ..core.jobs import pen_name_suffix
+from ..core.logging import event
+from ..core.messages import CONTENT_TYPE
+from ..core.metrics import Metrics
+
+log = logging.getLogger("conveyor.publisher")
+
+FaultHook = Callable[[str], Awaitable[None]]
+
+
+class Relay:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        *,
+        fault_hook: FaultHook | None = None,
+        publish_timeout: float = 10.0,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.topology = Topology(settings.namespace)
+        self.fault_hook = fault_hook
+        self.publish_timeout = publish_timeout
+        self.pool: Any = None
+        self.connection: AbstractRobustConnection | None = None
+        self.channel: AbstractChannel | None = None
+        self.exchanges: dict[str, AbstractExchange] = {}
+        self._declared: set[tuple[str, Any]] = set()
+        self._wake = asyncio.Event()
+        self._listener: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.pool = await create_pool(
+            self.settings.database_url, application_name="conveyor-publisher", max_size=4
+        )
+        await self._connect_broker()
+
+    async def _connect_broker(self) -> None:
+        self.connection = await connect(self.settings.amqp_url, name="conveyor-publisher")
+        self.channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        self.exchanges = await self.topology.declare_base(self.channel)
+        self._declared.clear()
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close(timeout=2)
+            self._listener = None
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                await self.connection.close()
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.pool.close(), 5)
+
+    # ------------------------------------------------------------------ one step
+
+    async def run_once(self) -> int:
+        """Relay one batch. Returns how many rows were published and deleted."""
+        assert self.pool is not None and self.channel is not None
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(store.OUTBOX_CLAIM_BATCH, self.settings.relay_batch)
+            if not rows:
+                return 0
+            await self._declare_for(rows)
+            results = await asyncio.gather(
+                *(self._publish(r) for r in rows), return_exceptions=True
+            )
+            done: list[int] = []
+            failed = 0
+            for row, res in zip(rows, results, strict=True):
+                if isinstance(res, BaseException):
+                    failed += 1
+                    if failed == 1:
+                        event(
+                            log, "outbox_publish_failed", logging.WARNING,
+                            job_id=str(row["job_id"]), error=repr(res),
+                        )  # fmt: skip
+                else:
+                    done.append(row["id"])
+                    self.metrics.outbox_published.labels(row["destination"]).inc()
+            if failed:
+                self.metrics.outbox_failed.inc(failed)
+                self._declared.clear()  # a queue may have been deleted: declare again next time
+            if self.fault_hook is not None:
+                await self.fault_hook("after_confirm")
+            if done:
+                await conn.execute(store.OUTBOX_DELETE, done)
+        if failed and not done:
+            raise PublishFailed(f"{failed} outbox rows could not be published")
+        return len(done)
+
+    async def _declare_for(self, rows: list[Any]) -> None:
+        assert self.channel is not None
+        for r in rows:
+            dest = r["destination"]
+            if dest == "dead":
+                continue
+            key = ("work", r["job_type"])
+            if key not in self._declared:
+                await self.topology.declare_work_queue(self.channel, r["job_type"])
+                self._declared.add(key)
+            if dest == "retry":
+                pen = ("pen", r["delay_seconds"])
+                if pen not in self._declared:
+                    await self.topology.declare_pen(self.channel, r["delay_seconds"])
+                    self._declared.add(pen)
+
+    async def _publish(self, row: Any) -> None:
+        job_id: uuid.UUID = row["job_id"]
+        body: dict[str, Any] = {"id": str(job_id), "type": row["job_type"]}
+        headers: dict[str, Any] = {}
+        dest = row["destination"]
+        if dest == "retry":
+            headers[PEN_HEADER] = pen_name_suffix(row["delay_seconds"])
+        elif dest == "dead":
+            body["error"] = row["error"]
+        message = aio_pika.Message(
+            orjson.dumps(body),
+            content_type=CONTENT_TYPE,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=str(job_id),
+            priority=row["priority"],
+            headers=headers or None,
+        )
+        await self.exchanges[dest].publish(
+            message, routing_key=row["job_type"], mandatory=True, timeout=self.publish_timeout
+        )
+
+    # ------------------------------------------------------------------ loop
+
+    async def _listen(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        import asyncpg
+
+        self._listener = await asyncpg.connect(
+            self.settings.database_url,
+            timeout=5,
+            server_settings={"application_name": "conveyor-publisher-listen"},
+        )
+        await self._listener.add_listener(OUTBOX_CHANNEL, lambda *_: self._wake.set())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = Backoff()
+        while not stop.is_set():
+            try:
+                await self._listen()
+                self._wake.clear()
+                n = await self.run_once()
+                backoff.reset()
+                if n >= self.settings.relay_batch:
+                    continue
+                if n:
+                    event(log, "outbox_batch_published", logging.DEBUG, count=n)
+                    continue  # a small batch may mean more arrived while publishing
+                await _wait_any(stop, self._wake, self.settings.relay_poll_interval)
+            except Exception as exc:
+                delay = backoff.next()
+                event(
+                    log, "relay_error", logging.WARNING, error=repr(exc), retry_in=round(delay, 2)
+                )
+                if self._listener is not None and self._listener.is_closed():
+                    self._listener = None
+                await _wait_any(stop, None, delay)
+
+
+class PublishFailed(Exception):
+    pass
+
+
+async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, timeout: float) -> None:
+    waiters = [asyncio.ensure_future(stop.wait())]
+    if wake is not None:
+        waiters.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

@@ -1,0 +1,190 @@
+"""Running the services: signal handling, uvloop, API server, and the combined ``dev`` mode.
+This is the one bootstrap place where settings meet real adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import uvicorn
+
+from .core.config import Settings
+from .core.logging import event
+from .router import JobRouter
+
+log = logging.getLogger("conveyor")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: our stop event drives it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def load_router(spec: str) -> JobRouter:
+    """``package.module:attr`` → the ``JobRouter`` it names (the current directory is importable)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"--app must look like module:attribute, got {spec!r}")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"cannot import {module_name!r}: {exc}") from None
+    router = getattr(module, attr, None)
+    if not isinstance(router, JobRouter):
+        raise SystemExit(f"{spec} is not a conveyor.JobRouter")
+    return router
+
+
+def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``main(stop)`` on uvloop; SIGTERM/SIGINT set ``stop``. Exit code 0 on a clean drain."""
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+
+    async def wrapper() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    runner(wrapper())
+
+
+def api_server(settings: Settings, host: str, port: int) -> _Server:
+    from .api.app import create_app
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        loop="none",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    return _Server(config)
+
+
+async def serve_api(server: _Server, stop: asyncio.Event) -> None:
+    task = asyncio.create_task(server.serve())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stopper.cancel()
+    await task
+
+
+async def run_publisher(
+    settings: Settings, stop: asyncio.Event, *, maintenance: bool = True
+) -> None:
+    from .maintenance.sweeper import Sweeper
+    from .publisher.relay import Relay
+
+    relay = Relay(settings)
+    await _start_with_retry(relay.start, stop, "publisher")
+    sweeper = Sweeper(settings) if maintenance else None
+    if sweeper is not None:
+        await _start_with_retry(sweeper.start, stop, "sweeper")
+    event(log, "publisher_started", maintenance=maintenance)
+    try:
+        loops = [relay.run(stop)]
+        if sweeper is not None:
+            loops.append(sweeper.run(stop))
+        await asyncio.gather(*loops)
+    finally:
+        await relay.close()
+        if sweeper is not None:
+            await sweeper.close()
+        event(log, "publisher_stopped")
+
+
+async def run_sweeper(settings: Settings, stop: asyncio.Event) -> None:
+    from .maintenance.sweeper import Sweeper
+
+    sweeper = Sweeper(settings)
+    await _start_with_retry(sweeper.start, stop, "sweeper")
+    try:
+        await sweeper.run(stop)
+    finally:
+        await sweeper.close()
+
+
+async def _start_with_retry(
+    start: Callable[[], Awaitable[None]], stop: asyncio.Event, name: str
+) -> None:
+    from .core.backoff import Backoff
+
+    backoff = Backoff(base=0.5, cap=10)
+    while True:
+        try:
+            await start()
+            return
+        except Exception as exc:
+            if stop.is_set():
+                raise
+            delay = backoff.next()
+            event(
+                log,
+                f"{name}_start_failed",
+                logging.WARNING,
+                error=repr(exc),
+                retry_in=round(delay, 1),
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set():
+                raise SystemExit(1) from exc
+
+
+async def preflight(settings: Settings) -> str | None:
+    """One clear line when PostgreSQL or RabbitMQ cannot be reached, else None."""
+    import aio_pika
+    import asyncpg
+
+    from .core.db.connect import with_database
+
+    try:  # the server, not the database: `conveyor migrate` creates that
+        conn = await asyncpg.connect(with_database(settings.database_url, "postgres"), timeout=3)
+        await conn.close()
+    except Exception as exc:
+        return (
+            f"Cannot reach PostgreSQL at {_safe(settings.database_url)} ({type(exc).__name__}). "
+            "Start it: `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` "
+            "or `docker compose up -d postgres rabbitmq`."
+        )
+    try:
+        connection = await aio_pika.connect(settings.amqp_url, timeout=3)
+        await connection.close()
+    except Exception as exc:
+        return (
+            f"Cannot reach RabbitMQ at {_safe(settings.amqp_url)} ({type(exc).__name__}). "
+            "Start it: `rabbitmq-server -detached` or `docker compose up -d postgres rabbitmq`."
+        )
+    return None
+
+
+def _safe(url: str) -> str:
+    """A URL without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)

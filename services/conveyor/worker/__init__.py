@@ -1,0 +1,1 @@
+"""The worker: consumes its types' queues and runs the handlers."""

@@ -1,0 +1,99 @@
+"""Deciding what becomes of an attempt: pure functions, tested table-driven.
+
+The ack point: a delivery is acknowledged right after its claim commits. From then on the lease
+in PostgreSQL, not the broker's unacked message, is the reservation: a dead worker's job comes
+back when its lease expires (the maintenance sweep re-publishes it), and a job may run longer
+than RabbitMQ's ``consumer_timeout`` because no delivery stays unacknowledged while it runs.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from ..core.errors import Retry
+from ..core.jobs import backoff_delay, snap_to_pen
+from ..router import HandlerSpec
+
+MAX_ERROR_CHARS = 4000
+
+
+class Kind(Enum):
+    COMPLETE = "complete"
+    FAIL = "fail"  # RETRYING (delay set) or FAILED (delay None)
+    RELEASE = "release"  # hand back without consuming a retry (shutdown)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Kind
+    result_json: str | None = None
+    error: str | None = None
+    delay: int | None = None
+    consume: bool = True
+
+    @property
+    def label(self) -> str:
+        if self.kind is Kind.FAIL:
+            return "failed" if self.delay is None else "retry"
+        return self.kind.value
+
+
+def completed(result: Any) -> Outcome:
+    if result is None:
+        return Outcome(Kind.COMPLETE, None)
+    try:
+        return Outcome(Kind.COMPLETE, orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS).decode())
+    except TypeError as exc:
+        return Outcome(Kind.FAIL, error=f"result is not JSON-serialisable: {exc}")
+
+
+def describe(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    head = f"{type(exc).__name__}: {exc}"
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[-MAX_ERROR_CHARS:]
+    return head + "\n" + text if head not in text[:200] else text
+
+
+def failed(
+    exc: BaseException,
+    *,
+    retry_count: int,
+    max_retries: int,
+    spec: HandlerSpec | None,
+    rng: random.Random | None = None,
+) -> Outcome:
+    """An exception from attempt → RETRYING after a delay, or FAILED when retries are used up.
+
+    ``Retry(delay)`` asks for another attempt without consuming a retry; any other exception
+    consumes one.
+    """
+    if isinstance(exc, Retry):
+        return Outcome(Kind.FAIL, error=f"Retry: {exc.reason}", delay=snap_to_pen(exc.delay),
+                       consume=False)  # fmt: skip
+    return failure(
+        describe(exc), retry_count=retry_count, max_retries=max_retries, spec=spec, rng=rng
+    )
+
+
+def failure(
+    error: str,
+    *,
+    retry_count: int,
+    max_retries: int,
+    spec: HandlerSpec | None,
+    rng: random.Random | None = None,
+) -> Outcome:
+    if retry_count >= max_retries:
+        return Outcome(Kind.FAIL, error=error, delay=None)
+    delays = spec.retry_delays if spec else None
+    return Outcome(Kind.FAIL, error=error, delay=backoff_delay(retry_count + 1, delays, rng=rng))
+
+
+RELEASE = Outcome(Kind.RELEASE)
