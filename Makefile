@@ -1,0 +1,46 @@
+# Conveyor: `make help` lists the targets.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: help install dev test test-all lint format bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed ## create .venv and install Conveyor with its test tools
+
+dev: install ## run API + publisher + worker + maintenance on http://127.0.0.1:8000 (example app)
+	$(VENV)/bin/conveyor dev --app examples.app:router
+
+test: install ## lint, type-check and run the whole test suite against the local PostgreSQL and RabbitMQ
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest -q
+
+test-all: install ## the test suite plus the long fault soaks
+	$(VENV)/bin/pytest -q -m "soak or not soak"
+
+lint: install ## ruff and mypy --strict
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: install ## apply ruff's formatting and fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: install ## benchmark against Celery (QUICK=1 for a ~2 minute run)
+	$(PIP) install -q -e '.[test,bench]'
+	$(PY) -m bench.run $(if $(QUICK),--quick,)
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
