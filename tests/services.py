@@ -20,7 +20,9 @@ DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 def reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 1):
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or default_port), 1
+        ):
             return True
     except OSError:
         return False

@@ -30,7 +30,8 @@ class _Server(uvicorn.Server):
 
 
 def load_router(spec: str) -> JobRouter:
-    """``package.module:attr`` → the ``JobRouter`` it names (the current directory is importable)."""
+    """``package.module:attr`` → the ``JobRouter`` it names (the current directory is on the
+    import path)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SystemExit(f"--app must look like module:attribute, got {spec!r}")

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.config import Settings
 from ..core.db import store
-from ..core.db.connect import UNAVAILABLE, create_pool, is_unavailable
+from ..core.db.connect import create_pool, is_unavailable
 from ..core.errors import (
     IdempotencyConflict,
     InvalidJob,
@@ -59,6 +59,7 @@ class BodyLimit:
                 except ValueError:
                     declared = -1
                 if declared > limit:
+                    await _discard(receive, DISCARD_CAP)
                     await _too_large(send, limit)
                     return
         chunks: list[bytes] = []
@@ -71,6 +72,8 @@ class BodyLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
+                if message.get("more_body", False):
+                    await _discard(receive, DISCARD_CAP)
                 await _too_large(send, limit)
                 return
             chunks.append(body)
@@ -86,6 +89,22 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+DISCARD_CAP = 16 * 1024 * 1024
+
+
+async def _discard(receive: Receive, cap: int) -> None:
+    """Read and drop the rest of a rejected body (up to ``cap`` bytes), so the client gets the
+    413 instead of a connection reset while it is still sending."""
+    seen = 0
+    while seen <= cap:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 async def _too_large(send: Send, limit: int) -> None:
@@ -248,8 +267,10 @@ class Api:
             async with self.connection() as conn:
                 await conn.fetchval("SELECT 1", timeout=self.settings.db_timeout)
             return True
-        except (ServiceUnavailable, *UNAVAILABLE):
-            return False
+        except Exception as exc:
+            if isinstance(exc, ServiceUnavailable) or is_unavailable(exc):
+                return False
+            raise
 
 
 def _resource(row: Any) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def parse_priority(value: int | str | None) -> int:
 
 
 def check_type(job_type: str) -> str:
-    if not isinstance(job_type, str) or not _TYPE_RE.match(job_type):
+    if not isinstance(job_type, str) or not _TYPE_RE.fullmatch(job_type):
         raise InvalidJob(f"job type must match {TYPE_PATTERN}")
     return job_type
 

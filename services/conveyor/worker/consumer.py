@@ -94,6 +94,7 @@ class Worker:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._current: asyncio.Future[None] | None = None
+        self._idle = asyncio.Event()  # set when the last running job's outcome is written
         self._stopping = False
         self.last_progress = time.monotonic()
 
@@ -164,9 +165,10 @@ class Worker:
         if pending:
             await asyncio.wait(pending, timeout=5)
         # flush: wait until the result loop has written everything
-        deadline = time.monotonic() + 15
-        while self.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        if self.running:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), 15)
         for task in self._tasks[1:]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -228,7 +230,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 await msg.ack()
         started: set[uuid.UUID] = set()
-        for msg, job_id in valid:
+        for _, job_id in valid:
             row = claimed.get(job_id)
             if row is None or job_id in started:
                 self.slots.release()
@@ -384,6 +386,8 @@ class Worker:
             if self.running.get(job.id) is running:
                 del self.running[job.id]
             self.slots.release()
+        if not self.running:
+            self._idle.set()
         self.last_progress = time.monotonic()
 
     # ------------------------------------------------------------------ heartbeat

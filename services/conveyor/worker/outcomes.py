@@ -41,14 +41,15 @@ class Outcome:
     def label(self) -> str:
         if self.kind is Kind.FAIL:
             return "failed" if self.delay is None else "retry"
-        return self.kind.value
+        return str(self.kind.value)
 
 
 def completed(result: Any) -> Outcome:
     if result is None:
         return Outcome(Kind.COMPLETE, None)
     try:
-        return Outcome(Kind.COMPLETE, orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS).decode())
+        text: str = orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS).decode()
+        return Outcome(Kind.COMPLETE, text)
     except TypeError as exc:
         return Outcome(Kind.FAIL, error=f"result is not JSON-serialisable: {exc}")
 

@@ -16,7 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, ExchangeType
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractQueue,
+    ExchangeType,
+)
+from pamqp.common import FieldTable
 
 from ..jobs import check_type, pen_name_suffix
 
@@ -49,10 +55,10 @@ class Topology:
     def pen_queue(self, delay: int) -> str:
         return f"{self.namespace}.retry.{pen_name_suffix(delay)}"
 
-    def work_queue_arguments(self) -> dict[str, object]:
+    def work_queue_arguments(self) -> FieldTable:
         return {"x-max-priority": 10, "x-dead-letter-exchange": self.dead_letter_exchange}
 
-    def pen_arguments(self, delay: int) -> dict[str, object]:
+    def pen_arguments(self, delay: int) -> FieldTable:
         return {"x-message-ttl": int(delay * 1000), "x-dead-letter-exchange": self.exchange}
 
     # ------------------------------------------------------------------ declarations

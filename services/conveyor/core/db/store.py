@@ -59,7 +59,8 @@ JOB_INSERT_MANY = _stmt(
 WITH u AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int2[], $5::int4[],
                          $6::float8[], $7::timestamptz[], $8::float8[], $9::text[], $10::text[])
-        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay, ikey, rhash)
+        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
+             ikey, rhash)
 ), v AS (
     SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
 ), ins AS (

@@ -1,0 +1,1 @@
+"""Conveyor's benchmark: ``make bench`` (or ``python -m bench.run --help``). See bench/README.md."""

@@ -1,0 +1,143 @@
+"""The SQL the harness runs: a fresh database, direct inserts for the relay and backfill steps,
+and the cheap polls and measurements. Times that matter (latency, drain) come from PostgreSQL's
+own clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+# Counting this run's finished no-op jobs stays cheap with 500k older rows in the table: the
+# (job_type, status, created_at, id) index answers it.
+COUNT_COMPLETED = """
+SELECT count(*) FROM jobs WHERE job_type = 'noop' AND status = 'COMPLETED' AND created_at >= $1
+"""
+
+COUNT_BY_STATUS = """
+SELECT status::text AS status, count(*) AS n FROM jobs
+WHERE job_type = 'noop' AND created_at >= $1 GROUP BY status
+"""
+
+INSERT_JOBS_WITH_OUTBOX = """
+WITH j AS (
+    INSERT INTO jobs (id, job_type, status, priority, payload)
+    SELECT gen_random_uuid(), 'noop', 'PENDING', 5, '{}'::jsonb FROM generate_series(1, $1)
+    RETURNING id, job_type, priority
+)
+INSERT INTO job_outbox (job_id, job_type, priority) SELECT id, job_type, priority FROM j
+"""
+
+# Finished history, spread over the two days before now (inside the default 7-day retention, so
+# the sweeper leaves it alone).
+INSERT_BACKFILL = """
+INSERT INTO jobs (id, job_type, status, priority, payload, result, max_retries, attempts,
+                  created_at, updated_at, started_at, finished_at)
+SELECT gen_random_uuid(), 'noop', 'COMPLETED', 5, '{}'::jsonb, 'null'::jsonb, 3, 1,
+       t, t + interval '5 ms', t + interval '2 ms', t + interval '5 ms'
+FROM (SELECT now() - interval '2 days' + g * interval '300 ms' AS t
+      FROM generate_series(1, $1) AS g) AS s
+"""
+
+DRAIN_SECONDS = """
+SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min(started_at)) AS seconds
+FROM jobs WHERE job_type = 'noop' AND status = 'COMPLETED' AND created_at >= $1
+"""
+
+LATENCY_MS = """
+SELECT count(*) AS n,
+       percentile_cont(0.50) WITHIN GROUP (ORDER BY s) * 1000 AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY s) * 1000 AS p99,
+       max(s) * 1000 AS max,
+       percentile_cont(0.50) WITHIN GROUP (ORDER BY e) * 1000 AS e2e_p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY e) * 1000 AS e2e_p99
+FROM (SELECT extract(epoch FROM started_at - created_at) AS s,
+             extract(epoch FROM finished_at - created_at) AS e
+      FROM jobs WHERE job_type = 'noop' AND status = 'COMPLETED' AND created_at >= $1) AS x
+"""
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+async def recreate_database(url: str) -> None:
+    """Drop the database of ``url`` (disconnecting whoever uses it) and create it empty."""
+    name = urlsplit(url).path.lstrip("/")
+    if not name or name in ("postgres", "template0", "template1"):
+        raise ValueError(f"refusing to recreate database {name!r}")
+    conn = await asyncpg.connect(with_database(url, "postgres"), timeout=10)
+    try:
+        quoted = '"' + name.replace('"', '""') + '"'
+        await conn.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
+        await conn.execute(f"CREATE DATABASE {quoted}")
+    finally:
+        await conn.close()
+
+
+class Db:
+    """One connection for the harness's polls and measurements."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    @classmethod
+    async def connect(cls, url: str) -> Db:
+        conn = await asyncpg.connect(
+            url, timeout=10, server_settings={"application_name": "conveyor-bench"}
+        )
+        return cls(conn)
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def clock(self) -> Any:
+        """PostgreSQL's current time (not the transaction's)."""
+        return await self.conn.fetchval("SELECT clock_timestamp()")
+
+    async def server_version(self) -> str:
+        return str(await self.conn.fetchval("SHOW server_version"))
+
+    async def completed_since(self, since: Any) -> int:
+        return int(await self.conn.fetchval(COUNT_COMPLETED, since))
+
+    async def statuses_since(self, since: Any) -> dict[str, int]:
+        rows = await self.conn.fetch(COUNT_BY_STATUS, since)
+        return {r["status"]: int(r["n"]) for r in rows}
+
+    async def outbox_empty(self) -> bool:
+        return not await self.conn.fetchval("SELECT EXISTS (SELECT 1 FROM job_outbox)")
+
+    async def insert_with_outbox(self, n: int) -> None:
+        """``n`` PENDING no-op jobs and their outbox rows in one transaction (the publisher is
+        woken by the outbox trigger's NOTIFY at commit)."""
+        async with self.conn.transaction():
+            await self.conn.execute(INSERT_JOBS_WITH_OUTBOX, n)
+
+    async def backfill(self, n: int) -> None:
+        await self.conn.execute(INSERT_BACKFILL, n, timeout=600)
+        await self.conn.execute("VACUUM ANALYZE jobs", timeout=600)
+
+    async def drain_rate(self, since: Any) -> tuple[int, float]:
+        row = await self.conn.fetchrow(DRAIN_SECONDS, since)
+        return int(row["n"]), float(row["seconds"] or 0.0)
+
+    async def latency_ms(self, since: Any) -> dict[str, float]:
+        row = await self.conn.fetchrow(LATENCY_MS, since)
+        return {k: round(float(v), 2) for k, v in row.items() if v is not None}
+
+    async def wait_until(
+        self, check: Any, *, timeout: float, interval: float = 0.05, what: str = "condition"
+    ) -> float:
+        """Await ``check()`` every ``interval`` s until it is true; return the monotonic time it
+        was first seen true. ``TimeoutError`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if await check():
+                return time.monotonic()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not reached within {timeout:.0f} s")
+            await asyncio.sleep(interval)

@@ -1,0 +1,95 @@
+"""Transactional enqueue joins the caller's transaction: commit → job + outbox row; rollback →
+nothing at all. asyncpg connections and SQLAlchemy AsyncSessions alike."""
+
+from __future__ import annotations
+
+import asyncpg
+import orjson
+import pytest
+from conveyor import JobSpec, enqueue, enqueue_many
+from conveyor.core.errors import IdempotencyConflict, InvalidJob
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+
+async def _counts(db: asyncpg.Connection) -> tuple[int, int]:
+    return (
+        await db.fetchval("SELECT count(*) FROM jobs"),
+        await db.fetchval("SELECT count(*) FROM job_outbox"),
+    )
+
+
+async def test_enqueue_commits_with_the_callers_transaction(db: asyncpg.Connection) -> None:
+    await db.execute("CREATE TABLE orders (id int primary key)")
+    async with db.transaction():
+        await db.execute("INSERT INTO orders VALUES (1)")
+        job_id = await enqueue(db, "send_email", {"to": "a@example.com"}, priority="high")
+    row = await db.fetchrow(
+        "SELECT status::text, priority, payload::text FROM jobs WHERE id=$1", job_id
+    )
+    assert row["status"] == "PENDING" and row["priority"] == 9
+    assert orjson.loads(row["payload"]) == {"to": "a@example.com"}
+    assert await db.fetchval("SELECT job_id FROM job_outbox") == job_id
+
+
+async def test_rolled_back_transaction_leaves_no_job_and_no_outbox_row(
+    db: asyncpg.Connection,
+) -> None:
+    await db.execute("CREATE TABLE orders (id int primary key)")
+    with pytest.raises(RuntimeError):
+        async with db.transaction():
+            await db.execute("INSERT INTO orders VALUES (1)")
+            await enqueue(db, "send_email", {"to": "a@example.com"})
+            raise RuntimeError("the order failed")
+    assert await _counts(db) == (0, 0)
+    assert await db.fetchval("SELECT count(*) FROM orders") == 0
+
+
+async def test_enqueue_many_and_scheduled_jobs(db: asyncpg.Connection) -> None:
+    async with db.transaction():
+        ids = await enqueue_many(
+            db,
+            [JobSpec("a", {"n": 1}), JobSpec("b", {"n": 2}, delay_seconds=3600), JobSpec("c")],
+        )
+    statuses = {r["id"]: r["status"] for r in await db.fetch("SELECT id, status::text FROM jobs")}
+    assert [statuses[i] for i in ids] == ["PENDING", "SCHEDULED", "PENDING"]
+    # scheduled jobs get no outbox row until they are due
+    assert await db.fetchval("SELECT count(*) FROM job_outbox") == 2
+
+
+async def test_idempotency_key_in_enqueue(db: asyncpg.Connection) -> None:
+    first = await enqueue(db, "t", {"a": 1}, idempotency_key="k1")
+    again = await enqueue(db, "t", {"a": 1}, idempotency_key="k1")
+    assert first == again
+    with pytest.raises(IdempotencyConflict):
+        await enqueue(db, "t", {"a": 2}, idempotency_key="k1")
+    assert await _counts(db) == (1, 1)
+
+
+async def test_invalid_job_raises_before_writing(db: asyncpg.Connection) -> None:
+    with pytest.raises(InvalidJob):
+        async with db.transaction():
+            await enqueue(db, "ok", {})
+            await enqueue(db, "not ok!", {})
+    assert await _counts(db) == (0, 0)
+
+
+@pytest.mark.parametrize("commit", [True, False])
+async def test_sqlalchemy_async_session(db_url: str, db: asyncpg.Connection, commit: bool) -> None:
+    engine = create_async_engine(db_url.replace("postgresql://", "postgresql+asyncpg://"))
+    try:
+        async with AsyncSession(engine) as session:
+            await session.execute(text("CREATE TABLE IF NOT EXISTS notes (t text)"))
+            await session.commit()
+            await session.execute(text("INSERT INTO notes VALUES ('x')"))
+            job_id = await enqueue(session, "send_email", {"n": 1})
+            if commit:
+                await session.commit()
+            else:
+                await session.rollback()
+    finally:
+        await engine.dispose()
+    expected = (1, 1) if commit else (0, 0)
+    assert await _counts(db) == expected
+    if commit:
+        assert await db.fetchval("SELECT id FROM jobs") == job_id

@@ -1,0 +1,125 @@
+"""The outbox relay against real PostgreSQL and RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aio_pika
+import asyncpg
+import orjson
+import pytest
+from conveyor import JobSpec, enqueue_many
+from conveyor.core.amqp.topology import Topology
+from conveyor.core.config import Settings
+from conveyor.publisher.relay import Relay
+
+
+@pytest.fixture
+async def amqp(settings: Settings) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
+    conn = await aio_pika.connect_robust(settings.amqp_url)
+    yield conn
+    await conn.close()
+
+
+async def _drain(
+    channel: aio_pika.abc.AbstractChannel, queue: str
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    q = await channel.declare_queue(queue, passive=True)
+    out = []
+    while (m := await q.get(no_ack=True, fail=False)) is not None:
+        out.append(m)
+    return out
+
+
+async def test_run_once_publishes_declares_and_deletes(
+    settings: Settings, db: asyncpg.Connection, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    ids = await enqueue_many(
+        db, [JobSpec("alpha", priority="high"), JobSpec("alpha"), JobSpec("beta")]
+    )
+    relay = Relay(settings)
+    await relay.start()
+    try:
+        assert await relay.run_once() == 3
+        assert await relay.run_once() == 0
+    finally:
+        await relay.close()
+    assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0
+    t = Topology(settings.namespace)
+    ch = await amqp.channel()
+    alpha = await _drain(ch, t.work_queue("alpha"))
+    beta = await _drain(ch, t.work_queue("beta"))
+    assert [m.message_id for m in alpha] == [str(ids[0]), str(ids[1])]  # priority 9 first
+    assert alpha[0].priority == 9 and alpha[1].priority == 5
+    assert alpha[0].delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    assert orjson.loads(beta[0].body) == {"id": str(ids[2]), "type": "beta"}
+
+
+async def test_unroutable_message_keeps_its_row_then_recovers(
+    settings: Settings, db: asyncpg.Connection, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    relay = Relay(settings)
+    await relay.start()
+    try:
+        await enqueue_many(db, [JobSpec("gamma")])
+        assert await relay.run_once() == 1
+        # the queue disappears behind the relay's back: its cached declaration is now wrong
+        ch = await amqp.channel()
+        await ch.queue_delete(Topology(settings.namespace).work_queue("gamma"))
+        await enqueue_many(db, [JobSpec("gamma")])
+        with pytest.raises(Exception, match="could not be published"):
+            await relay.run_once()
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 1  # kept, not lost
+        assert await relay.run_once() == 1  # declared again, published
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0
+        assert len(await _drain(ch, Topology(settings.namespace).work_queue("gamma"))) == 1
+    finally:
+        await relay.close()
+
+
+async def test_replicas_never_publish_a_row_twice(
+    settings: Settings, db: asyncpg.Connection, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    n = 3000
+    await enqueue_many(db, [JobSpec("delta") for _ in range(n)])
+    relays = [Relay(settings.model_copy(update={"relay_batch": 200})) for _ in range(3)]
+    for r in relays:
+        await r.start()
+    try:
+
+        async def drain(r: Relay) -> int:
+            total = 0
+            while (k := await r.run_once()) > 0:
+                total += k
+            return total
+
+        counts = await asyncio.gather(*(drain(r) for r in relays))
+    finally:
+        for r in relays:
+            await r.close()
+    assert sum(counts) == n
+    ch = await amqp.channel()
+    q = await ch.declare_queue(Topology(settings.namespace).work_queue("delta"), passive=True)
+    assert q.declaration_result.message_count == n
+
+
+async def test_notify_wakes_the_loop(
+    settings: Settings, db: asyncpg.Connection, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    relay = Relay(settings.model_copy(update={"relay_poll_interval": 30}))
+    await relay.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    try:
+        await asyncio.sleep(0.3)
+        await enqueue_many(db, [JobSpec("eps")])
+        for _ in range(100):
+            if await db.fetchval("SELECT count(*) FROM job_outbox") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0  # well before 30 s
+    finally:
+        stop.set()
+        await task
+        await relay.close()

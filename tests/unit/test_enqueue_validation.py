@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from conveyor.core.errors import InvalidJob, PayloadTooLarge
+from conveyor.enqueue import JobSpec, build_job, spec_hash
+from conveyor.router import JobRouter
+
+
+def test_build_job_defaults() -> None:
+    row = build_job(JobSpec("t"))
+    assert row.payload_json == "{}" and row.priority == 5 and row.max_retries is None
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        JobSpec("bad type"),
+        JobSpec("t", payload=[1, 2]),  # type: ignore[arg-type]
+        JobSpec("t", payload={"x": object()}),
+        JobSpec("t", payload={"x": "nul\x00"}),
+        JobSpec("t", priority=11),
+        JobSpec("t", max_retries=-1),
+        JobSpec("t", timeout_seconds=0),
+        JobSpec("t", timeout_seconds=float("nan")),
+        JobSpec("t", delay_seconds=-1),
+        JobSpec("t", run_at=datetime(2030, 1, 1)),  # naive
+        JobSpec("t", run_at=datetime.fromisoformat("2030-01-01T00:00:00+00:00"), delay_seconds=1),
+        JobSpec("t", idempotency_key=""),
+    ],
+)
+def test_invalid_specs(spec: JobSpec) -> None:
+    with pytest.raises(InvalidJob):
+        build_job(spec)
+
+
+def test_payload_limit() -> None:
+    with pytest.raises(PayloadTooLarge):
+        build_job(JobSpec("t", payload={"x": "a" * 2000}), max_payload_bytes=1000)
+
+
+def test_spec_hash_depends_on_the_request() -> None:
+    a = spec_hash(JobSpec("t", {"a": 1}))
+    assert a == spec_hash(JobSpec("t", {"a": 1}, priority="normal"))
+    assert a != spec_hash(JobSpec("t", {"a": 2}))
+
+
+def test_router_rejects_bad_registrations() -> None:
+    r = JobRouter()
+    r.job("t")(lambda job: None)
+    with pytest.raises(ValueError):
+        r.job("t")(lambda job: None)
+    for kwargs in ({"max_retries": -1}, {"retry_delays": []}, {"timeout": 0}):
+        with pytest.raises(ValueError):
+            r.job("u", **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(InvalidJob):
+        r.job("bad type")
