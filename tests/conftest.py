@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+
 from conveyor.core.config import Settings
 from conveyor.core.db.connect import with_database
 from conveyor.core.db.migrate import upgrade

@@ -14,6 +14,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+
 from conveyor import JobRouter
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper

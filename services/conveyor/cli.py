@@ -126,6 +126,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
             asyncio.create_task(services.serve_api(server, stop)),
             asyncio.create_task(services.run_publisher(settings, stop)),
         ]
+        while not server.started and not tasks[0].done():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # print the curl line only once the API listens
+        if tasks[0].done():
+            await tasks[0]  # uvicorn failed to start (port taken): surface why
+            return
         print(
             f"\nConveyor is running: API {url}  (docs {url}/docs)\n"
             f"Handlers: {', '.join(router.types)}\n"

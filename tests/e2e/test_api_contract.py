@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import httpx
 import pytest
+
 from conveyor.core.config import Settings
 
 from ..stack import Stack, running_stack

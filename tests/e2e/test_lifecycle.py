@@ -10,6 +10,7 @@ import aio_pika
 import asyncpg
 import orjson
 import pytest
+
 from conveyor.core.amqp.topology import Topology
 from conveyor.core.config import Settings
 

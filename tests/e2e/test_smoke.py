@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from conveyor.core.config import Settings
-
 from examples.app import router
 
 from ..stack import running_stack, wait_for

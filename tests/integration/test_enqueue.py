@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncpg
 import orjson
 import pytest
-from conveyor import JobSpec, enqueue, enqueue_many
-from conveyor.core.errors import IdempotencyConflict, InvalidJob
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+from conveyor import JobSpec, enqueue, enqueue_many
+from conveyor.core.errors import IdempotencyConflict, InvalidJob
 
 
 async def _counts(db: asyncpg.Connection) -> tuple[int, int]:

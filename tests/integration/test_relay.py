@@ -9,6 +9,7 @@ import aio_pika
 import asyncpg
 import orjson
 import pytest
+
 from conveyor import JobSpec, enqueue_many
 from conveyor.core.amqp.topology import Topology
 from conveyor.core.config import Settings

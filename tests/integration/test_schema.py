@@ -11,11 +11,12 @@ import uuid
 import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy.ext.asyncio import create_async_engine
+
 from conveyor.core.db import store
 from conveyor.core.db.connect import with_database
 from conveyor.core.db.schema import metadata
 from conveyor.core.jobs import Status
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from ..services import Endpoints
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
+
 from conveyor.core.errors import InvalidJob, PayloadTooLarge
 from conveyor.enqueue import JobSpec, build_job, spec_hash
 from conveyor.router import JobRouter

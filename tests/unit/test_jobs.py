@@ -4,6 +4,7 @@ import random
 import uuid
 
 import pytest
+
 from conveyor.core.errors import InvalidJob
 from conveyor.core.jobs import (
     PEN_LADDER,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from conveyor.core.amqp.topology import Topology
 from conveyor.core.errors import InvalidJob
 from conveyor.core.messages import JobMessage, MalformedMessage, decode

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from conveyor import Retry
 from conveyor.router import JobRouter
 from conveyor.worker import outcomes

@@ -33,7 +33,7 @@ def configure(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("aiormq", "aio_pika"):
+    for noisy in ("aiormq", "aio_pika", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
