@@ -1,0 +1,224 @@
+"""Maintenance duties, one step at a time, and fencing by attempt. Time is the database's:
+tests move it by rewriting timestamps, never by sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import aio_pika
+import asyncpg
+import orjson
+import pytest
+
+from conveyor import JobSpec, enqueue_many
+from conveyor.core.amqp.topology import Topology
+from conveyor.core.config import Settings
+from conveyor.core.db import store
+from conveyor.maintenance.sweeper import Sweeper
+from conveyor.publisher.relay import Relay
+
+
+@pytest.fixture
+async def sweeper(settings: Settings) -> AsyncIterator[Sweeper]:
+    s = Sweeper(settings.model_copy(update={"reconcile_after": 30}))
+    await s.start()
+    yield s
+    await s.close()
+
+
+async def _claim(
+    db: asyncpg.Connection, ids: list[uuid.UUID], worker: str = "w1"
+) -> list[asyncpg.Record]:
+    return await db.fetch(store.JOB_CLAIM_MANY, ids, 5.0, worker, "{}", 3)
+
+
+async def _status(db: asyncpg.Connection, job_id: uuid.UUID) -> asyncpg.Record:
+    return await db.fetchrow(
+        "SELECT status::text, attempts, retry_count, last_error, result::text"
+        " FROM jobs WHERE id=$1",
+        job_id,
+    )
+
+
+async def test_claim_is_exclusive_and_counts_the_attempt(db: asyncpg.Connection) -> None:
+    [job_id] = await enqueue_many(db, [JobSpec("t")])
+    first = await _claim(db, [job_id, job_id])
+    assert len(first) == 1 and first[0]["attempts"] == 1 and first[0]["max_retries"] == 3
+    assert await _claim(db, [job_id], "w2") == []  # a duplicate delivery claims nothing
+    assert await _claim(db, [uuid.uuid4()]) == []  # unknown job
+
+
+async def test_handler_defaults_fill_in_what_the_submitter_left_out(db: asyncpg.Connection) -> None:
+    a, b = await enqueue_many(db, [JobSpec("t"), JobSpec("t", max_retries=9)])
+    defaults = orjson.dumps({"t": {"max_retries": 1, "timeout": 2.5}}).decode()
+    rows = await db.fetch(store.JOB_CLAIM_MANY, [a, b], 5.0, "w", defaults, 3)
+    got = {r["id"]: (r["max_retries"], r["timeout_seconds"]) for r in rows}
+    assert got == {a: (1, 2.5), b: (9, 2.5)}
+
+
+async def test_fencing_a_superseded_attempt_cannot_write(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    [job_id] = await enqueue_many(db, [JobSpec("t")])
+    await db.execute("DELETE FROM job_outbox")
+    await _claim(db, [job_id], "slow-worker")  # attempt 1
+    # attempt 1's worker stalls; its lease expires; the sweeper takes the job back
+    await db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s'")
+    assert await sweeper.recover_leases() == {"RETRYING": 1}
+    assert await db.fetchval("SELECT destination FROM job_outbox") == "work"
+    [second] = await _claim(db, [job_id], "fast-worker")
+    assert second["attempts"] == 2
+    # the stale worker wakes up and tries to complete, fail or release attempt 1: all refused
+    assert await db.fetch(store.JOB_COMPLETE_MANY, [job_id], [1], ['"stale"']) == []
+    assert await db.fetch(store.JOB_FAIL_MANY, [job_id], [1], ["x"], [None], [True]) == []
+    assert await db.fetch(store.JOB_RELEASE_MANY, [job_id], [1]) == []
+    assert await db.fetch(store.JOB_HEARTBEAT_MANY, [job_id], [1], 5.0) == []
+    # attempt 2 completes once; a second completion of the same attempt changes nothing
+    assert len(await db.fetch(store.JOB_COMPLETE_MANY, [job_id], [2], ['"fresh"'])) == 1
+    assert await db.fetch(store.JOB_COMPLETE_MANY, [job_id], [2], ['"again"']) == []
+    row = await _status(db, job_id)
+    assert (row["status"], row["attempts"], row["result"]) == ("COMPLETED", 2, '"fresh"')
+
+
+async def test_expired_lease_with_no_retries_left_fails_and_dead_letters(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    [job_id] = await enqueue_many(db, [JobSpec("t", max_retries=0)])
+    await db.execute("DELETE FROM job_outbox")
+    await _claim(db, [job_id])
+    await db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s'")
+    assert await sweeper.recover_leases() == {"FAILED": 1}
+    row = await _status(db, job_id)
+    assert row["status"] == "FAILED" and "lease expired" in row["last_error"]
+    assert await db.fetchval("SELECT destination FROM job_outbox") == "dead"
+
+
+async def test_live_leases_are_left_alone(db: asyncpg.Connection, sweeper: Sweeper) -> None:
+    [job_id] = await enqueue_many(db, [JobSpec("t")])
+    await _claim(db, [job_id])
+    assert await sweeper.recover_leases() == {}
+    assert (await _status(db, job_id))["status"] == "IN_PROGRESS"
+
+
+async def test_cancel_requested_while_lease_expired_ends_cancelled(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    [job_id] = await enqueue_many(db, [JobSpec("t")])
+    await _claim(db, [job_id])
+    assert await store.job_cancel(db, job_id)
+    await db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s'")
+    assert await sweeper.recover_leases() == {"CANCELLED": 1}
+
+
+async def test_promote_due_uses_the_database_clock(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    a, b = await enqueue_many(
+        db, [JobSpec("t", delay_seconds=60), JobSpec("t", delay_seconds=3600)]
+    )
+    await db.execute("DELETE FROM job_outbox")
+    assert await sweeper.promote_due() == 0
+    await db.execute("UPDATE jobs SET run_at = now() - interval '1 ms' WHERE id = $1", a)
+    assert await sweeper.promote_due() == 1
+    assert (await _status(db, a))["status"] == "PENDING"
+    assert (await _status(db, b))["status"] == "SCHEDULED"
+    assert await db.fetchval("SELECT job_id FROM job_outbox") == a
+    assert 3500 < await sweeper.seconds_until_next_due() <= 3600  # type: ignore[operator]
+
+
+async def test_reconciler_republishes_lost_jobs_without_flooding_a_backlog(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    ids = await enqueue_many(db, [JobSpec("lost") for _ in range(10)])
+    await db.execute("DELETE FROM job_outbox")  # as if relayed, then the messages vanished
+    assert await sweeper.reconcile(queue_depth=_depth(0)) == 0  # not overdue yet
+    await db.execute("UPDATE jobs SET updated_at = now() - interval '31 s'")
+    # the queue still holds 7 of them: only the 3 missing are re-published
+    assert await sweeper.reconcile(queue_depth=_depth(7)) == 3
+    assert await db.fetchval("SELECT count(*) FROM job_outbox") == 3
+    # outbox rows in flight count as "on their way"; the other 7 are still in the queue
+    assert await sweeper.reconcile(queue_depth=_depth(7)) == 0
+    # the queue lost them too: the rest is re-published
+    assert await sweeper.reconcile(queue_depth=_depth(0)) == 7
+    await db.execute("DELETE FROM job_outbox")
+    # a republished job is not overdue again until another deadline passes
+    assert await sweeper.reconcile(queue_depth=_depth(0)) == 0
+    assert await db.fetchval("SELECT count(*) FROM jobs WHERE status = 'PENDING'") == len(ids)
+
+
+async def test_reconciler_reads_the_real_queue_depth(
+    settings: Settings, db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    await enqueue_many(db, [JobSpec("deep") for _ in range(4)])
+    relay = Relay(settings)
+    await relay.start()
+    try:
+        assert await relay.run_once() == 4
+    finally:
+        await relay.close()
+    await db.execute("UPDATE jobs SET updated_at = now() - interval '31 s'")
+    assert await sweeper.reconcile() == 0  # all four messages are in the queue
+    conn = await aio_pika.connect(settings.amqp_url)
+    try:
+        ch = await conn.channel()
+        q = await ch.declare_queue(Topology(settings.namespace).work_queue("deep"), passive=True)
+        await q.purge()
+    finally:
+        await conn.close()
+    assert await sweeper.reconcile() == 4
+
+
+async def test_retry_pen_returns_the_message_to_its_own_queue(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """A wrong dead-letter routing key would silently lose retried messages."""
+    [a] = await enqueue_many(db, [JobSpec("kind_a")])
+    [b] = await enqueue_many(db, [JobSpec("kind_b")])
+    relay = Relay(settings)
+    await relay.start()
+    try:
+        await relay.run_once()
+        t = Topology(settings.namespace)
+        conn = await aio_pika.connect(settings.amqp_url)
+        ch = await conn.channel()
+        for name in ("kind_a", "kind_b"):
+            await (await ch.declare_queue(t.work_queue(name), passive=True)).purge()
+        for job_id in (a, b):
+            await _claim(db, [job_id])
+        await db.fetch(store.JOB_FAIL_MANY, [a, b], [1, 1], ["e", "e"], [1, 1], [True, True])
+        assert await relay.run_once() == 2
+        pen = await ch.declare_queue(t.pen_queue(1), passive=True)
+        assert pen.declaration_result.message_count == 2
+        await asyncio.sleep(1.3)
+        got = {}
+        for name in ("kind_a", "kind_b"):
+            q = await ch.declare_queue(t.work_queue(name), passive=True)
+            msg = await q.get(no_ack=True, fail=False)
+            assert msg is not None, name
+            got[name] = orjson.loads(msg.body)["id"]
+        assert got == {"kind_a": str(a), "kind_b": str(b)}
+        await conn.close()
+    finally:
+        await relay.close()
+
+
+async def test_retention_deletes_old_finished_jobs_only(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    old, new, failed = await enqueue_many(db, [JobSpec("t"), JobSpec("t"), JobSpec("t")])
+    await _claim(db, [old, new, failed])
+    await db.fetch(store.JOB_COMPLETE_MANY, [old, new], [1, 1], [None, None])
+    await db.fetch(store.JOB_FAIL_MANY, [failed], [1], ["x"], [None], [True])
+    await db.execute("UPDATE jobs SET finished_at = now() - interval '8 days' WHERE id <> $1", new)
+    assert await sweeper.delete_expired() == 1
+    left = {r["id"] for r in await db.fetch("SELECT id FROM jobs")}
+    assert left == {new, failed}
+
+
+def _depth(n: int):  # type: ignore[no-untyped-def]
+    async def depth(_: str) -> int:
+        return n
+
+    return depth
