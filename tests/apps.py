@@ -93,3 +93,9 @@ async def sleepy_async(job: Job) -> None:
 def sleepy_sync(job: Job) -> None:
     record(job)
     time.sleep(2)
+
+
+@router.job("retry_later", retry_delays=[30])
+async def retry_later(job: Job) -> None:
+    record(job)
+    raise ConnectionError("try again in 30 s")

@@ -195,3 +195,11 @@ async def test_long_job_heartbeats_past_the_visibility_timeout(stack: Stack, db_
     await wait_for(db_url, [job_id], timeout=20)
     body = await _job(stack, job_id)
     assert body["status"] == "COMPLETED" and body["attempts"] == 1 and apps.RUNS[job_id] == 1
+
+
+async def test_cancel_a_retrying_job(stack: Stack, db_url: str) -> None:
+    job_id = await stack.submit("retry_later")
+    await wait_for(db_url, [job_id], statuses=["RETRYING"], timeout=10)
+    r = await stack.client.post(f"/jobs/{job_id}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "CANCELLED"
+    assert apps.RUNS[job_id] == 1
