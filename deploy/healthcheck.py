@@ -1,14 +1,14 @@
 """Container health checks for Conveyor's image, standard library only (the slim image has no curl).
 
-    python /opt/conveyor/healthcheck.py http://127.0.0.1:8000/healthz
-        exit 0 when the URL answers 2xx within 3 s (the API's and the worker's endpoints).
+python /opt/conveyor/healthcheck.py http://127.0.0.1:8000/healthz
+    exit 0 when the URL answers 2xx within 3 s (the API's and the worker's endpoints).
 
-    python /opt/conveyor/healthcheck.py --amqp-connected
-        exit 0 when this container holds an established TCP connection to the port of
-        CONVEYOR_AMQP_URL. For the publisher, which serves no HTTP endpoint: it keeps one broker
-        connection open for as long as it relays, so a missing connection means the relay is not
-        running or RabbitMQ is unreachable. Probes should allow ~60 s of failures before a
-        restart (the same grace a worker gives its broker connection).
+python /opt/conveyor/healthcheck.py --amqp-connected
+    exit 0 when this container holds an established TCP connection to the port of
+    CONVEYOR_AMQP_URL. For the publisher, which serves no HTTP endpoint: it keeps one broker
+    connection open for as long as it relays, so a missing connection means the relay is not
+    running or RabbitMQ is unreachable. Probes should allow ~60 s of failures before a
+    restart (the same grace a worker gives its broker connection).
 """
 
 from __future__ import annotations

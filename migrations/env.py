@@ -7,8 +7,9 @@ import asyncio
 import os
 
 from alembic import context
-from conveyor.core.db.schema import metadata
 from sqlalchemy.ext.asyncio import create_async_engine
+
+from conveyor.core.db.schema import metadata
 
 config = context.config
 

@@ -167,7 +167,7 @@ async def preflight(settings: Settings) -> str | None:
         return (
             f"Cannot reach PostgreSQL at {_safe(settings.database_url)} ({type(exc).__name__}). "
             "Start it: `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` "
-            "or `docker compose up -d postgres rabbitmq`."
+            "or `docker compose up -d postgres rabbitmq` (URLs in .env.example)."
         )
     try:
         connection = await aio_pika.connect(settings.amqp_url, timeout=3)
@@ -175,7 +175,8 @@ async def preflight(settings: Settings) -> str | None:
     except Exception as exc:
         return (
             f"Cannot reach RabbitMQ at {_safe(settings.amqp_url)} ({type(exc).__name__}). "
-            "Start it: `rabbitmq-server -detached` or `docker compose up -d postgres rabbitmq`."
+            "Start it: `rabbitmq-server -detached` or `docker compose up -d postgres rabbitmq` "
+            "(URLs in .env.example)."
         )
     return None
 

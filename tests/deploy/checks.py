@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
+import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -61,14 +63,22 @@ def listing_problems(directory: Path) -> list[str]:
 
 def schema_problems(doc: Doc, version: str = KUBERNETES_VERSION) -> list[str]:
     """Strict validation against the bundled Kubernetes schemas (unknown fields fail)."""
+    return list(_schema_problems(json.dumps(doc, sort_keys=True), version))
+
+
+@functools.cache
+def _schema_problems(doc_json: str, version: str) -> tuple[str, ...]:
+    """Cached by content: the variants share most objects, and each validation reads the
+    schema files again."""
+    doc = json.loads(doc_json)
     try:
         kubernetes_validate.validate(doc, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         where = ".".join(str(p) for p in exc.path)
-        return [f"{kind_name(doc)}: {where}: {exc.message}"]
+        return (f"{kind_name(doc)}: {where}: {exc.message}",)
     except kubernetes_validate.SchemaNotFoundError as exc:
-        return [f"{kind_name(doc)}: {exc.message}"]
-    return []
+        return (f"{kind_name(doc)}: {exc.message}",)
+    return ()
 
 
 # ---------------------------------------------------------------------------- commands

@@ -39,4 +39,7 @@ class Settings(BaseSettings):
 
     # worker
     shutdown_grace: float = Field(default=25.0, ge=0)
+    # deliveries of jobs running longer than this are acked early, before the broker's
+    # consumer_timeout (30 min by default) would close the channel
+    early_ack_after: float = Field(default=600.0, gt=0)
     worker_health_port: int | None = None

@@ -1,9 +1,10 @@
 """The worker process: deliveries → batched claim → handlers → batched state writes.
 
 Flow per delivery: decode (malformed → rejected to the dead-letter queue) → claim in one
-``UPDATE … WHERE id = ANY($1)`` for everything that arrived together → ack after the claim
-commits → run the handler under its timeout while a heartbeat extends the lease → outcome written
-fenced by (job id, attempt), batched with the other outcomes ready at that moment.
+``UPDATE … WHERE id = ANY($1)`` for everything that arrived together (duplicates and jobs that
+are not runnable are acked and dropped) → run the handler under its timeout while a heartbeat
+extends the lease → outcome written fenced by (job id, attempt), batched with the other outcomes
+ready at that moment → ack after that commit (see ``outcomes`` for the ack point).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Running:
     task: asyncio.Task[None] | None = None
     started: float = field(default_factory=time.monotonic)
     lease_lost: bool = False
+    message: AbstractIncomingMessage | None = None  # unacked while the job runs
 
 
 class Worker:
@@ -139,9 +141,12 @@ class Worker:
         grace = self.settings.shutdown_grace if grace is None else grace
         self._stopping = True
         event(log, "worker_draining", running=len(self.running), grace=grace)
-        for t, tag in list(self.consumer_tags.items()):
-            with contextlib.suppress(Exception):
-                await self.queues[t].cancel(tag)
+        if self.connection is not None and not self.connection.is_closed:
+            await _quietly(
+                asyncio.gather(
+                    *(self.queues[t].cancel(tag) for t, tag in self.consumer_tags.items())
+                )
+            )
         self.consumer_tags.clear()
         claim = self._tasks[0] if self._tasks else None
         if claim is not None:
@@ -152,9 +157,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._current), 10)
         while not self.inbox.empty():
-            msg = self.inbox.get_nowait()
-            with contextlib.suppress(Exception):
-                await msg.nack(requeue=True)
+            await _quietly(self.inbox.get_nowait().nack(requeue=True))
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
@@ -174,11 +177,9 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self.connection is not None:
-            with contextlib.suppress(Exception):
-                await self.connection.close()
+            await _quietly(self.connection.close())
         if self.pool is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.pool.close(), 5)
+            await _quietly(self.pool.close())
         self.executor.shutdown(wait=False, cancel_futures=True)
         event(log, "worker_stopped", worker_id=self.worker_id, abandoned=len(self.running))
 
@@ -226,17 +227,16 @@ class Worker:
                 self.slots.release()
             return
         claimed = {r["id"]: r for r in rows}
-        for msg, _ in valid:
-            with contextlib.suppress(Exception):
-                await msg.ack()
         started: set[uuid.UUID] = set()
-        for _, job_id in valid:
+        for msg, job_id in valid:
             row = claimed.get(job_id)
             if row is None or job_id in started:
+                # a duplicate, or a job that is not runnable: acknowledged, dropped
+                await _quietly(msg.ack())
                 self.slots.release()
                 continue
             started.add(job_id)
-            self._start(row)
+            self._start(row, msg)
         if len(started) < len(valid):
             await self._explain_dropped([i for _, i in valid if i not in started])
         self.last_progress = time.monotonic()
@@ -277,7 +277,7 @@ class Worker:
             event(log, "message_dropped", logging.INFO if status else logging.WARNING,
                   job_id=str(job_id), reason=reason)  # fmt: skip
 
-    def _start(self, row: Any) -> None:
+    def _start(self, row: Any, message: AbstractIncomingMessage | None = None) -> None:
         job = Job(
             id=row["id"],
             type=row["job_type"],
@@ -288,7 +288,7 @@ class Worker:
             max_retries=row["max_retries"],
         )
         spec = self.router.handlers.get(job.type)
-        running = Running(job, spec)
+        running = Running(job, spec, message=message)
         self.running[job.id] = running
         running.task = asyncio.create_task(self._execute(running, row["timeout_seconds"]))
 
@@ -385,10 +385,16 @@ class Worker:
                       attempt=job.attempt, outcome=outcome.label)  # fmt: skip
             if self.running.get(job.id) is running:
                 del self.running[job.id]
+            await self._ack(running)
             self.slots.release()
         if not self.running:
             self._idle.set()
         self.last_progress = time.monotonic()
+
+    async def _ack(self, running: Running) -> None:
+        message, running.message = running.message, None
+        if message is not None:
+            await _quietly(message.ack())
 
     # ------------------------------------------------------------------ heartbeat
 
@@ -405,6 +411,10 @@ class Worker:
                 self.settings.visibility_timeout,
             )
         alive = {x["id"]: x["cancel_requested"] for x in rows}
+        early = time.monotonic() - self.settings.early_ack_after
+        for r in running:
+            if r.message is not None and r.started < early:
+                await self._ack(r)  # before RabbitMQ's consumer_timeout: the lease holds the job
         for r in running:
             if r.job.id not in alive:
                 if r.task is not None and not r.task.done() and not r.lease_lost:
@@ -423,3 +433,9 @@ class Worker:
                 await self.heartbeat_once()
             except Exception as exc:
                 event(log, "heartbeat_failed", logging.WARNING, error=repr(exc))
+
+
+async def _quietly(aw: Any, timeout: float = 5.0) -> None:
+    """Best effort during shutdown: a broker or database that is down must not hang a drain."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(aw, timeout)

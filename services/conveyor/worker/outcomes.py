@@ -1,9 +1,11 @@
 """Deciding what becomes of an attempt: pure functions, tested table-driven.
 
-The ack point: a delivery is acknowledged right after its claim commits. From then on the lease
-in PostgreSQL, not the broker's unacked message, is the reservation: a dead worker's job comes
-back when its lease expires (the maintenance sweep re-publishes it), and a job may run longer
-than RabbitMQ's ``consumer_timeout`` because no delivery stays unacknowledged while it runs.
+The ack point: a delivery stays unacknowledged while its job runs and is acknowledged once the
+attempt's outcome has committed, so prefetch bounds the work in hand and KEDA's HTTP-mode
+trigger sees running jobs as unacked messages. A job that runs longer than
+``CONVEYOR_EARLY_ACK_AFTER`` (10 min, well under RabbitMQ's 30 min ``consumer_timeout``) has its
+delivery acknowledged early; from the claim on, the lease in PostgreSQL is the reservation either
+way: a dead worker's job comes back when its lease expires (the sweeper re-publishes it).
 """
 
 from __future__ import annotations
