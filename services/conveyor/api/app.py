@@ -182,12 +182,11 @@ class Api:
         new = build_job(
             body.to_spec(idempotency_key), max_payload_bytes=self.settings.max_payload_bytes
         )
-        async with self.connection() as conn, conn.transaction():
-            inserted = await store.job_insert_many(conn, [new])
+        async with self.connection() as conn:
+            inserted = await store.job_insert_many(conn, [new])  # one atomic statement
             if new.id in inserted:
-                row = await store.job_get(conn, new.id)
                 self.metrics.jobs_submitted.labels(new.job_type).inc()
-                return 201, _resource(row)
+                return 201, _resource(inserted[new.id])
             assert new.idempotency_key is not None
             existing = await store.job_get_by_idempotency_key(conn, new.idempotency_key)
         if existing is None or existing["request_hash"] != new.request_hash:
@@ -203,9 +202,8 @@ class Api:
             build_job(j.to_spec(), max_payload_bytes=self.settings.max_payload_bytes)
             for j in body.jobs
         ]
-        async with self.connection() as conn, conn.transaction():
-            await store.job_insert_many(conn, rows)
-            found = await store.job_get_many(conn, [r.id for r in rows])
+        async with self.connection() as conn:
+            found = await store.job_insert_many(conn, rows)  # one atomic statement: all or none
         for r in rows:
             self.metrics.jobs_submitted.labels(r.job_type).inc()
         return {"jobs": [_resource(found[r.id]) for r in rows]}

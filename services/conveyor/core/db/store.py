@@ -55,7 +55,7 @@ def _stmt(name: str, sql: str) -> str:
 
 JOB_INSERT_MANY = _stmt(
     "job_insert_many",
-    """
+    f"""
 WITH u AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int2[], $5::int4[],
                          $6::float8[], $7::timestamptz[], $8::float8[], $9::text[], $10::text[])
@@ -71,12 +71,12 @@ WITH u AS (
            priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash
     FROM v
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id, job_type, status, priority
+    RETURNING *
 ), ob AS (
     INSERT INTO job_outbox (job_id, job_type, priority)
     SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
 )
-SELECT id FROM ins
+SELECT {JOB_COLUMNS} FROM ins
 """,
 )
 
@@ -356,9 +356,10 @@ def _arr(values: Iterable[Any]) -> list[Any]:
     return list(values)
 
 
-async def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> set[uuid.UUID]:
-    """Insert jobs and their outbox rows. Returns the ids actually inserted (an idempotency key
-    that already exists inserts nothing)."""
+async def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> dict[uuid.UUID, Any]:
+    """Insert jobs and their outbox rows in one statement (atomic without an explicit
+    transaction). Returns the inserted rows by id; a job whose idempotency key already exists is
+    not inserted and is missing from the result."""
     rows = await conn.fetch(
         JOB_INSERT_MANY,
         _arr(j.id for j in jobs),
@@ -372,7 +373,7 @@ async def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> set[uuid.
         _arr(j.idempotency_key for j in jobs),
         _arr(j.request_hash for j in jobs),
     )
-    return {r["id"] for r in rows}
+    return {r["id"]: _decode(r) for r in rows}
 
 
 async def job_get(conn: Connection, job_id: uuid.UUID) -> Mapping[str, Any] | None:
