@@ -56,7 +56,9 @@ def cmd_publisher(args: argparse.Namespace) -> int:
 
     settings = _settings()
     services.run(
-        lambda stop: services.run_publisher(settings, stop, maintenance=not args.no_maintenance)
+        lambda stop: services.run_publisher(
+            settings, stop, maintenance=not args.no_maintenance, health_port=args.health_port
+        )
     )
     return 0
 
@@ -277,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--no-maintenance", action="store_true",
                    help="relay only; run `conveyor sweeper` separately")  # fmt: skip
+    s.add_argument("--health-port", type=int, default=None,
+                   help="serve /healthz, /readyz and /metrics on this port")  # fmt: skip
     s.set_defaults(func=cmd_publisher)
 
     s = sub.add_parser("sweeper", help="run only the maintenance duties")

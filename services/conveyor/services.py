@@ -92,23 +92,36 @@ async def serve_api(server: _Server, stop: asyncio.Event) -> None:
 
 
 async def run_publisher(
-    settings: Settings, stop: asyncio.Event, *, maintenance: bool = True
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    maintenance: bool = True,
+    health_port: int | None = None,
 ) -> None:
+    from .core.probes import serve_probes
     from .maintenance.sweeper import Sweeper
-    from .publisher.relay import Relay
+    from .publisher.relay import Relay, probes
 
     relay = Relay(settings)
     await _start_with_retry(relay.start, stop, "publisher")
-    sweeper = Sweeper(settings) if maintenance else None
+    sweeper = Sweeper(settings, relay.metrics) if maintenance else None
     if sweeper is not None:
         await _start_with_retry(sweeper.start, stop, "sweeper")
     event(log, "publisher_started", maintenance=maintenance)
+    server = None
     try:
-        loops = [relay.run(stop)]
+        loops = [asyncio.create_task(relay.run(stop), name="relay")]
         if sweeper is not None:
-            loops.append(sweeper.run(stop))
+            loops.append(asyncio.create_task(sweeper.run(stop), name="sweeper"))
+        if health_port is not None:
+            live, ready = probes(relay, loops[0])
+            server = await serve_probes(
+                "0.0.0.0", health_port, live=live, ready=ready, registry=relay.metrics.registry
+            )
         await asyncio.gather(*loops)
     finally:
+        if server is not None:
+            server.close()
         await relay.close()
         if sweeper is not None:
             await sweeper.close()

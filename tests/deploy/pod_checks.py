@@ -71,7 +71,7 @@ def hardening_problems(docs: Sequence[Doc], uid: int) -> list[str]:
 def _served_port(args: argparse.Namespace) -> int | None:
     if args.command == "api":
         return int(args.port)
-    if args.command == "worker":
+    if args.command in ("worker", "publisher"):
         return None if args.health_port is None else int(args.health_port)
     return None
 

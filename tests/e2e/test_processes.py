@@ -201,3 +201,48 @@ async def test_dlq_list_redrive_purge(settings: Settings, db_url: str) -> None:
         code, _, err = await _run(["dlq", "purge"], env)
         assert code == 2 and "--id" in err
         assert re.search("FAILED", by_id[failed[2]][0])
+
+
+@pytest.mark.timeout(60)
+async def test_publisher_and_api_probe_and_shut_down_cleanly(settings: Settings) -> None:
+    health = free_port()
+    api_port = free_port()
+    env = _env(settings)
+    publisher = await asyncio.create_subprocess_exec(
+        *CONVEYOR, "publisher", "--health-port", str(health), env=env, cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    api = await asyncio.create_subprocess_exec(
+        *CONVEYOR, "api", "--port", str(api_port), env=env, cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with httpx.AsyncClient() as client:
+            for url in (
+                f"http://127.0.0.1:{health}/healthz",
+                f"http://127.0.0.1:{api_port}/readyz",
+            ):
+                for _ in range(200):
+                    try:
+                        r = await client.get(url)
+                        if r.status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.05)
+                assert r.status_code == 200, url
+            assert (await client.get(f"http://127.0.0.1:{health}/readyz")).status_code == 200
+            metrics = await client.get(f"http://127.0.0.1:{health}/metrics")
+            assert "conveyor_outbox_published" in metrics.text
+            job = await client.post(f"http://127.0.0.1:{api_port}/jobs", json={"type": "noop"})
+            assert job.status_code == 201
+    finally:
+        for proc in (publisher, api):
+            proc.send_signal(signal.SIGTERM)
+        codes = [await asyncio.wait_for(p.wait(), 20) for p in (publisher, api)]
+    assert codes == [0, 0]
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM job_outbox") == 0  # relayed
+    finally:
+        await conn.close()

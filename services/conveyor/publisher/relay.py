@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -53,6 +54,7 @@ class Relay:
         self._declared: set[tuple[str, Any]] = set()
         self._wake = asyncio.Event()
         self._listener: Any = None
+        self.last_ok = time.monotonic()  # last loop turn that reached both services
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,6 +178,7 @@ class Relay:
                 self._wake.clear()
                 n = await self.run_once()
                 backoff.reset()
+                self.last_ok = time.monotonic()
                 if n >= self.settings.relay_batch:
                     continue
                 if n:
@@ -205,3 +208,20 @@ async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, timeout: fl
     finally:
         for w in waiters:
             w.cancel()
+
+
+def probes(
+    relay: Relay, loop_task: asyncio.Task[Any], *, grace: float = 60.0
+) -> tuple[Callable[[], tuple[bool, dict[str, Any]]], Callable[[], bool]]:
+    """Liveness: the relay loop runs and has reached PostgreSQL and RabbitMQ within ``grace``
+    seconds (an idle relay turns every poll interval). Readiness: the broker channel is open."""
+
+    def live() -> tuple[bool, dict[str, Any]]:
+        since = time.monotonic() - relay.last_ok
+        ok = not loop_task.done() and since <= grace
+        return ok, {"loop_alive": not loop_task.done(), "seconds_since_ok": round(since, 1)}
+
+    def ready() -> bool:
+        return relay.channel is not None and not relay.channel.is_closed
+
+    return live, ready
