@@ -4,8 +4,6 @@ own clock."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -128,16 +126,3 @@ class Db:
     async def latency_ms(self, since: Any) -> dict[str, float]:
         row = await self.conn.fetchrow(LATENCY_MS, since)
         return {k: round(float(v), 2) for k, v in row.items() if v is not None}
-
-    async def wait_until(
-        self, check: Any, *, timeout: float, interval: float = 0.05, what: str = "condition"
-    ) -> float:
-        """Await ``check()`` every ``interval`` s until it is true; return the monotonic time it
-        was first seen true. ``TimeoutError`` after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if await check():
-                return time.monotonic()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not reached within {timeout:.0f} s")
-            await asyncio.sleep(interval)

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import psutil
@@ -149,48 +149,62 @@ class RssSampler:
                 self._sample(name, pid)
 
 
+def listener_pid(port: int) -> int | None:
+    """The process listening on a local TCP port (the PostgreSQL postmaster, the RabbitMQ node),
+    so private test clusters on other ports are not counted as the benchmark's."""
+    with contextlib.suppress(psutil.Error):
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return c.pid
+    return None
+
+
+def _busy_cpu() -> float:
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+
 class CpuMeter:
     """CPU seconds spent per role between ``start()`` and ``stop()``: our services (with their
-    children), every PostgreSQL backend, the RabbitMQ node, and the load generators. On a small
-    machine this shows which process is the bottleneck."""
+    children), the PostgreSQL and RabbitMQ servers, the load generators, the harness, and
+    ``other``: everything else on the machine (another test run, say), which makes a noisy
+    measurement visible. On a small machine this shows which process is the bottleneck."""
 
-    SYSTEM = {"postgres": ("postgres",), "rabbitmq": ("beam.smp", "erl_child_setup")}
-
-    def __init__(self, roles: dict[str, int]) -> None:
-        self.roles = roles
+    def __init__(self, roles: Callable[[], dict[str, int]], servers: dict[str, int | None]) -> None:
+        self.roles = roles  # asked at both ends: a service started in between counts from zero
+        self.servers = servers
         self._before: dict[int, float] = {}
+        self._busy = 0.0
+        self._started = 0.0
 
     def _snapshot(self) -> dict[int, tuple[str, float]]:
         out: dict[int, tuple[str, float]] = {}
         me = psutil.Process()
         t = me.cpu_times()
         out[me.pid] = ("harness", t.user + t.system)  # itself only: the services are its children
-        for role, pid in self.roles.items():
+        trees = {**self.roles(), **{k: v for k, v in self.servers.items() if v is not None}}
+        for role, pid in trees.items():
             with contextlib.suppress(psutil.Error):
                 for p in _tree(psutil.Process(pid)):
                     with contextlib.suppress(psutil.Error):
                         t = p.cpu_times()
                         out.setdefault(p.pid, (role, t.user + t.system))
-        for p in psutil.process_iter(["name"]):
-            for role, names in self.SYSTEM.items():
-                if p.info["name"] in names and p.pid not in out:
-                    with contextlib.suppress(psutil.Error):
-                        t = p.cpu_times()
-                        out[p.pid] = (role, t.user + t.system)
         return out
 
     def start(self) -> CpuMeter:
         self._before = {pid: cpu for pid, (_, cpu) in self._snapshot().items()}
+        self._busy = _busy_cpu()
         self._started = time.monotonic()
         return self
 
     def stop(self, extra: Iterable[tuple[str, float]] = ()) -> dict[str, float]:
         """Per-role CPU seconds since ``start``, plus ``extra`` (role, seconds) pairs measured
-        elsewhere, and ``wall`` seconds."""
+        elsewhere, ``other`` and ``wall`` seconds."""
         totals: dict[str, float] = {}
         for pid, (role, cpu) in self._snapshot().items():
             totals[role] = totals.get(role, 0.0) + cpu - self._before.get(pid, 0.0)
         for role, cpu in extra:
             totals[role] = totals.get(role, 0.0) + cpu
+        totals["other"] = max(0.0, _busy_cpu() - self._busy - sum(totals.values()))
         totals["wall"] = time.monotonic() - self._started
         return {k: round(v, 2) for k, v in totals.items()}
