@@ -110,10 +110,11 @@ class Db:
         return not await self.conn.fetchval("SELECT EXISTS (SELECT 1 FROM job_outbox)")
 
     async def insert_with_outbox(self, n: int) -> None:
-        """``n`` PENDING no-op jobs and their outbox rows in one transaction (the publisher is
-        woken by the outbox trigger's NOTIFY at commit)."""
+        """``n`` PENDING no-op jobs and their outbox rows in one transaction, which wakes the
+        publisher at commit as ``conveyor.enqueue_many`` does (``pg_notify``)."""
         async with self.conn.transaction():
             await self.conn.execute(INSERT_JOBS_WITH_OUTBOX, n)
+            await self.conn.execute("SELECT pg_notify('conveyor_outbox', '')")
 
     async def backfill(self, n: int) -> None:
         await self.conn.execute(INSERT_BACKFILL, n, timeout=600)

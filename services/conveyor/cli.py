@@ -195,6 +195,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         else:  # retry
             async with conn.transaction():
                 ok = bool(await store.job_redrive(conn, [job_id]))
+                await store.outbox_notify(conn)
                 row = await store.job_get(conn, job_id)
             if row is not None and not ok:
                 print(f"job {job_id} is {row['status']}: only FAILED or CANCELLED jobs can be "

@@ -144,11 +144,19 @@ async def enqueue(
     return (await enqueue_many(conn, [spec]))[0]
 
 
-async def enqueue_many(conn: Any, specs: Sequence[JobSpec]) -> list[uuid.UUID]:
-    """Enqueue several jobs in one statement on ``conn`` (the caller's transaction)."""
+async def enqueue_many(
+    conn: Any, specs: Sequence[JobSpec], *, notify: bool = True
+) -> list[uuid.UUID]:
+    """Enqueue several jobs in one statement on ``conn`` (the caller's transaction).
+
+    ``notify`` wakes the publishers at commit (``pg_notify``); at very high enqueue rates from
+    many concurrent transactions pass ``notify=False`` and rely on the relay's polling, since
+    NOTIFY serialises commits."""
     raw = await _raw_connection(conn)
     rows = [build_job(s) for s in specs]
     inserted = await store.job_insert_many(raw, rows)
+    if notify and any(r["status"] == "PENDING" for r in inserted.values()):
+        await store.outbox_notify(raw)  # delivered when the caller's transaction commits
     out: list[uuid.UUID] = []
     for row in rows:
         if row.id in inserted:

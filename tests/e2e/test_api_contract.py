@@ -11,6 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
+from conveyor.api.models import JobResource
 from conveyor.core.config import Settings
 
 from ..stack import Stack, running_stack
@@ -40,6 +41,7 @@ async def test_submit_returns_the_resource(stack: Stack, db: asyncpg.Connection)
     assert body["type"] == "send_email" and body["status"] == "PENDING"
     assert body["priority"] == 9 and body["max_retries"] == 7 and body["timeout_seconds"] == 12.5
     assert uuid.UUID(body["id"]) and body["created_at"]
+    JobResource.model_validate(body)  # the documented schema is what is served
     got = await stack.client.get(f"/jobs/{body['id']}")
     assert got.status_code == 200 and got.json()["payload"] == {"to": "x"}
     assert await _counts(db) == (1, 1)

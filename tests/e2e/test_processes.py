@@ -236,13 +236,17 @@ async def test_publisher_and_api_probe_and_shut_down_cleanly(settings: Settings)
             assert "conveyor_outbox_published" in metrics.text
             job = await client.post(f"http://127.0.0.1:{api_port}/jobs", json={"type": "noop"})
             assert job.status_code == 201
+            conn = await asyncpg.connect(settings.database_url)
+            try:
+                for _ in range(100):
+                    if await conn.fetchval("SELECT count(*) FROM job_outbox") == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert await conn.fetchval("SELECT count(*) FROM job_outbox") == 0  # relayed
+            finally:
+                await conn.close()
     finally:
         for proc in (publisher, api):
             proc.send_signal(signal.SIGTERM)
         codes = [await asyncio.wait_for(p.wait(), 20) for p in (publisher, api)]
     assert codes == [0, 0]
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        assert await conn.fetchval("SELECT count(*) FROM job_outbox") == 0  # relayed
-    finally:
-        await conn.close()

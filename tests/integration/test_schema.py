@@ -57,7 +57,8 @@ async def test_hot_indexes_exist(db: asyncpg.Connection) -> None:
     assert {
         "jobs_pkey",
         "job_outbox_pkey",
-        "jobs_type_status_created_idx",
+        "jobs_type_status_id_idx",
+        "jobs_idempotency_key_idx",
         "jobs_due_idx",
         "jobs_lease_idx",
     } <= names
@@ -77,7 +78,7 @@ async def test_conveyor_migrate_creates_the_database(endpoints: Endpoints) -> No
             assert expected in out.stdout
         conn = await asyncpg.connect(url)
         try:
-            assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0001"
+            assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0002"
         finally:
             await conn.close()
     finally:

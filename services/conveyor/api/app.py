@@ -9,7 +9,6 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
 from typing import Annotated, Any
 
 import orjson
@@ -22,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..core.config import Settings
 from ..core.db import store
 from ..core.db.connect import create_pool, is_unavailable
+from ..core.db.notify import Notifier
 from ..core.errors import (
     IdempotencyConflict,
     InvalidJob,
@@ -128,16 +128,13 @@ def _error(status: int, error: str, detail: Any = None) -> JSONResponse:
 
 
 def _encode_cursor(row: dict[str, Any]) -> str:
-    raw = f"{row['created_at'].isoformat()}|{row['id']}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
+    return base64.urlsafe_b64encode(row["id"].bytes).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def _decode_cursor(cursor: str) -> uuid.UUID:
     try:
-        raw = base64.urlsafe_b64decode(cursor.encode()).decode()
-        ts, _, ident = raw.partition("|")
-        return datetime.fromisoformat(ts), uuid.UUID(ident)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return uuid.UUID(bytes=base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, binascii.Error):
         raise InvalidJob("invalid cursor") from None
 
 
@@ -148,6 +145,11 @@ class Api:
         self.settings = settings
         self.metrics = metrics
         self.pool: Any = None
+        self.notifier: Notifier | None = None
+
+    def _wake(self) -> None:
+        if self.notifier is not None:
+            self.notifier.wake()
 
     async def start(self) -> None:
         self.pool = await create_pool(
@@ -157,8 +159,12 @@ class Api:
             timeout=self.settings.db_timeout,
             command_timeout=max(5.0, self.settings.db_timeout),
         )
+        self.notifier = Notifier(self.pool)
+        self.notifier.start()
 
     async def stop(self) -> None:
+        if self.notifier is not None:
+            await self.notifier.stop()
         if self.pool is not None:
             await asyncio.wait_for(self.pool.close(), 10)
 
@@ -185,6 +191,7 @@ class Api:
         async with self.connection() as conn:
             inserted = await store.job_insert_many(conn, [new])  # one atomic statement
             if new.id in inserted:
+                self._wake()
                 self.metrics.jobs_submitted.labels(new.job_type).inc()
                 return 201, _resource(inserted[new.id])
             assert new.idempotency_key is not None
@@ -204,6 +211,7 @@ class Api:
         ]
         async with self.connection() as conn:
             found = await store.job_insert_many(conn, rows)  # one atomic statement: all or none
+        self._wake()
         for r in rows:
             self.metrics.jobs_submitted.labels(r.job_type).inc()
         return {"jobs": [_resource(found[r.id]) for r in rows]}
@@ -252,6 +260,7 @@ class Api:
         async with self.connection() as conn, conn.transaction():
             done = await store.job_redrive(conn, [job_id])
             row = await store.job_get(conn, job_id)
+        self._wake()
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         if not done:
@@ -272,7 +281,32 @@ class Api:
 
 
 def _resource(row: Any) -> dict[str, Any]:
-    return JobResource.from_row(row).model_dump(mode="json")
+    """The job resource (``JobResource``'s fields) straight from a decoded row."""
+    return {
+        "id": row["id"],
+        "type": row["job_type"],
+        "status": row["status"],
+        "priority": row["priority"],
+        "payload": row["payload"],
+        "result": row["result"],
+        "attempts": row["attempts"],
+        "retry_count": row["retry_count"],
+        "max_retries": row["max_retries"],
+        "timeout_seconds": row["timeout_seconds"],
+        "last_error": row["last_error"],
+        "cancel_requested": row["cancel_requested"],
+        "run_at": row["run_at"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+        "started_at": row["started_at"],
+        "finished_at": row["finished_at"],
+    }
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    # default=str: asyncpg returns its own UUID type, which orjson does not know
+    body = orjson.dumps(data, default=str)
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI:
@@ -346,23 +380,23 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
         event(log, "api_unexpected_error", logging.ERROR, error=repr(exc))
         return failure(500, "internal error")
 
+    # The handlers return ready JSON (``_json``): the resource dicts are built from the row in
+    # one pass; ``response_model`` documents them in OpenAPI without a second validation.
     @app.post("/jobs", status_code=201, response_model=JobResource)
     async def submit_job(
         body: SubmitJob,
-        response: Response,
         idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         status, resource = await api.submit(body, idempotency_key)
-        response.status_code = status
-        return resource
+        return _json(resource, status)
 
     @app.post("/jobs/batch", status_code=201, response_model=BatchResource)
-    async def submit_batch(body: SubmitBatch) -> dict[str, Any]:
-        return await api.submit_batch(body)
+    async def submit_batch(body: SubmitBatch) -> Response:
+        return _json(await api.submit_batch(body), 201)
 
     @app.get("/jobs/{job_id}", response_model=JobResource)
-    async def get_job(job_id: uuid.UUID) -> dict[str, Any]:
-        return await api.get(job_id)
+    async def get_job(job_id: uuid.UUID) -> Response:
+        return _json(await api.get(job_id))
 
     @app.get("/jobs", response_model=JobPage)
     async def list_jobs(
@@ -370,16 +404,16 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
         status: Status | None = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: Annotated[str | None, Query(max_length=200)] = None,
-    ) -> dict[str, Any]:
-        return await api.list(type, status, limit, cursor)
+    ) -> Response:
+        return _json(await api.list(type, status, limit, cursor))
 
     @app.post("/jobs/{job_id}/cancel", response_model=JobResource)
-    async def cancel_job(job_id: uuid.UUID) -> dict[str, Any]:
-        return await api.cancel(job_id)
+    async def cancel_job(job_id: uuid.UUID) -> Response:
+        return _json(await api.cancel(job_id))
 
     @app.post("/jobs/{job_id}/retry", response_model=JobResource)
-    async def retry_job(job_id: uuid.UUID) -> dict[str, Any]:
-        return await api.retry(job_id)
+    async def retry_job(job_id: uuid.UUID) -> Response:
+        return _json(await api.retry(job_id))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

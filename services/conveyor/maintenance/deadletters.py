@@ -88,6 +88,7 @@ async def scan(
                 if decision == "redrive" and dl.job_id is not None:
                     async with conn.transaction():
                         await store.job_redrive(conn, [dl.job_id])
+                        await store.outbox_notify(conn)
                 if decision in ("drop", "redrive"):
                     await msg.ack()
                 else:

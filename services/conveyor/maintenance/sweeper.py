@@ -55,6 +55,8 @@ class Sweeper:
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
                 n = int(await conn.fetchval(store.JOB_PROMOTE_DUE, BATCH))
+                if n:
+                    await store.outbox_notify(conn)
             total += n
             if n < BATCH:
                 break
@@ -75,6 +77,8 @@ class Sweeper:
                 rows = await conn.fetch(
                     store.JOB_RECOVER_EXPIRED, BATCH, self.settings.default_max_retries
                 )
+                if rows:
+                    await store.outbox_notify(conn)
             for r in rows:
                 counts[r["status"]] = counts.get(r["status"], 0) + 1
                 event(log, "job_lease_expired", logging.WARNING, job_id=str(r["id"]),
@@ -103,6 +107,8 @@ class Sweeper:
                 done = int(
                     await conn.fetchval(store.JOB_REPUBLISH_OVERDUE, job_type, after, missing)
                 )
+                if done:
+                    await store.outbox_notify(conn)
             total += done
             event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
                   queued=ready, republished=done)  # fmt: skip

@@ -232,7 +232,8 @@ class Worker:
             row = claimed.get(job_id)
             if row is None or job_id in started:
                 # a duplicate, or a job that is not runnable: acknowledged, dropped
-                await _quietly(msg.ack())
+                with contextlib.suppress(Exception):
+                    await msg.ack()
                 self.slots.release()
                 continue
             started.add(job_id)
@@ -365,6 +366,8 @@ class Worker:
                             [r.job.attempt for r, _ in release],
                         )
                         written.update(x["id"] for x in rows)
+                    if fail or release:  # retries, dead letters, hand-backs: outbox rows
+                        await store.outbox_notify(conn)
                 break
             except Exception as exc:
                 delay = backoff.next()
@@ -394,7 +397,9 @@ class Worker:
     async def _ack(self, running: Running) -> None:
         message, running.message = running.message, None
         if message is not None:
-            await _quietly(message.ack())
+            # basic.ack has no reply: it only writes a frame (and raises if the channel is gone)
+            with contextlib.suppress(Exception):
+                await message.ack()
 
     # ------------------------------------------------------------------ heartbeat
 

@@ -70,7 +70,7 @@ WITH u AS (
            (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::job_status,
            priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash
     FROM v
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
 ), ob AS (
     INSERT INTO job_outbox (job_id, job_type, priority)
@@ -92,9 +92,9 @@ JOB_LIST = _stmt(
 SELECT {JOB_COLUMNS} FROM jobs
 WHERE ($1::text IS NULL OR job_type = $1)
   AND ($2::text IS NULL OR status = $2::job_status)
-  AND ($3::timestamptz IS NULL OR (created_at, id) < ($3, $4::uuid))
-ORDER BY created_at DESC, id DESC
-LIMIT $5
+  AND ($3::uuid IS NULL OR id < $3)
+ORDER BY id DESC
+LIMIT $4
 """,
 )
 
@@ -396,17 +396,11 @@ async def job_list(
     *,
     job_type: str | None,
     status: str | None,
-    after: tuple[datetime, uuid.UUID] | None,
+    after: uuid.UUID | None,
     limit: int,
 ) -> list[dict[str, Any]]:
-    rows = await conn.fetch(
-        JOB_LIST,
-        job_type,
-        status,
-        after[0] if after else None,
-        after[1] if after else None,
-        limit,
-    )
+    """Newest first: ids are UUIDv7, so ``id`` order is creation order (keyset on ``id``)."""
+    rows = await conn.fetch(JOB_LIST, job_type, status, after, limit)
     return [_decode(r) for r in rows]
 
 
@@ -431,5 +425,5 @@ async def job_status_many(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uu
 
 
 async def outbox_notify(conn: Connection) -> None:
-    """Wake publishers now (the insert trigger also does, at commit)."""
+    """Wake the publishers when the surrounding transaction commits."""
     await conn.execute("SELECT pg_notify('conveyor_outbox', '')")

@@ -1,0 +1,48 @@
+"""Waking the publishers.
+
+``pg_notify`` takes a database-wide lock that is held until the notifying transaction's commit
+is flushed, so a NOTIFY inside every submit transaction serialises concurrent submits. The API
+therefore notifies *after* its commits, from one background task that coalesces: however many
+submits commit while a notification is in flight, one more follows. Rare writers (maintenance,
+worker failures, transactional ``enqueue``) notify inside their own transaction. The relay also
+polls (``CONVEYOR_RELAY_POLL_INTERVAL``), so a lost notification only costs latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from .schema import OUTBOX_CHANNEL
+
+NOTIFY_SQL = f"SELECT pg_notify('{OUTBOX_CHANNEL}', '')"
+
+
+class Notifier:
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._pending = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="outbox-notifier")
+
+    def wake(self) -> None:
+        self._pending.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._pending.wait()
+            self._pending.clear()
+            try:
+                async with self.pool.acquire() as conn:
+                    await conn.execute(NOTIFY_SQL)
+            except Exception:
+                await asyncio.sleep(0.1)  # the relay's poll covers the gap
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
