@@ -16,6 +16,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ from ..core.messages import MalformedMessage, decode
 from ..core.metrics import Metrics
 from ..router import HandlerSpec, Job, JobRouter
 from . import outcomes
+from .acks import Acks
 from .outcomes import Kind, Outcome
 
 log = logging.getLogger("conveyor.worker")
@@ -88,6 +90,7 @@ class Worker:
         self.queues: dict[str, AbstractQueue] = {}
         self.consumer_tags: dict[str, str] = {}
         self.inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self.acks = Acks()
         self.results: asyncio.Queue[tuple[Running, Outcome]] = asyncio.Queue()
         self.slots = asyncio.Semaphore(concurrency)
         self.running: dict[uuid.UUID, Running] = {}
@@ -128,6 +131,7 @@ class Worker:
               concurrency=self.concurrency)  # fmt: skip
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self.acks.track(message)
         self.inbox.put_nowait(message)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -157,7 +161,9 @@ class Worker:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._current), 10)
         while not self.inbox.empty():
-            await _quietly(self.inbox.get_nowait().nack(requeue=True))
+            msg = self.inbox.get_nowait()
+            self.acks.forget(msg)
+            await _quietly(msg.nack(requeue=True))
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
@@ -213,6 +219,7 @@ class Worker:
                 self.metrics.messages_dead_lettered.inc()
                 event(log, "message_rejected", logging.WARNING, reason=str(exc),
                       queue=msg.routing_key, message_id=msg.message_id)  # fmt: skip
+                self.acks.forget(msg)
                 with contextlib.suppress(Exception):
                     await msg.reject(requeue=False)
                 self.slots.release()
@@ -222,22 +229,25 @@ class Worker:
         rows = await self._claim(ids)
         if rows is None:  # shutting down while the database is unreachable
             for msg, _ in valid:
+                self.acks.forget(msg)
                 with contextlib.suppress(Exception):
                     await msg.nack(requeue=True)
                 self.slots.release()
             return
         claimed = {r["id"]: r for r in rows}
         started: set[uuid.UUID] = set()
+        dropped: list[AbstractIncomingMessage] = []
         for msg, job_id in valid:
             row = claimed.get(job_id)
             if row is None or job_id in started:
                 # a duplicate, or a job that is not runnable: acknowledged, dropped
-                with contextlib.suppress(Exception):
-                    await msg.ack()
+                dropped.append(msg)
                 self.slots.release()
                 continue
             started.add(job_id)
             self._start(row, msg)
+        if dropped:
+            await self.acks.ack(dropped)
         if len(started) < len(valid):
             await self._explain_dropped([i for _, i in valid if i not in started])
         self.last_progress = time.monotonic()
@@ -388,18 +398,11 @@ class Worker:
                       attempt=job.attempt, outcome=outcome.label)  # fmt: skip
             if self.running.get(job.id) is running:
                 del self.running[job.id]
-            await self._ack(running)
             self.slots.release()
+        await self.acks.ack(_take_messages(r for r, _ in batch))
         if not self.running:
             self._idle.set()
         self.last_progress = time.monotonic()
-
-    async def _ack(self, running: Running) -> None:
-        message, running.message = running.message, None
-        if message is not None:
-            # basic.ack has no reply: it only writes a frame (and raises if the channel is gone)
-            with contextlib.suppress(Exception):
-                await message.ack()
 
     # ------------------------------------------------------------------ heartbeat
 
@@ -417,9 +420,9 @@ class Worker:
             )
         alive = {x["id"]: x["cancel_requested"] for x in rows}
         early = time.monotonic() - self.settings.early_ack_after
-        for r in running:
-            if r.message is not None and r.started < early:
-                await self._ack(r)  # before RabbitMQ's consumer_timeout: the lease holds the job
+        late = [r for r in running if r.message is not None and r.started < early]
+        if late:  # before RabbitMQ's consumer_timeout: from here on the lease alone holds them
+            await self.acks.ack(_take_messages(late))
         for r in running:
             if r.job.id not in alive:
                 if r.task is not None and not r.task.done() and not r.lease_lost:
@@ -444,3 +447,13 @@ async def _quietly(aw: Any, timeout: float = 5.0) -> None:
     """Best effort during shutdown: a broker or database that is down must not hang a drain."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(aw, timeout)
+
+
+def _take_messages(runs: Iterable[Running]) -> list[AbstractIncomingMessage]:
+    """The deliveries still held by these jobs, handed over for acknowledgement (once)."""
+    out = []
+    for r in runs:
+        if r.message is not None:
+            out.append(r.message)
+            r.message = None
+    return out
