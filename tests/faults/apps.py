@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from conveyor import Job, JobRouter
@@ -52,9 +53,18 @@ async def work(job: Job) -> dict[str, Any]:
     return await _work(job)
 
 
-@router.job("flaky", max_retries=3, retry_delays=[3])
+@router.job("sync_work", max_retries=25)
+def sync_work(job: Job) -> dict[str, Any]:
+    """A synchronous handler (the worker runs it in its thread pool)."""
+    record(job, "start")
+    time.sleep(_sleep_for(job))
+    record(job, "done")
+    return {"attempt": job.attempt}
+
+
+@router.job("flaky", max_retries=3, retry_delays=[4])
 async def flaky(job: Job) -> dict[str, Any]:
-    """Fails its first attempt (to the 3 s holding pen), completes afterwards."""
+    """Fails its first attempt (to the 4 s holding pen), completes afterwards."""
     if job.attempt == 1:
         record(job, "start")
         record(job, "fail")

@@ -282,8 +282,14 @@ def _completion_problems(
         if not into:
             reasons.append("COMPLETED without an audited transition")
         result = orjson.loads(row["result"]) if row["result"] else None
-        if isinstance(result, dict) and "attempt" in result and result["attempt"] != row["attempts"]:
-            reasons.append(f"result of attempt {result['attempt']} stored, attempts={row['attempts']}")
+        if (
+            isinstance(result, dict)
+            and "attempt" in result
+            and result["attempt"] != row["attempts"]
+        ):
+            reasons.append(
+                f"result of attempt {result['attempt']} stored, attempts={row['attempts']}"
+            )
         finished = done_attempts.get(row["id"])  # None: this job's handler keeps no ledger
         if ledger is not None and finished is not None and row["attempts"] not in finished:
             reasons.append(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,11 +16,11 @@ import asyncpg
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.core.db.connect import ensure_database, with_database
+from conveyor.core.db.connect import ensure_database
 from conveyor.core.db.migrate import upgrade
 
 from .checker import VERDICTS, Ledger, install_audit
-from .harness import fault_settings
+from .harness import LIVE, fault_settings
 from .infra import PrivatePostgres, PrivateRabbit
 
 _counter = itertools.count()
@@ -80,6 +81,19 @@ async def private_db_url(private_pg: PrivatePostgres) -> AsyncIterator[str]:
 # --------------------------------------------------------------------------- per-test state
 
 
+@pytest.fixture(autouse=True)
+def _reap() -> Iterator[None]:
+    """SIGKILL the subprocesses a test started and left running (a failed assertion skips the
+    test's own ``stop()``)."""
+    yield
+    while LIVE:
+        proc = LIVE.pop()
+        if proc.alive():
+            proc.signal(signal.SIGKILL)
+            assert proc.popen is not None
+            proc.popen.wait(10)
+
+
 @pytest.fixture
 async def audited_db_url(db_url: str) -> str:
     """The shared server's per-test clone (root conftest), with the checker's audit trigger."""
@@ -96,11 +110,6 @@ def ledger(tmp_path: Path) -> Ledger:
 def fsettings(settings: Settings, audited_db_url: str) -> Settings:
     """Shared PostgreSQL (audited clone) and RabbitMQ (own namespace), fast clocks."""
     return fault_settings(settings, database_url=audited_db_url)
-
-
-@pytest.fixture
-def shared_db_for(endpoints: Any) -> Any:
-    return lambda name: with_database(endpoints.database_url, name)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

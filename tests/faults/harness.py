@@ -66,6 +66,11 @@ def component_env(settings: Settings, **extra: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- processes
 
 
+# Every subprocess a test starts; the ``_reap`` fixture (conftest.py) kills what a failed test
+# left running.
+LIVE: list[Proc] = []
+
+
 class Proc:
     """One ``conveyor`` subprocess, its output in a log file."""
 
@@ -85,6 +90,7 @@ class Proc:
                 self.args, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
         self.started_at = time.monotonic()
+        LIVE.append(self)
         return self
 
     @property
@@ -134,7 +140,9 @@ class Proc:
                 raise AssertionError(f"{self.name} exited {self.popen and self.popen.returncode}:"
                                      f"\n{self.log()[-3000:]}")  # fmt: skip
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: no {text!r} in {timeout}s:\n{self.log()[-3000:]}")
+                raise AssertionError(
+                    f"{self.name}: no {text!r} in {timeout}s:\n{self.log()[-3000:]}"
+                )
             await asyncio.sleep(0.05)
 
 
@@ -241,6 +249,15 @@ class Stack:
             ids += await asyncio.gather(*(self.submit(job_type, payload(i)) for i in wave))
             if pace:
                 await asyncio.sleep(pace)
+        return ids
+
+    async def submit_batch(self, job_type: str, payloads: Sequence[dict[str, Any]]) -> list[str]:
+        """``POST /jobs/batch``: all in one transaction (and one outbox batch)."""
+        body = {"jobs": [{"type": job_type, "payload": p} for p in payloads]}
+        r = await self.client.post("/jobs/batch", json=body)
+        assert r.status_code == 201, r.text
+        ids = [str(j["id"]) for j in r.json()["jobs"]]
+        self.accepted += ids
         return ids
 
     async def add_worker(self, router: JobRouter, **kw: Any) -> Worker:
@@ -372,6 +389,19 @@ async def drain(amqp_url: str, name: str, *, settle: float = 0.5) -> list[aio_pi
     finally:
         await conn.close()
     return out
+
+
+async def purge(amqp_url: str, name: str) -> int:
+    """Purge a queue over AMQP (what an operator's "purge" button does); returns how many
+    ready messages the broker deleted."""
+    conn = await aio_pika.connect(amqp_url, timeout=10)
+    try:
+        ch = await conn.channel()
+        q = await ch.declare_queue(name, passive=True)
+        result = await q.purge()
+        return int(result.message_count or 0)
+    finally:
+        await conn.close()
 
 
 def topology(settings: Settings) -> Topology:

@@ -85,10 +85,10 @@ async def test_sigkill_workers_repeatedly(
 async def test_sigterm_drains_within_grace(
     fsettings: Settings, ledger: Ledger, tmp_path: Path
 ) -> None:
-    """SIGTERM while 3 short and 3 over-long jobs run and 6 more wait in the prefetch buffer: the
-    worker exits 0 within the grace (2 s); the short jobs complete, the long ones are handed back
-    as PENDING without consuming a retry, the waiting ones stay queued. A new worker finishes
-    them all."""
+    """SIGTERM while 3 short and 3 over-long jobs run and 6 more wait (in the queue or the
+    worker's prefetch buffer): the worker exits 0 within the grace (2 s, plus 1.5 s of slack for
+    closing connections); the short jobs complete, the long ones are handed back as PENDING
+    without consuming a retry, the waiting ones stay unclaimed. A new worker finishes them all."""
     grace = fsettings.shutdown_grace
     db = fsettings.database_url
     async with running(fsettings) as stack:
@@ -134,6 +134,48 @@ async def test_sigterm_drains_within_grace(
     v.assert_clean()
     rows = await _rows(db, long_ids)
     assert all(r["attempts"] == 2 for r in rows.values()), rows
+
+
+SYNC_DRAIN = (
+    "services bug: on SIGTERM the worker cancels the asyncio side of a sync handler and releases "
+    "the job, but the handler keeps running in a ThreadPoolExecutor thread, and the interpreter "
+    "joins that thread at exit: the process outlives the grace by the handler's whole run time "
+    "(Kubernetes then SIGKILLs it: exit 137, not 0), while the released job may already run "
+    "elsewhere"
+)
+
+
+@pytest.mark.timeout(60)
+async def test_sigterm_with_a_sync_handler_running_exits_within_grace(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A synchronous handler runs 15 s; SIGTERM with a 2 s grace: the worker must exit 0 within
+    the grace (the job handed back), not when the thread is done."""
+    grace = fsettings.shutdown_grace
+    async with running(fsettings) as stack:
+        w = worker_proc(fsettings, tmp_path, "worker-sync", concurrency=2).start()
+        await w.wait_for_log("worker_started")
+        job_id = await stack.submit("sync_work", {"ledger": str(ledger), "sleep_first": 15})
+
+        async def started() -> bool:
+            return ledger.count("start") == 1
+
+        await wait_until(started, timeout=15, what="the sync handler to start")
+        t0 = time.monotonic()
+        w.signal(15)
+        code = await w.wait(grace + 4)
+        elapsed = time.monotonic() - t0
+        if code is None:
+            await w.kill()
+        row = (await _rows(fsettings.database_url, [job_id]))[job_id]
+        print(f"[faults] sigterm with a sync handler: exit {code} after {elapsed:.1f}s "
+              f"(grace {grace}s); job {row['status']}")  # fmt: skip
+        w2 = worker_proc(fsettings, tmp_path, "worker-sync-after", concurrency=2).start()
+        v = await check(fsettings.database_url, stack.accepted, ledger, label="sigterm-sync",
+                        timeout=30)  # fmt: skip
+        await w2.stop()
+    v.assert_clean()
+    assert code == 0 and elapsed < grace + 1.5, f"exit {code} after {elapsed:.1f}s"
 
 
 async def test_always_failing_handler_ends_failed_and_dead_lettered(

@@ -31,7 +31,8 @@ async def sweeper(settings: Settings) -> AsyncIterator[Sweeper]:
 async def _claim(
     db: asyncpg.Connection, ids: list[uuid.UUID], worker: str = "w1"
 ) -> list[asyncpg.Record]:
-    return await db.fetch(store.JOB_CLAIM_MANY, ids, 5.0, worker, "{}", 3)
+    types = await db.fetchval("SELECT coalesce(array_agg(DISTINCT job_type), '{}') FROM jobs")
+    return await db.fetch(store.JOB_CLAIM_MANY, ids, 5.0, worker, "{}", 3, types)
 
 
 async def _status(db: asyncpg.Connection, job_id: uuid.UUID) -> asyncpg.Record:
@@ -53,7 +54,7 @@ async def test_claim_is_exclusive_and_counts_the_attempt(db: asyncpg.Connection)
 async def test_handler_defaults_fill_in_what_the_submitter_left_out(db: asyncpg.Connection) -> None:
     a, b = await enqueue_many(db, [JobSpec("t"), JobSpec("t", max_retries=9)])
     defaults = orjson.dumps({"t": {"max_retries": 1, "timeout": 2.5}}).decode()
-    rows = await db.fetch(store.JOB_CLAIM_MANY, [a, b], 5.0, "w", defaults, 3)
+    rows = await db.fetch(store.JOB_CLAIM_MANY, [a, b], 5.0, "w", defaults, 3, ["t"])
     got = {r["id"]: (r["max_retries"], r["timeout_seconds"]) for r in rows}
     assert got == {a: (1, 2.5), b: (9, 2.5)}
 

@@ -157,7 +157,8 @@ class Api:
             application_name="conveyor-api",
             max_size=self.settings.db_pool_size,
             timeout=self.settings.db_timeout,
-            command_timeout=max(5.0, self.settings.db_timeout),
+            # a server that stopped answering must not hold a request past the spec's 2 s
+            command_timeout=self.settings.db_timeout,
         )
         self.notifier = Notifier(self.pool)
         self.notifier.start()
@@ -179,8 +180,21 @@ class Api:
             raise
         try:
             yield conn
+        except BaseException as exc:
+            if is_unavailable(exc):
+                # broken or hung: resetting it would wait for the server, or fail and hide this
+                # error behind an InternalClientError (a 500), so drop it
+                with contextlib.suppress(Exception):  # asyncpg may have released it already
+                    conn.terminate()
+                # a handled 503: the catch-all handler would answer it too, but Starlette then
+                # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
+                raise ServiceUnavailable("database unavailable") from exc
+            raise
         finally:
-            await self.pool.release(conn)
+            try:
+                await self.pool.release(conn)
+            except Exception as exc:  # broke after the request's last statement: keep the answer
+                event(log, "db_connection_dropped", logging.WARNING, error=repr(exc))
 
     async def submit(
         self, body: SubmitJob, idempotency_key: str | None

@@ -97,9 +97,14 @@ class Sweeper:
         async with self.pool.acquire() as conn:
             overdue = await conn.fetch(store.JOB_COUNT_OVERDUE, after)
         total = 0
-        for row in overdue:
-            job_type, n = row["job_type"], int(row["n"])
+        for job_type in [row["job_type"] for row in overdue]:
+            # the queue first, the jobs second: a message delivered in between is then counted
+            # as ready while its job is claimed (no longer overdue), an error on the safe side;
+            # the other order turns every delivery in the gap into a duplicate
             ready = await depth(job_type)
+            async with self.pool.acquire() as conn:
+                recount = await conn.fetch(store.JOB_COUNT_OVERDUE, after)
+            n = next((int(r["n"]) for r in recount if r["job_type"] == job_type), 0)
             missing = n - ready
             if missing <= 0:
                 continue

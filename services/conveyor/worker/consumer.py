@@ -10,6 +10,7 @@ ready at that moment → ack after that commit (see ``outcomes`` for the ack poi
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -91,12 +92,15 @@ class Worker:
         self.consumer_tags: dict[str, str] = {}
         self.inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self.acks = Acks()
+        self.acked_early: set[uuid.UUID] = set()  # running jobs whose delivery was acked early
         self.results: asyncio.Queue[tuple[Running, Outcome]] = asyncio.Queue()
         self.slots = asyncio.Semaphore(concurrency)
         self.running: dict[uuid.UUID, Running] = {}
         self.executor = ThreadPoolExecutor(
             max_workers=concurrency, thread_name_prefix="conveyor-handler"
         )
+        # sync handlers' calls: a cancelled one keeps its thread until the handler returns
+        self.threads: set[concurrent.futures.Future[Any]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._current: asyncio.Future[None] | None = None
         self._idle = asyncio.Event()  # set when the last running job's outcome is written
@@ -133,6 +137,24 @@ class Worker:
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         self.acks.track(message)
         self.inbox.put_nowait(message)
+        if self.acked_early and self.slots.locked():
+            # deliveries beyond the slots only arrive once long jobs were acked early: this one
+            # waits for a slot, its job is in hand and must not look lost to the reconciler
+            await self._touch_waiting()
+
+    async def _touch_waiting(self) -> None:
+        """Deliveries waiting in the inbox for a slot (possible once long jobs' deliveries were
+        acked early) are jobs in hand: refresh them so the reconciler, which only sees the
+        queue's ready messages, does not take them for lost. Runs with the heartbeat, well
+        inside the reconciler's deadline."""
+        ids = []
+        for msg in list(self.inbox._queue):  # type: ignore[attr-defined]
+            with contextlib.suppress(MalformedMessage):
+                ids.append(decode(msg.body).job_id)
+        if ids:
+            with contextlib.suppress(Exception):
+                async with self.pool.acquire() as conn:
+                    await conn.execute(store.JOB_TOUCH_WAITING, ids)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -236,10 +258,12 @@ class Worker:
             return
         claimed = {r["id"]: r for r in rows}
         started: set[uuid.UUID] = set()
+        dropped_ids: list[uuid.UUID] = []
         dropped: list[AbstractIncomingMessage] = []
         for msg, job_id in valid:
             row = claimed.get(job_id)
             if row is None or job_id in started:
+                dropped_ids.append(job_id)  # a duplicate within this batch too
                 # a duplicate, or a job that is not runnable: acknowledged, dropped
                 dropped.append(msg)
                 self.slots.release()
@@ -248,8 +272,8 @@ class Worker:
             self._start(row, msg)
         if dropped:
             await self.acks.ack(dropped)
-        if len(started) < len(valid):
-            await self._explain_dropped([i for _, i in valid if i not in started])
+        if dropped_ids:
+            await self._explain_dropped(dropped_ids)
         self.last_progress = time.monotonic()
 
     async def _claim(self, ids: list[uuid.UUID]) -> list[Any] | None:
@@ -264,6 +288,7 @@ class Worker:
                         self.worker_id,
                         self.handler_defaults,
                         self.settings.default_max_retries,
+                        self.types,
                     )
                     return rows
             except Exception as exc:
@@ -315,7 +340,10 @@ class Worker:
             if spec.is_async:
                 call: Any = spec.func(job)
             else:
-                call = asyncio.get_running_loop().run_in_executor(self.executor, spec.func, job)
+                thread_call = self.executor.submit(spec.func, job)
+                self.threads.add(thread_call)
+                thread_call.add_done_callback(self.threads.discard)
+                call = asyncio.wrap_future(thread_call)
             result = await asyncio.wait_for(call, timeout) if timeout else await call
             outcome = outcomes.completed(result)
         except asyncio.CancelledError:
@@ -398,6 +426,7 @@ class Worker:
                       attempt=job.attempt, outcome=outcome.label)  # fmt: skip
             if self.running.get(job.id) is running:
                 del self.running[job.id]
+                self.acked_early.discard(job.id)
             self.slots.release()
         await self.acks.ack(_take_messages(r for r, _ in batch))
         if not self.running:
@@ -419,8 +448,10 @@ class Worker:
                 self.settings.visibility_timeout,
             )
         alive = {x["id"]: x["cancel_requested"] for x in rows}
+        await self._touch_waiting()
         early = time.monotonic() - self.settings.early_ack_after
         late = [r for r in running if r.message is not None and r.started < early]
+        self.acked_early.update(r.job.id for r in late)
         if late:  # before RabbitMQ's consumer_timeout: from here on the lease alone holds them
             await self.acks.ack(_take_messages(late))
         for r in running:

@@ -24,6 +24,9 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.QueryCanceledError,
+    # a pooled connection whose backend was terminated while idle: the next statement fails with
+    # "cannot switch to state N; another operation (2) is in progress"
+    asyncpg.exceptions.InternalClientError,
 )
 
 

@@ -114,6 +114,7 @@ UPDATE jobs SET
     max_retries = COALESCE(max_retries, ($4::jsonb -> job_type ->> 'max_retries')::int, $5),
     timeout_seconds = COALESCE(timeout_seconds, ($4::jsonb -> job_type ->> 'timeout')::float8)
 WHERE id = ANY($1::uuid[])
+  AND job_type = ANY($6::text[])
   AND (status = 'PENDING' OR (status = 'RETRYING' AND run_at <= now() + interval '1 second'))
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
           timeout_seconds
@@ -197,6 +198,16 @@ UPDATE jobs j SET lease_expires_at = now() + make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
 WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
 RETURNING j.id, j.cancel_requested
+""",
+)
+
+# Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost, so
+# they must not look overdue to the reconciler (which only sees the queue's *ready* messages).
+JOB_TOUCH_WAITING = _stmt(
+    "job_touch_waiting",
+    """
+UPDATE jobs SET updated_at = now()
+WHERE id = ANY($1::uuid[]) AND status IN ('PENDING', 'RETRYING')
 """,
 )
 
