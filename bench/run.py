@@ -226,8 +226,8 @@ def parse(argv: list[str] | None = None) -> Options:
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--batch-connections", type=int, default=2,
                    help="batch requests in flight (2)")  # fmt: skip
-    p.add_argument("--concurrency", type=int, default=64,
-                   help="conveyor worker --concurrency; also Celery's prefetch (64)")  # fmt: skip
+    p.add_argument("--concurrency", type=int, default=128,
+                   help="conveyor worker --concurrency; also Celery's prefetch (128)")  # fmt: skip
     p.add_argument("--celery-pool", choices=["solo", "prefork"], default="solo",
                    help="Celery's pool; one process either way (solo)")  # fmt: skip
     p.add_argument("--with-backfill", action="store_true",

@@ -9,13 +9,13 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aio_pika
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+from pamqp.commands import Basic
 
 from ..core.amqp.topology import PEN_HEADER, Topology, connect
 from ..core.backoff import Backoff
@@ -85,39 +85,39 @@ class Relay:
     # ------------------------------------------------------------------ one step
 
     async def run_once(self) -> int:
-        """Relay one batch. Returns how many rows were published and deleted."""
+        """Relay one batch. Returns how many rows were published (and so deleted)."""
         assert self.pool is not None and self.channel is not None
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(store.OUTBOX_CLAIM_BATCH, self.settings.relay_batch)
+            rows = sorted(
+                await conn.fetch(store.OUTBOX_TAKE_BATCH, self.settings.relay_batch),
+                key=lambda r: r["id"],
+            )
             if not rows:
                 return 0
             await self._declare_for(rows)
+            channel = await self.channel.get_underlay_channel()
             results = await asyncio.gather(
-                *(self._publish(r) for r in rows), return_exceptions=True
+                *(self._publish(channel, r) for r in rows), return_exceptions=True
             )
-            done: list[int] = []
-            failed = 0
-            for row, res in zip(rows, results, strict=True):
-                if isinstance(res, BaseException):
-                    failed += 1
-                    if failed == 1:
-                        event(
-                            log, "outbox_publish_failed", logging.WARNING,
-                            job_id=str(row["job_id"]), error=repr(res),
-                        )  # fmt: skip
-                else:
-                    done.append(row["id"])
-                    self.metrics.outbox_published.labels(row["destination"]).inc()
+            failed = [r for r, res in zip(rows, results, strict=True) if res is not None]
             if failed:
-                self.metrics.outbox_failed.inc(failed)
+                error = next(res for res in results if res is not None)
+                event(log, "outbox_publish_failed", logging.WARNING, count=len(failed),
+                      job_id=str(failed[0]["job_id"]), error=repr(error))  # fmt: skip
+                self.metrics.outbox_failed.inc(len(failed))
                 self._declared.clear()  # a queue may have been deleted: declare again next time
+                await conn.execute(store.OUTBOX_RESTORE, *_columns(failed))
+            done = len(rows) - len(failed)
+            confirmed = Counter(r["destination"] for r in rows)
+            confirmed.subtract(r["destination"] for r in failed)
+            for destination, n in confirmed.items():
+                if n:
+                    self.metrics.outbox_published.labels(destination).inc(n)
             if self.fault_hook is not None:
                 await self.fault_hook("after_confirm")
-            if done:
-                await conn.execute(store.OUTBOX_DELETE, done)
         if failed and not done:
-            raise PublishFailed(f"{failed} outbox rows could not be published")
-        return len(done)
+            raise PublishFailed(f"{len(failed)} outbox rows could not be published")
+        return done
 
     async def _declare_for(self, rows: list[Any]) -> None:
         assert self.channel is not None
@@ -135,26 +135,38 @@ class Relay:
                     await self.topology.declare_pen(self.channel, r["delay_seconds"])
                     self._declared.add(pen)
 
-    async def _publish(self, row: Any) -> None:
-        job_id: uuid.UUID = row["job_id"]
-        body: dict[str, Any] = {"id": str(job_id), "type": row["job_type"]}
-        headers: dict[str, Any] = {}
+    async def _publish(self, channel: Any, row: Any) -> BaseException | None:
+        """Publish one row and wait for its confirm; the error instead of raising it."""
+        job_id = str(row["job_id"])
         dest = row["destination"]
+        headers: dict[str, Any] | None = None
         if dest == "retry":
-            headers[PEN_HEADER] = pen_name_suffix(row["delay_seconds"])
-        elif dest == "dead":
-            body["error"] = row["error"]
-        message = aio_pika.Message(
-            orjson.dumps(body),
+            headers = {PEN_HEADER: pen_name_suffix(row["delay_seconds"])}
+        if dest == "dead":
+            body = orjson.dumps({"id": job_id, "type": row["job_type"], "error": row["error"]})
+        else:
+            body = b'{"id":"' + job_id.encode() + b'","type":"' + row["job_type"].encode() + b'"}'
+        properties = Basic.Properties(
             content_type=CONTENT_TYPE,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=str(job_id),
+            delivery_mode=2,  # persistent
+            message_id=job_id,
             priority=row["priority"],
-            headers=headers or None,
+            headers=headers,
         )
-        await self.exchanges[dest].publish(
-            message, routing_key=row["job_type"], mandatory=True, timeout=self.publish_timeout
-        )
+        try:
+            result = await channel.basic_publish(
+                body,
+                exchange=self.exchanges[dest].name,
+                routing_key=row["job_type"],
+                properties=properties,
+                mandatory=True,
+                timeout=self.publish_timeout,
+            )
+        except Exception as exc:  # nack, channel closed, timeout
+            return exc
+        if not isinstance(result, Basic.Ack):  # returned: unroutable
+            return PublishFailed(f"not confirmed: {result!r}"[:200])
+        return None
 
     # ------------------------------------------------------------------ loop
 
@@ -225,3 +237,9 @@ def probes(
         return relay.channel is not None and not relay.channel.is_closed
 
     return live, ready
+
+
+def _columns(rows: list[Any]) -> list[list[Any]]:
+    """Rows → the column arrays of ``outbox_restore``."""
+    keys = ("id", "job_id", "job_type", "priority", "destination", "delay_seconds", "error")
+    return [[r[k] for r in rows] for k in keys]

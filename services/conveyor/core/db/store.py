@@ -349,15 +349,27 @@ DELETE FROM jobs j USING d WHERE j.id = d.id
 
 # ------------------------------------------------------------------------------- outbox
 
-OUTBOX_CLAIM_BATCH = _stmt(
-    "outbox_claim_batch",
+# The relay takes a batch in one statement: the rows are deleted inside the relay's open
+# transaction, which commits only after every publish is confirmed. A crash before the commit
+# rolls the delete back (the rows are published again: duplicates, never losses); rows whose
+# publish failed are put back with ``outbox_restore`` before the commit.
+OUTBOX_TAKE_BATCH = _stmt(
+    "outbox_take_batch",
     """
-SELECT id, job_id, job_type, priority, destination, delay_seconds, error
-FROM job_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+DELETE FROM job_outbox
+WHERE id IN (SELECT id FROM job_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id, job_id, job_type, priority, destination, delay_seconds, error
 """,
 )
 
-OUTBOX_DELETE = _stmt("outbox_delete", "DELETE FROM job_outbox WHERE id = ANY($1::int8[])")
+OUTBOX_RESTORE = _stmt(
+    "outbox_restore",
+    """
+INSERT INTO job_outbox (id, job_id, job_type, priority, destination, delay_seconds, error)
+SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::int2[], $5::text[], $6::int4[],
+                     $7::text[])
+""",
+)
 
 
 # ------------------------------------------------------------------------------- functions
