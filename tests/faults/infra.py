@@ -48,7 +48,8 @@ def _tail(path: Path, lines: int = 40) -> str:
 class PrivateRabbit:
     """One RabbitMQ node of its own: ``faults<random>@localhost`` on free ports."""
 
-    def __init__(self) -> None:
+    def __init__(self, consumer_timeout_ms: int = 60000) -> None:
+        self.consumer_timeout_ms = consumer_timeout_ms
         self.node = f"faults{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
@@ -79,7 +80,8 @@ class PrivateRabbit:
         (b / "log").mkdir(exist_ok=True)
         (b / "enabled_plugins").write_text("[].\n")
         (b / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\nconsumer_timeout = 60000\n"
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            f"consumer_timeout = {self.consumer_timeout_ms}\n"
         )
         subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(b)], check=True)
         b.chmod(0o755)
