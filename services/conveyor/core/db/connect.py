@@ -53,7 +53,15 @@ async def create_pool(
         command_timeout=command_timeout,
         max_inactive_connection_lifetime=60.0,
         server_settings={"application_name": application_name},
+        reset=_skip_session_reset,
     )
+
+
+async def _skip_session_reset(conn: Any) -> None:
+    """Release without asyncpg's default reset query (``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL``), a round trip on every release. Conveyor's pooled connections take
+    no advisory locks, cursors, LISTENs or SET commands (the relay LISTENs on a connection of its
+    own); an open transaction is still rolled back by the pool itself."""
 
 
 def database_name(url: str) -> str:
