@@ -93,12 +93,10 @@ async def test_poison_messages_do_not_wedge_the_worker(fsettings: Settings, ledg
     assert rejected == len(malformed)
 
 
-MISROUTED = (
-    "services bug: the worker's claim (store.JOB_CLAIM_MANY) does not filter by job type, so a "
-    "worker claims any job whose id arrives in its queues, even of a type it has no handler "
-    "for; the attempt fails with LookupError and burns a retry (FAILED at once with "
-    "max_retries=0) instead of leaving the job to a worker of its type"
-)
+# Regression test for a bug found and fixed: the worker's claim (store.JOB_CLAIM_MANY) does not
+# filter by job type, so a worker claims any job whose id arrives in its queues, even of a type it
+# has no handler for; the attempt fails with LookupError and burns a retry (FAILED at once with
+# max_retries=0) instead of leaving the job to a worker of its type
 
 
 async def test_message_for_a_type_this_worker_lacks_leaves_the_job_alone(
@@ -151,11 +149,9 @@ class FakeDelivery:
         self.rejects += 1
 
 
-IN_BATCH = (
-    "services bug: Worker.process_batch drops a duplicate of a job that is claimed in the same "
-    "batch without a log line or a metric (_explain_dropped only sees ids that did not start), "
-    "against guarantee 8"
-)
+# Regression test for a bug found and fixed: Worker.process_batch drops a duplicate of a job that
+# is claimed in the same batch without a log line or a metric (_explain_dropped only sees ids that
+# did not start), against guarantee 8
 
 
 async def test_duplicates_within_one_batch_are_counted(fsettings: Settings, ledger: Ledger) -> None:

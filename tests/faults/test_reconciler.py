@@ -19,16 +19,13 @@ from .apps import router
 from .checker import Ledger, check
 from .harness import fault_settings, queue_ready, running, topology, wait_until
 
-ORDER_RACE = (
-    "services bug: Sweeper.reconcile counts overdue jobs first and reads the queue's ready count "
-    "second; a message delivered in between (ready -1, its job still PENDING when counted) looks "
-    "lost, and JOB_REPUBLISH_OVERDUE then re-publishes some other job still sitting in the queue"
-)
-HELD_DELIVERIES = (
-    "services bug: a delivery a worker holds before its claim (waiting for a slot, possible once "
-    "running jobs' deliveries were acked early) is not 'ready', yet its job is PENDING and "
-    "overdue: every reconcile pass re-publishes duplicates of those jobs"
-)
+# Regression test for a bug found and fixed: Sweeper.reconcile counts overdue jobs first and reads
+# the queue's ready count second; a message delivered in between (ready -1, its job still PENDING
+# when counted) looks lost, and JOB_REPUBLISH_OVERDUE then re-publishes some other job still
+# sitting in the queue
+# Regression test for a bug found and fixed: a delivery a worker holds before its claim (waiting
+# for a slot, possible once running jobs' deliveries were acked early) is not 'ready', yet its job
+# is PENDING and overdue: every reconcile pass re-publishes duplicates of those jobs
 
 
 def _total(counter: object, label: str | None = None) -> int:

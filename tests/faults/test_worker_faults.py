@@ -136,13 +136,11 @@ async def test_sigterm_drains_within_grace(
     assert all(r["attempts"] == 2 for r in rows.values()), rows
 
 
-SYNC_DRAIN = (
-    "services bug: on SIGTERM the worker cancels the asyncio side of a sync handler and releases "
-    "the job, but the handler keeps running in a ThreadPoolExecutor thread, and the interpreter "
-    "joins that thread at exit: the process outlives the grace by the handler's whole run time "
-    "(Kubernetes then SIGKILLs it: exit 137, not 0), while the released job may already run "
-    "elsewhere"
-)
+# Regression test for a bug found and fixed: on SIGTERM the worker cancels the asyncio side of a
+# sync handler and releases the job, but the handler keeps running in a ThreadPoolExecutor thread,
+# and the interpreter joins that thread at exit: the process outlives the grace by the handler's
+# whole run time (Kubernetes then SIGKILLs it: exit 137, not 0), while the released job may
+# already run elsewhere
 
 
 @pytest.mark.timeout(60)
