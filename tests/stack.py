@@ -8,9 +8,9 @@ import contextlib
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import httpx
@@ -18,9 +18,11 @@ import httpx
 from conveyor import JobRouter
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
-from conveyor.publisher.relay import Relay
+from conveyor.publisher.relay import FaultHook, Relay
 from conveyor.services import api_server, serve_api
 from conveyor.worker.consumer import Worker
+
+S = TypeVar("S", bound="Stack")
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -35,11 +37,15 @@ def free_port() -> int:
 class Stack:
     settings: Settings
     client: httpx.AsyncClient
-    relay: Relay
-    sweeper: Sweeper
+    relays: list[Relay]
+    sweeper: Sweeper | None
     workers: list[Worker]
     stop: asyncio.Event
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    @property
+    def relay(self) -> Relay:
+        return self.relays[0]
 
     async def submit(self, job_type: str, payload: dict[str, Any] | None = None, **kw: Any) -> str:
         r = await self.client.post("/jobs", json={"type": job_type, "payload": payload or {}, **kw})
@@ -86,34 +92,43 @@ async def running_stack(
     settings: Settings,
     router: JobRouter | None = None,
     *,
+    routers: Sequence[JobRouter] = (),
     concurrency: int = 16,
     workers: int = 1,
     maintenance: bool = True,
-) -> AsyncIterator[Stack]:
+    relays: int = 1,
+    relay_hook: FaultHook | None = None,
+    stack_class: type[S] = Stack,  # type: ignore[assignment]
+) -> AsyncIterator[S]:
+    """The API (uvicorn on a free port), ``relays`` relays (with ``relay_hook``), the sweeper
+    (``maintenance``) and ``workers`` workers for ``router`` plus one per ``routers``."""
     stop = asyncio.Event()
     port = free_port()
     server = api_server(settings, "127.0.0.1", port)
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(serve_api(server, stop))]
-    relay = Relay(settings)
-    await relay.start()
-    tasks.append(asyncio.create_task(relay.run(stop)))
-    sweeper = Sweeper(settings)
-    await sweeper.start()
+    started_relays: list[Relay] = []
+    for _ in range(relays):
+        relay = Relay(settings, fault_hook=relay_hook)
+        await relay.start()
+        started_relays.append(relay)
+        tasks.append(asyncio.create_task(relay.run(stop)))
+    sweeper: Sweeper | None = None
     if maintenance:
+        sweeper = Sweeper(settings)
+        await sweeper.start()
         tasks.append(asyncio.create_task(sweeper.run(stop)))
     started: list[Worker] = []
-    if router is not None:
-        for _ in range(workers):
-            w = Worker(settings, router, concurrency=concurrency)
-            await w.start()
-            started.append(w)
+    for r in [*([router] * workers if router is not None else []), *routers]:
+        w = Worker(settings, r, concurrency=concurrency)
+        await w.start()
+        started.append(w)
     deadline = time.monotonic() + 10
     while not server.started:
         if time.monotonic() > deadline:
             raise RuntimeError("API did not start")
         await asyncio.sleep(0.01)
     client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    stack = Stack(settings, client, relay, sweeper, started, stop, tasks)
+    stack = stack_class(settings, client, started_relays, sweeper, started, stop, tasks)
     try:
         yield stack
     finally:
@@ -122,6 +137,8 @@ async def running_stack(
             with contextlib.suppress(Exception):
                 await w.stop(grace=2)
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
-        await relay.close()
-        await sweeper.close()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        for relay in started_relays:
+            await relay.close()
+        if sweeper is not None:
+            await sweeper.close()

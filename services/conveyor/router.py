@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -108,6 +108,3 @@ class JobRouter:
     @property
     def types(self) -> list[str]:
         return sorted(self.handlers)
-
-
-AsyncHandler = Callable[[Job], Awaitable[Any]]

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,11 @@ import httpx
 from conveyor import JobRouter
 from conveyor.core.amqp.topology import Topology
 from conveyor.core.config import Settings
-from conveyor.maintenance.sweeper import Sweeper
-from conveyor.publisher.relay import FaultHook, Relay
-from conveyor.services import api_server, serve_api
-from conveyor.worker.consumer import Worker
+from conveyor.publisher.relay import FaultHook
 
-from .infra import free_port, port_open
+from ..stack import Stack as BaseStack
+from ..stack import running_stack
+from .infra import port_open
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.faults.apps:router"
@@ -216,20 +215,13 @@ class WorkerFleet:
 
 
 @dataclass
-class Stack:
-    settings: Settings
-    client: httpx.AsyncClient
-    relays: list[Relay]
-    sweeper: Sweeper | None
-    workers: list[Worker]
-    stop: asyncio.Event
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+class Stack(BaseStack):
+    """The shared test stack, remembering every accepted job for the checker."""
+
     accepted: list[str] = field(default_factory=list)
 
     async def submit(self, job_type: str, payload: dict[str, Any] | None = None, **kw: Any) -> str:
-        r = await self.client.post("/jobs", json={"type": job_type, "payload": payload or {}, **kw})
-        assert r.status_code == 201, r.text
-        job_id = str(r.json()["id"])
+        job_id = await super().submit(job_type, payload, **kw)
         self.accepted.append(job_id)
         return job_id
 
@@ -260,15 +252,8 @@ class Stack:
         self.accepted += ids
         return ids
 
-    async def add_worker(self, router: JobRouter, **kw: Any) -> Worker:
-        w = Worker(self.settings, router, **kw)
-        await w.start()
-        self.workers.append(w)
-        return w
 
-
-@contextlib.asynccontextmanager
-async def running(
+def running(
     settings: Settings,
     *,
     routers: Sequence[JobRouter] = (),
@@ -276,49 +261,18 @@ async def running(
     relay_hook: FaultHook | None = None,
     relays: int = 1,
     sweeper: bool = True,
-) -> AsyncIterator[Stack]:
-    """API (uvicorn on a free port), ``relays`` relays (with ``relay_hook``), the sweeper and one
-    in-process worker per router, all in the test's loop."""
-    stop = asyncio.Event()
-    port = free_port()
-    server = api_server(settings, "127.0.0.1", port)
-    tasks: list[asyncio.Task[Any]] = [asyncio.create_task(serve_api(server, stop))]
-    started_relays: list[Relay] = []
-    for _ in range(relays):
-        relay = Relay(settings, fault_hook=relay_hook)
-        await relay.start()
-        started_relays.append(relay)
-        tasks.append(asyncio.create_task(relay.run(stop)))
-    sw: Sweeper | None = None
-    if sweeper:
-        sw = Sweeper(settings)
-        await sw.start()
-        tasks.append(asyncio.create_task(sw.run(stop)))
-    workers: list[Worker] = []
-    for router in routers:
-        w = Worker(settings, router, concurrency=concurrency)
-        await w.start()
-        workers.append(w)
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("API did not start")
-        await asyncio.sleep(0.01)
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    stack = Stack(settings, client, started_relays, sw, workers, stop, tasks)
-    try:
-        yield stack
-    finally:
-        await client.aclose()
-        for w in stack.workers:
-            with contextlib.suppress(Exception):
-                await w.stop(grace=2)
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-        for relay in started_relays:
-            await relay.close()
-        if sw is not None:
-            await sw.close()
+) -> contextlib.AbstractAsyncContextManager[Stack]:
+    """``tests.stack.running_stack`` with one in-process worker per router and a ``Stack`` that
+    remembers every accepted job for the checker."""
+    return running_stack(
+        settings,
+        routers=routers,
+        concurrency=concurrency,
+        relay_hook=relay_hook,
+        relays=relays,
+        maintenance=sweeper,
+        stack_class=Stack,
+    )
 
 
 # --------------------------------------------------------------------------- broker helpers

@@ -126,7 +126,6 @@ async def test_promote_due_uses_the_database_clock(
     assert (await _status(db, a))["status"] == "PENDING"
     assert (await _status(db, b))["status"] == "SCHEDULED"
     assert await db.fetchval("SELECT job_id FROM job_outbox") == a
-    assert 3500 < await sweeper.seconds_until_next_due() <= 3600  # type: ignore[operator]
 
 
 async def test_reconciler_republishes_lost_jobs_without_flooding_a_backlog(

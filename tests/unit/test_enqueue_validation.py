@@ -57,3 +57,13 @@ def test_router_rejects_bad_registrations() -> None:
             r.job("u", **kwargs)  # type: ignore[arg-type]
     with pytest.raises(InvalidJob):
         r.job("bad type")
+
+
+def test_routers_combine_and_refuse_a_type_twice() -> None:
+    a, b = JobRouter(), JobRouter()
+    a.job("x")(lambda job: None)
+    b.job("y", max_retries=2)(lambda job: None)
+    a.include(b)
+    assert a.types == ["x", "y"] and a.handlers["y"].defaults() == {"max_retries": 2}
+    with pytest.raises(ValueError):
+        a.include(b)

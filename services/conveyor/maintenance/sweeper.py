@@ -63,11 +63,6 @@ class Sweeper:
         self._count("promote", total)
         return total
 
-    async def seconds_until_next_due(self) -> float | None:
-        async with self.pool.acquire() as conn:
-            delta = await conn.fetchval(store.JOB_NEXT_DUE)
-        return None if delta is None else max(0.0, delta.total_seconds())
-
     async def recover_leases(self) -> dict[str, int]:
         """IN_PROGRESS jobs whose lease expired (dead or hung worker): back to the queue while
         retries remain, else FAILED and dead-lettered."""

@@ -105,7 +105,6 @@ class Worker:
         self._current: asyncio.Future[None] | None = None
         self._idle = asyncio.Event()  # set when the last running job's outcome is written
         self._stopping = False
-        self.last_progress = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -274,7 +273,6 @@ class Worker:
             await self.acks.ack(dropped)
         if dropped_ids:
             await self._explain_dropped(dropped_ids)
-        self.last_progress = time.monotonic()
 
     async def _claim(self, ids: list[uuid.UUID]) -> list[Any] | None:
         backoff = Backoff()
@@ -431,7 +429,6 @@ class Worker:
         await self.acks.ack(_take_messages(r for r, _ in batch))
         if not self.running:
             self._idle.set()
-        self.last_progress = time.monotonic()
 
     # ------------------------------------------------------------------ heartbeat
 

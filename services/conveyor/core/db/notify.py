@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from .schema import OUTBOX_CHANNEL
-
-NOTIFY_SQL = f"SELECT pg_notify('{OUTBOX_CHANNEL}', '')"
+from .store import outbox_notify
 
 
 class Notifier:
@@ -37,7 +35,7 @@ class Notifier:
             self._pending.clear()
             try:
                 async with self.pool.acquire() as conn:
-                    await conn.execute(NOTIFY_SQL)
+                    await outbox_notify(conn)
             except Exception:
                 await asyncio.sleep(0.1)  # the relay's poll covers the gap
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..jobs import Status
+from .schema import OUTBOX_CHANNEL
 
 
 class Connection(Protocol):
@@ -81,7 +82,6 @@ SELECT {JOB_COLUMNS} FROM ins
 )
 
 JOB_GET = _stmt("job_get", f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1")
-JOB_GET_MANY = _stmt("job_get_many", f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ANY($1::uuid[])")
 JOB_GET_BY_IDEMPOTENCY_KEY = _stmt(
     "job_get_by_idempotency_key", f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = $1"
 )
@@ -264,11 +264,6 @@ SELECT count(*) FROM upd
 """,
 )
 
-JOB_NEXT_DUE = _stmt(
-    "job_next_due",
-    "SELECT min(run_at) - now() FROM jobs WHERE status = 'SCHEDULED'",
-)
-
 # Expired leases: the worker died or hung. With retries left the job goes back to the queue
 # (consuming a retry); otherwise it fails and is dead-lettered. A pending cancellation wins.
 JOB_RECOVER_EXPIRED = _stmt(
@@ -362,6 +357,8 @@ RETURNING id, job_id, job_type, priority, destination, delay_seconds, error
 """,
 )
 
+OUTBOX_NOTIFY = _stmt("outbox_notify", f"SELECT pg_notify('{OUTBOX_CHANNEL}', '')")
+
 OUTBOX_RESTORE = _stmt(
     "outbox_restore",
     """
@@ -404,11 +401,6 @@ async def job_get(conn: Connection, job_id: uuid.UUID) -> Mapping[str, Any] | No
     return _decode(row) if row is not None else None
 
 
-async def job_get_many(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
-    rows = await conn.fetch(JOB_GET_MANY, list(ids))
-    return {r["id"]: _decode(r) for r in rows}
-
-
 async def job_get_by_idempotency_key(conn: Connection, key: str) -> Mapping[str, Any] | None:
     row = await conn.fetchrow(JOB_GET_BY_IDEMPOTENCY_KEY, key)
     return _decode(row) if row is not None else None
@@ -448,5 +440,5 @@ async def job_status_many(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uu
 
 
 async def outbox_notify(conn: Connection) -> None:
-    """Wake the publishers when the surrounding transaction commits."""
-    await conn.execute("SELECT pg_notify('conveyor_outbox', '')")
+    """Wake the publishers when the surrounding transaction commits (see ``db/notify.py``)."""
+    await conn.execute(OUTBOX_NOTIFY)
