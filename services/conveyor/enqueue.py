@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -20,6 +21,31 @@ from .core.jobs import check_type, new_job_id, parse_priority
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024
 MAX_DELAY_SECONDS = 10 * 365 * 86400
+MIN_TIMEOUT_SECONDS = 0.001
+MAX_TIMEOUT_SECONDS = 7 * 86400
+
+# A real NUL in a string or key, as orjson writes it: ``\u0000`` preceded by an even number of
+# backslashes (the text ``\\u0000``, a backslash then "u0000", is not a NUL and is allowed).
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+# asyncpg writes these two instants as PostgreSQL's -infinity / infinity
+_DATETIME_SENTINELS = (datetime.min, datetime.max)
+
+
+def check_run_at(run_at: datetime) -> datetime:
+    """``run_at`` must carry an offset and fall strictly inside years 1-9999 in UTC."""
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidJob("run_at must carry a timezone (ISO 8601 with an offset or Z)")
+    try:
+        utc = run_at.astimezone(UTC)
+    except OverflowError:
+        raise InvalidJob("run_at must fall inside years 1-9999 in UTC") from None
+    if utc.replace(tzinfo=None) in _DATETIME_SENTINELS:
+        raise InvalidJob("run_at must fall strictly inside years 1-9999 in UTC")
+    return run_at
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -48,29 +74,39 @@ def build_job(
     if not isinstance(payload, Mapping):
         raise InvalidJob("payload must be a JSON object")
     try:
-        payload_json = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS).decode()
+        payload_json = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
         raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
-    if "\\u0000" in payload_json:
+    if _NUL.search(payload_json):
         raise InvalidJob("payload must not contain NUL characters (PostgreSQL jsonb rejects them)")
     if len(payload_json) > max_payload_bytes:
         raise PayloadTooLarge(
-            f"payload is {len(payload_json)} bytes; the limit is {max_payload_bytes}"
+            f"payload is {len(payload_json)} bytes of UTF-8; the limit is {max_payload_bytes}"
         )
-    if spec.max_retries is not None and not (0 <= spec.max_retries <= 1000):
-        raise InvalidJob("max_retries must be between 0 and 1000")
-    if spec.timeout_seconds is not None and not (
-        0 < spec.timeout_seconds <= 7 * 86400 and math.isfinite(spec.timeout_seconds)
+    if spec.max_retries is not None and not (
+        isinstance(spec.max_retries, int)
+        and not isinstance(spec.max_retries, bool)
+        and 0 <= spec.max_retries <= 1000
     ):
-        raise InvalidJob("timeout_seconds must be > 0 and at most a week")
+        raise InvalidJob("max_retries must be an integer between 0 and 1000")
+    if spec.timeout_seconds is not None and not (
+        _is_number(spec.timeout_seconds)
+        and math.isfinite(spec.timeout_seconds)
+        and MIN_TIMEOUT_SECONDS <= spec.timeout_seconds <= MAX_TIMEOUT_SECONDS
+    ):
+        raise InvalidJob("timeout_seconds must be a number from 0.001 to 604800 (a week)")
     if spec.run_at is not None and spec.delay_seconds is not None:
         raise InvalidJob("give run_at or delay_seconds, not both")
-    if spec.run_at is not None and spec.run_at.tzinfo is None:
-        raise InvalidJob("run_at must carry a timezone (ISO 8601 with an offset or Z)")
+    if spec.run_at is not None:
+        if not isinstance(spec.run_at, datetime):
+            raise InvalidJob("run_at must be a datetime")
+        check_run_at(spec.run_at)
     if spec.delay_seconds is not None and not (
-        0 <= spec.delay_seconds <= MAX_DELAY_SECONDS and math.isfinite(spec.delay_seconds)
+        _is_number(spec.delay_seconds)
+        and math.isfinite(spec.delay_seconds)
+        and 0 <= spec.delay_seconds <= MAX_DELAY_SECONDS
     ):
-        raise InvalidJob("delay_seconds must be between 0 and ten years")
+        raise InvalidJob("delay_seconds must be a number from 0 to ten years")
     if spec.idempotency_key is not None and not (0 < len(spec.idempotency_key) <= 255):
         raise InvalidJob("an idempotency key must be 1 to 255 characters")
     if spec.idempotency_key is not None and request_hash is None:
@@ -78,7 +114,7 @@ def build_job(
     return store.NewJob(
         id=new_job_id(),
         job_type=spec.type,
-        payload_json=payload_json,
+        payload_json=payload_json.decode(),
         priority=parse_priority(spec.priority),
         max_retries=spec.max_retries,
         timeout_seconds=spec.timeout_seconds,

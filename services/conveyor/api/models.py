@@ -1,32 +1,121 @@
-"""Request and response bodies of the REST API."""
+"""Request and response bodies of the REST API, documented for OpenAPI.
+
+Submit fields are strict: no coercion (``true`` is not 1, ``"30"`` is not 30, ``0`` is not a
+date), numbers are finite, ``run_at`` is an ISO 8601 string with an offset whose UTC time lies
+inside years 1-9999."""
 
 from __future__ import annotations
 
+import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+from pydantic.config import JsonDict
 
 from ..core.jobs import TYPE_PATTERN, Status
-from ..enqueue import JobSpec
+from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, JobSpec
 
 PriorityName = Literal["high", "normal", "low"]
 PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
 
+_ISO_8601 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+# asyncpg writes these two instants as PostgreSQL's -infinity / infinity
+_SENTINELS = (datetime.min, datetime.max)
+
+
+def _iso_text(value: Any) -> Any:
+    if not isinstance(value, str) or not _ISO_8601.match(value):
+        raise ValueError("run_at must be an ISO 8601 string with an offset, like 2030-01-01T09:00Z")
+    return value
+
+
+def _utc_in_range(value: datetime) -> datetime:
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("run_at must fall inside years 1-9999 in UTC") from None
+    if utc.replace(tzinfo=None) in _SENTINELS:
+        raise ValueError("run_at must fall strictly inside years 1-9999 in UTC")
+    return value
+
+
+RunAt = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_utc_in_range)]
+Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+
+_PAYLOAD_EXAMPLE: JsonDict = {"to": "ada@example.com", "template": "welcome"}
+
 
 class SubmitJob(BaseModel):
-    """One job to submit."""
+    """One job to submit. ``run_at`` and ``delay_seconds`` exclude each other; give neither to
+    run the job as soon as a worker is free."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"type": "send_email", "payload": _PAYLOAD_EXAMPLE, "priority": "high"},
+                {"type": "report.daily", "run_at": "2030-01-01T06:00:00Z", "max_retries": 5},
+            ],
+            "not": {"required": ["run_at", "delay_seconds"]},
+        },
+    )
 
-    type: str = Field(pattern=TYPE_PATTERN, description="Job type: also the routing key")
-    payload: dict[str, Any] = Field(default_factory=dict)
-    priority: PriorityValue = "normal"
-    max_retries: int | None = Field(default=None, ge=0, le=1000)
-    timeout_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)
-    run_at: AwareDatetime | None = None
-    delay_seconds: float | None = Field(default=None, ge=0, le=10 * 365 * 86400)
+    type: StrictStr = Field(
+        pattern=TYPE_PATTERN,
+        description="Job type; also the RabbitMQ routing key. Letters, digits, `_`, `.`, `-`; "
+        "1-100 characters, starting with a letter or digit.",
+        examples=["send_email"],
+    )
+    payload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A JSON object handed to the handler as `job.payload`; at most 256 KiB of "
+        "UTF-8 (configurable). Numbers must be finite doubles or 64-bit integers; no NUL "
+        "character in any string or key. Stored and returned unchanged.",
+        examples=[_PAYLOAD_EXAMPLE],
+    )
+    priority: PriorityValue = Field(
+        default="normal",
+        description='`"high"` (9), `"normal"` (5), `"low"` (1) or an integer 0-9; higher runs '
+        "first under backlog. The resource shows the integer.",
+        examples=["high", 7],
+    )
+    max_retries: Annotated[StrictInt, Field(ge=0, le=1000)] | None = Field(
+        default=None,
+        description="Retries after the first attempt; absent: the handler's, else 3.",
+        examples=[5],
+    )
+    timeout_seconds: Annotated[Seconds, Field(ge=MIN_TIMEOUT_SECONDS, le=MAX_TIMEOUT_SECONDS)] | (
+        None
+    ) = Field(
+        default=None,
+        description="Seconds one attempt may run, 0.001 to 604800 (a week); absent: the "
+        "handler's timeout, else none.",
+        examples=[30],
+    )
+    run_at: RunAt | None = Field(
+        default=None,
+        description="When to run: ISO 8601 with an offset (`Z` or `+01:00`), inside years "
+        "1-9999 in UTC. A past time runs now. Not together with `delay_seconds`.",
+        examples=["2030-01-01T06:00:00Z"],
+    )
+    delay_seconds: Annotated[Seconds, Field(ge=0, le=MAX_DELAY_SECONDS)] | None = Field(
+        default=None,
+        description="Run after this many seconds (0 to ten years). Not together with `run_at`.",
+        examples=[60],
+    )
 
     @model_validator(mode="after")
     def _one_schedule(self) -> SubmitJob:
@@ -48,62 +137,94 @@ class SubmitJob(BaseModel):
 
 
 class SubmitBatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Up to 1,000 jobs (configurable) committed in one transaction: all or none."""
 
-    jobs: list[SubmitJob] = Field(min_length=1)
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"jobs": [{"type": "send_email"}, {"type": "resize"}]}]},
+    )
+
+    jobs: list[SubmitJob] = Field(
+        min_length=1, max_length=1000, description="The jobs, answered in the same order."
+    )
 
 
 class JobResource(BaseModel):
-    id: uuid.UUID
-    type: str
-    status: Status
-    priority: int
-    payload: dict[str, Any]
-    result: Any = None
-    attempts: int
-    retry_count: int
-    max_retries: int | None
-    timeout_seconds: float | None
-    last_error: str | None
-    cancel_requested: bool
-    run_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    """A job as stored: its request, its state and its timestamps."""
+
+    id: uuid.UUID = Field(description="The job id (also the AMQP message_id).")
+    type: str = Field(description="Job type.", examples=["send_email"])
+    status: Status = Field(description="Where the job is in its life cycle.")
+    priority: int = Field(description="AMQP priority 0-9.", examples=[5])
+    payload: dict[str, Any] = Field(description="The submitted payload, unchanged.")
+    result: Any = Field(default=None, description="The handler's return value once COMPLETED.")
+    attempts: int = Field(description="Attempts started so far.")
+    retry_count: int = Field(description="Retries used so far.")
+    max_retries: int | None = Field(description="Retries allowed; null: decided at first run.")
+    timeout_seconds: float | None = Field(description="Seconds per attempt; null: none.")
+    last_error: str | None = Field(
+        description="The last failure's final line (exception type and message), without the "
+        "traceback.",
+        examples=["ValueError: no such recipient"],
+    )
+    last_error_traceback: str | None = Field(
+        default=None,
+        description="The last failure's full traceback; null unless the server sets "
+        "CONVEYOR_API_EXPOSE_TRACEBACKS (operators: `conveyor jobs show`).",
+    )
+    cancel_requested: bool = Field(description="A cancel was asked while the job ran.")
+    run_at: datetime | None = Field(description="When the job is (or was) due.")
+    created_at: datetime = Field(description="Accepted (committed) at.")
+    updated_at: datetime = Field(description="Last change.")
+    started_at: datetime | None = Field(description="Last attempt started at.")
+    finished_at: datetime | None = Field(description="Reached a terminal status at.")
 
     @classmethod
     def from_row(cls, row: Any) -> JobResource:
-        return cls(
-            id=row["id"],
-            type=row["job_type"],
-            status=Status(row["status"]),
-            priority=row["priority"],
-            payload=row["payload"],
-            result=row["result"],
-            attempts=row["attempts"],
-            retry_count=row["retry_count"],
-            max_retries=row["max_retries"],
-            timeout_seconds=row["timeout_seconds"],
-            last_error=row["last_error"],
-            cancel_requested=row["cancel_requested"],
-            run_at=row["run_at"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            started_at=row["started_at"],
-            finished_at=row["finished_at"],
-        )
+        """The operator's view (``conveyor jobs show``): the full traceback included."""
+        from .resource import resource
+
+        return cls.model_validate(resource(row, tracebacks=True))
 
 
 class BatchResource(BaseModel):
-    jobs: list[JobResource]
+    """The batch's jobs in the order submitted."""
+
+    jobs: list[JobResource] = Field(description="One resource per submitted job, same order.")
 
 
 class JobPage(BaseModel):
-    jobs: list[JobResource]
-    next_cursor: str | None
+    """One page of jobs, newest first."""
+
+    jobs: list[JobResource] = Field(description="At most `limit` jobs.")
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null on the last page."
+    )
+
+
+class Problem(BaseModel):
+    """One invalid field."""
+
+    loc: list[str | int] = Field(description="Where: `body`, field names and list indexes.")
+    msg: str = Field(description="What is wrong.")
+    type: str = Field(description="Pydantic's error type.")
+
+
+class TransitionDetail(BaseModel):
+    message: str = Field(description="Why the operation does not apply.")
+    status: Status = Field(description="The job's current status.")
 
 
 class ErrorBody(BaseModel):
-    error: str
-    detail: Any = None
+    """Every non-2xx answer has this shape."""
+
+    error: str = Field(
+        description="A short code: malformed_json, invalid_request, invalid_number, "
+        "nesting_too_deep, too_many_jobs, invalid_job, payload_too_large, body_too_large, "
+        "not_found, method_not_allowed, idempotency_conflict, invalid_transition, "
+        "service_unavailable.",
+        examples=["invalid_request"],
+    )
+    detail: str | list[Problem] | TransitionDetail = Field(
+        description="A sentence, the list of invalid fields (422), or the job's status (409)."
+    )

@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     max_batch: int = Field(default=1000, gt=0)
     db_timeout: float = Field(default=1.5, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
+    # serve last_error's full traceback (server file paths) in the job resource; until the
+    # `admin` scope exists, only for deployments whose API callers are all operators
+    api_expose_tracebacks: bool = False
 
     # job defaults when neither the submitter nor the handler says
     default_max_retries: int = Field(default=3, ge=0)

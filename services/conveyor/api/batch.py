@@ -1,0 +1,49 @@
+"""A batch body → validated rows, cheapest refusal first: the item count (streamed, stops at the
+first item over the limit), then the strict parse, then each job's validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from ..core.db.store import NewJob
+from ..core.errors import InvalidJob
+from ..enqueue import build_job, spec_hash
+from .body import TooManyJobs, count_batch_items, parse_json
+from .models import SubmitBatch
+
+# Separates a batch's Idempotency-Key from the job index in each row's key; HTTP header values
+# cannot contain this control character, so no single submit's key can collide with it.
+KEY_SEPARATOR = "\x1f"
+
+
+def build_batch(
+    body: bytes, *, max_batch: int, max_payload_bytes: int, idempotency_key: str | None
+) -> list[NewJob]:
+    """Raises ``TooManyJobs``, ``BodyError``, pydantic's ``ValidationError`` or ``InvalidJob``
+    (its message names the job's index)."""
+    count_batch_items(body, max_batch)
+    batch = SubmitBatch.model_validate(parse_json(body))
+    if len(batch.jobs) > max_batch:  # pragma: no cover - count_batch_items saw them first
+        raise TooManyJobs(max_batch)
+    specs = [j.to_spec() for j in batch.jobs]
+    rows = []
+    for i, spec in enumerate(specs):
+        try:
+            rows.append(build_job(spec, max_payload_bytes=max_payload_bytes))
+        except InvalidJob as exc:
+            raise type(exc)(f"jobs[{i}]: {exc}") from None
+    if idempotency_key is None:
+        return rows
+    if not 0 < len(idempotency_key) <= 255:
+        raise InvalidJob("an idempotency key must be 1 to 255 characters")
+    digest = hashlib.sha256()
+    for spec in specs:
+        digest.update(spec_hash(spec).encode())
+    request_hash = digest.hexdigest()
+    return [
+        dataclasses.replace(
+            r, idempotency_key=f"{idempotency_key}{KEY_SEPARATOR}{i}", request_hash=request_hash
+        )
+        for i, r in enumerate(rows)
+    ]

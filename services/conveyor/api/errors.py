@@ -1,0 +1,172 @@
+"""One error shape for every non-2xx answer: ``{"error": <short code>, "detail": <str|object>}``.
+
+Every exception that can reach a client is mapped here; ``install`` registers the handlers, and
+``ErrorRoutes`` answers unknown paths (404), wrong methods (405 with the true ``Allow`` header)
+and ``OPTIONS`` (204 with the same header) before FastAPI's defaults could."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..core.db.connect import is_unavailable
+from ..core.errors import (
+    IdempotencyConflict,
+    InvalidJob,
+    InvalidTransition,
+    JobNotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+)
+from ..core.logging import event
+from ..core.metrics import Metrics
+from .body import BodyError, TooManyJobs
+
+log = logging.getLogger("conveyor.api")
+
+# A 422 lists at most this many problems (a 1,000-job batch of bad jobs answers in a few KB).
+MAX_ERRORS = 20
+
+
+def error_body(error: str, detail: Any = None) -> bytes:
+    return orjson.dumps({"error": error, "detail": detail})
+
+
+def error_response(
+    status: int, error: str, detail: Any = None, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        error_body(error, detail), status, headers=headers, media_type="application/json"
+    )
+
+
+def validation_detail(errors: Iterable[Any], prefix: tuple[str | int, ...] = ()) -> Any:
+    """Pydantic errors as ``[{"loc", "msg", "type"}]`` (no input echoed back), capped."""
+    out: list[dict[str, Any]] = []
+    total = 0
+    for e in errors:
+        total += 1
+        if len(out) < MAX_ERRORS:
+            loc = [*prefix, *e.get("loc", ())]
+            out.append({"loc": loc, "msg": str(e.get("msg")), "type": str(e.get("type"))})
+    if total > len(out):
+        out.append({"loc": [], "msg": f"{total - len(out)} more errors", "type": "truncated"})
+    return out
+
+
+def install(app: FastAPI, metrics: Metrics) -> None:
+    def failure(
+        status: int, error: str, detail: Any = None, headers: dict[str, str] | None = None
+    ) -> Response:
+        metrics.api_errors.labels(str(status)).inc()
+        return error_response(status, error, detail, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        return failure(422, "invalid_request", validation_detail(exc.errors()))
+
+    @app.exception_handler(ValidationError)
+    async def _invalid_body(_: Request, exc: ValidationError) -> Response:
+        return failure(422, "invalid_request", validation_detail(exc.errors(), ("body",)))
+
+    @app.exception_handler(BodyError)
+    async def _bad_body(_: Request, exc: BodyError) -> Response:
+        return failure(exc.status, exc.error, exc.detail)
+
+    @app.exception_handler(TooManyJobs)
+    async def _too_many(_: Request, exc: TooManyJobs) -> Response:
+        return failure(422, "too_many_jobs", str(exc))
+
+    @app.exception_handler(PayloadTooLarge)
+    async def _too_big(_: Request, exc: PayloadTooLarge) -> Response:
+        return failure(413, "payload_too_large", str(exc))
+
+    @app.exception_handler(InvalidJob)
+    async def _bad_job(_: Request, exc: InvalidJob) -> Response:
+        return failure(422, "invalid_job", str(exc))
+
+    @app.exception_handler(IdempotencyConflict)
+    async def _conflict(_: Request, exc: IdempotencyConflict) -> Response:
+        return failure(409, "idempotency_conflict", str(exc))
+
+    @app.exception_handler(InvalidTransition)
+    async def _transition(_: Request, exc: InvalidTransition) -> Response:
+        return failure(409, "invalid_transition", {"message": str(exc), "status": exc.status})
+
+    @app.exception_handler(JobNotFound)
+    async def _missing(_: Request, exc: JobNotFound) -> Response:
+        return failure(404, "not_found", str(exc))
+
+    @app.exception_handler(ServiceUnavailable)
+    async def _unavailable(_: Request, exc: ServiceUnavailable) -> Response:
+        return failure(503, "service_unavailable", str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return failure(404, "not_found", f"no route {request.url.path}")
+        if exc.status_code == 405:
+            allow = allowed_methods(request.app, request.scope)
+            detail = f"{request.method} is not allowed here; allowed: {', '.join(allow)}"
+            return failure(405, "method_not_allowed", detail, {"Allow": ", ".join(allow)})
+        code = re.sub(r"[^a-z]+", "_", str(exc.detail).lower()).strip("_") or "error"
+        return failure(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        if is_unavailable(exc):
+            event(log, "api_unavailable", logging.WARNING, cause=type(exc).__name__,
+                  error=repr(exc)[:300])  # fmt: skip
+            return failure(503, "service_unavailable", "database unavailable")
+        event(log, "api_unexpected_error", logging.ERROR, error=repr(exc)[:1000])
+        return failure(500, "internal_error", "an unexpected error; it has been logged")
+
+
+def allowed_methods(app: Any, scope: Scope) -> list[str]:
+    """Every method some route serves at this path (the truth for ``Allow``)."""
+    methods: set[str] = set()
+    probe = {**scope, "type": "http"}
+    for route in app.router.routes:
+        route_methods = getattr(route, "methods", None)
+        if not route_methods:
+            continue
+        match, _ = route.matches({**probe, "method": next(iter(route_methods))})
+        if match is Match.FULL:
+            methods |= set(route_methods)
+    if methods:
+        methods.add("OPTIONS")
+    return sorted(methods)
+
+
+class ErrorRoutes:
+    """``OPTIONS`` answers 204 with the path's true ``Allow`` header (404 for unknown paths)."""
+
+    def __init__(self, app: ASGIApp, fastapi_app: Callable[[], Any]) -> None:
+        self.app = app
+        self.fastapi_app = fastapi_app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        allow = allowed_methods(self.fastapi_app(), scope)
+        if not allow:
+            body = error_body("not_found", f"no route {scope['path']}")
+            status, headers = 404, [(b"content-type", b"application/json")]
+        else:
+            body = b""
+            status, headers = 204, [(b"allow", ", ".join(allow).encode())]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,101 @@
+"""What OpenAPI declares beyond FastAPI's defaults: the error responses of each operation (one
+model, with examples), the request bodies the routes parse themselves, and the links that let a
+stateful client (Schemathesis) follow a created job to its other operations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
+
+from .models import ErrorBody, SubmitBatch, SubmitJob
+
+REF = "#/components/schemas/{model}"
+
+_EXAMPLES: dict[int, tuple[str, str, Any]] = {
+    400: ("The body is not JSON.", "malformed_json", "the body is not JSON: unexpected end"),
+    404: ("No such job or route.", "not_found", "no job 0190b1a4-9c2e-7d7e-8000-1f6b2e1c4a01"),
+    405: ("The path exists; the method does not (see `Allow`).", "method_not_allowed",
+          "GET is not allowed here; allowed: OPTIONS, POST"),
+    409: ("The request conflicts with the job's state or an earlier use of its "
+          "Idempotency-Key.", "idempotency_conflict",
+          "this Idempotency-Key was already used with a different request body"),
+    413: ("The body (or one job's payload, in UTF-8 bytes) is over its limit.",
+          "payload_too_large", "payload is 300000 bytes of UTF-8; the limit is 262144"),
+    422: ("Well-formed JSON that is not a valid request (fields, numbers, nesting, batch "
+          "size).", "invalid_request",
+          [{"loc": ["body", "priority"], "msg": "Input should be 'high', 'normal' or 'low'",
+            "type": "literal_error"}]),
+    503: ("PostgreSQL is unreachable; answered within 2 s. Safe to retry (with the same "
+          "Idempotency-Key for submits).", "service_unavailable", "database unavailable"),
+}  # fmt: skip
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: each code with the error model and an example."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        description, error, detail = _EXAMPLES[code]
+        out[code] = {
+            "model": ErrorBody,
+            "description": description,
+            "content": {"application/json": {"example": {"error": error, "detail": detail}}},
+        }
+        if code == 405:
+            allow = {"description": "The methods this path serves.", "schema": {"type": "string"}}
+            out[code]["headers"] = {"Allow": allow}
+    return out
+
+
+def json_body(model: type[SubmitJob] | type[SubmitBatch], description: str) -> dict[str, Any]:
+    """``openapi_extra`` for a route that reads its body itself (see ``body.py``)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
+        }
+    }
+
+
+# After POST /jobs (201/200), the new job's id feeds the operations on one job.
+_JOB_LINKS = {
+    "GetJob": {"operationId": "get_job", "parameters": {"job_id": "$response.body#/id"}},
+    "CancelJob": {"operationId": "cancel_job", "parameters": {"job_id": "$response.body#/id"}},
+    "RetryJob": {"operationId": "retry_job", "parameters": {"job_id": "$response.body#/id"}},
+}
+_BATCH_LINKS = {
+    "GetFirstJob": {
+        "operationId": "get_job",
+        "parameters": {"job_id": "$response.body#/jobs/0/id"},
+    },
+}
+
+
+def install(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        _, defs = models_json_schema(
+            [(SubmitJob, "validation"), (SubmitBatch, "validation")], ref_template=REF
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in defs.get("$defs", {}).items():
+            components.setdefault(name, definition)
+        for path, links in (("/jobs", _JOB_LINKS), ("/jobs/batch", _BATCH_LINKS)):
+            responses = schema["paths"][path]["post"]["responses"]
+            for code in ("200", "201"):
+                if code in responses:
+                    responses[code]["links"] = links
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

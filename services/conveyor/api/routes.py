@@ -1,0 +1,169 @@
+"""The HTTP routes: thin, each one calls ``Api`` and answers ready JSON. ``response_model`` and
+``responses`` document the answers in OpenAPI without a second validation."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import orjson
+from fastapi import FastAPI, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..core.jobs import TYPE_PATTERN, Status
+from ..core.metrics import Metrics
+from .errors import error_response
+from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
+from .openapi import errors, json_body
+from .service import Api
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        min_length=1,
+        max_length=255,
+        description="Makes a retry safe: the same key with the same body returns the first "
+        "answer's jobs (200) without creating new ones; a different body with it is a 409.",
+        examples=["order-42-confirmation"],
+    ),
+]
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    # default=str: asyncpg returns its own UUID type, which orjson does not know
+    return Response(orjson.dumps(data, default=str), status, media_type="application/json")
+
+
+def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
+    """Routes on the app itself (not an included router), so ``errors.allowed_methods`` sees
+    every one of them."""
+
+    @r.post(
+        "/jobs",
+        status_code=201,
+        response_model=JobResource,
+        operation_id="submit_job",
+        summary="Submit one job",
+        description="Commits the job (and its outbox row) in one statement: a 201 means the job "
+        "will run. With an `Idempotency-Key` seen before and the same body: 200 and the first "
+        "job.",
+        responses={
+            200: {"model": JobResource, "description": "Idempotent replay: the existing job."},
+            **errors(400, 409, 413, 422, 503),
+        },
+        openapi_extra=json_body(SubmitJob, "The job to submit."),
+    )
+    async def submit_job(request: Request, idempotency_key: IdempotencyKey = None) -> Response:
+        status, resource = await api.submit(await request.body(), idempotency_key)
+        return _json(resource, status)
+
+    @r.post(
+        "/jobs/batch",
+        status_code=201,
+        response_model=BatchResource,
+        operation_id="submit_batch",
+        summary="Submit up to 1,000 jobs at once",
+        description="One transaction: all jobs or none, answered in the order given. Limits: "
+        "1,000 jobs and a 64 MiB body (configurable); an oversized batch is refused before its "
+        "jobs are validated. With an `Idempotency-Key` seen before and the same body: 200 and "
+        "the first answer's jobs.",
+        responses={
+            200: {"model": BatchResource, "description": "Idempotent replay: the existing jobs."},
+            **errors(400, 409, 413, 422, 503),
+        },
+        openapi_extra=json_body(SubmitBatch, "The jobs to submit."),
+    )
+    async def submit_batch(request: Request, idempotency_key: IdempotencyKey = None) -> Response:
+        status, batch = await api.submit_batch(await request.body(), idempotency_key)
+        return _json(batch, status)
+
+    @r.get(
+        "/jobs/{job_id:uuid}",
+        response_model=JobResource,
+        operation_id="get_job",
+        summary="Read one job",
+        description="The job's state, attempts, result and last error.",
+        responses=errors(404, 422, 503),
+    )
+    async def get_job(job_id: uuid.UUID) -> Response:
+        return _json(await api.get(job_id))
+
+    @r.get(
+        "/jobs",
+        response_model=JobPage,
+        operation_id="list_jobs",
+        summary="List jobs",
+        description="Newest first, filtered by type and status, in keyset pages: pass the "
+        "answer's `next_cursor` as `cursor` for the next page.",
+        responses=errors(422, 503),
+    )
+    async def list_jobs(
+        type: Annotated[
+            str | None, Query(pattern=TYPE_PATTERN, description="Only jobs of this type.")
+        ] = None,
+        status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
+        limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+        cursor: Annotated[
+            str | None,
+            Query(pattern=r"^[A-Za-z0-9_-]{22}$", description="`next_cursor` of the last page."),
+        ] = None,
+    ) -> Response:
+        return _json(await api.list(type, status, limit, cursor))
+
+    @r.post(
+        "/jobs/{job_id:uuid}/cancel",
+        response_model=JobResource,
+        operation_id="cancel_job",
+        summary="Cancel a job",
+        description="PENDING, SCHEDULED and RETRYING jobs are cancelled at once; a running job "
+        "is asked to stop (`cancel_requested`). Other statuses: 409.",
+        responses=errors(404, 409, 422, 503),
+    )
+    async def cancel_job(job_id: uuid.UUID) -> Response:
+        return _json(await api.cancel(job_id))
+
+    @r.post(
+        "/jobs/{job_id:uuid}/retry",
+        response_model=JobResource,
+        operation_id="retry_job",
+        summary="Retry a failed or cancelled job",
+        description="Puts a FAILED or CANCELLED job back to PENDING (a redrive of one dead "
+        "letter). Other statuses: 409.",
+        responses=errors(404, 409, 422, 503),
+    )
+    async def retry_job(job_id: uuid.UUID) -> Response:
+        return _json(await api.retry(job_id))
+
+    @r.get(
+        "/healthz",
+        operation_id="healthz",
+        summary="Liveness",
+        description="Answers while the process serves requests; never touches the database.",
+    )
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @r.get(
+        "/readyz",
+        operation_id="readyz",
+        summary="Readiness",
+        description="200 when PostgreSQL answers, else 503 within 2 s.",
+        responses=errors(503),
+    )
+    async def readyz() -> Response:
+        if await api.ready():
+            return JSONResponse({"status": "ready"})
+        metrics.api_errors.labels("503").inc()
+        return error_response(503, "service_unavailable", "database unreachable")
+
+    @r.get(
+        "/metrics",
+        operation_id="metrics",
+        summary="Prometheus metrics",
+        description="The API process's metrics in the Prometheus text format.",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    )
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

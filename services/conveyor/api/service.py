@@ -1,0 +1,309 @@
+"""What the routes do, bound to a pool: submit, batch, read, list, cancel, retry, readiness.
+
+Database time limits (SPEC §2: a 503 within 2 s when PostgreSQL is unreachable):
+- acquiring a connection and every ordinary statement are bounded by ``db_timeout``;
+- a batch insert may legitimately run for seconds (1,000 jobs of 62 KB), so it runs without it
+  while ``Liveness`` probes the server on a connection of its own: the batch answers 503 only when
+  the probe fails (server gone or frozen), never because the statement is long.
+Every 503 is logged (``api_unavailable``) with its cause."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from ..core.config import Settings
+from ..core.db import store
+from ..core.db.connect import create_pool, is_unavailable
+from ..core.db.notify import Notifier
+from ..core.errors import IdempotencyConflict, InvalidTransition, JobNotFound, ServiceUnavailable
+from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
+from ..core.logging import event
+from ..core.metrics import Metrics
+from ..enqueue import build_job
+from .batch import build_batch
+from .body import parse_json
+from .models import SubmitJob
+from .resource import decode_cursor, encode_cursor, resource
+
+log = logging.getLogger("conveyor.api")
+T = TypeVar("T")
+
+# A long statement's own limit (the liveness probe answers for the server meanwhile).
+LONG_STATEMENT_TIMEOUT = 300.0
+PROBE_EVERY = 0.3
+
+
+def unavailable(cause: str, exc: BaseException | None = None) -> ServiceUnavailable:
+    """The 503 error, logged with its cause."""
+    event(log, "api_unavailable", logging.WARNING, cause=cause,
+          error=repr(exc)[:300] if exc is not None else None)  # fmt: skip
+    return ServiceUnavailable("database unavailable")
+
+
+class _LongStatements:
+    """A connection whose statements carry ``LONG_STATEMENT_TIMEOUT`` instead of the pool's
+    command timeout (the store's ``Connection`` protocol)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        return list(await self.conn.fetch(query, *args, timeout=LONG_STATEMENT_TIMEOUT))
+
+    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+        return await self.conn.fetchrow(query, *args, timeout=LONG_STATEMENT_TIMEOUT)
+
+    async def fetchval(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+        return await self.conn.fetchval(query, *args, timeout=LONG_STATEMENT_TIMEOUT)
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+        return str(await self.conn.execute(query, *args, timeout=LONG_STATEMENT_TIMEOUT))
+
+
+class Liveness:
+    """Is the server answering? ``SELECT 1`` on a dedicated connection, at most one probe at a
+    time, a success remembered for ``PROBE_EVERY``."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.conn: Any = None
+        self.lock = asyncio.Lock()
+        self.ok_at = -1.0
+
+    async def alive(self) -> bool:
+        loop = asyncio.get_running_loop()
+        async with self.lock:
+            if loop.time() - self.ok_at < PROBE_EVERY:
+                return True
+            try:
+                async with asyncio.timeout(self.timeout):
+                    if self.conn is None or self.conn.is_closed():
+                        self.conn = await asyncpg.connect(self.url)
+                    await self.conn.fetchval("SELECT 1")
+            except Exception:
+                await self.close()
+                return False
+            self.ok_at = loop.time()
+            return True
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            self.conn.terminate()
+            self.conn = None
+
+
+class Api:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.pool: Any = None
+        self.notifier: Notifier | None = None
+        # probe timeout: a probe started up to PROBE_EVERY late still answers within 2 s
+        self.liveness = Liveness(settings.database_url, max(0.2, settings.db_timeout - 0.3))
+
+    def _wake(self) -> None:
+        if self.notifier is not None:
+            self.notifier.wake()
+
+    async def start(self) -> None:
+        self.pool = await create_pool(
+            self.settings.database_url,
+            application_name="conveyor-api",
+            max_size=self.settings.db_pool_size,
+            timeout=self.settings.db_timeout,
+            # a server that stopped answering must not hold a request past the spec's 2 s
+            command_timeout=self.settings.db_timeout,
+        )
+        self.notifier = Notifier(self.pool)
+        self.notifier.start()
+
+    async def stop(self) -> None:
+        if self.notifier is not None:
+            await self.notifier.stop()
+        await self.liveness.close()
+        if self.pool is not None:
+            await asyncio.wait_for(self.pool.close(), 10)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        try:
+            async with asyncio.timeout(self.settings.db_timeout):
+                conn = await self.pool.acquire()
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise unavailable("acquire", exc) from exc
+            raise
+        try:
+            yield conn
+        except BaseException as exc:
+            if isinstance(exc, ServiceUnavailable) or is_unavailable(exc):
+                # broken, hung or abandoned mid-statement: resetting it would wait for the
+                # server, or fail and hide this error behind an InternalClientError, so drop it
+                with contextlib.suppress(Exception):  # asyncpg may have released it already
+                    conn.terminate()
+            if is_unavailable(exc):
+                # a handled 503: the catch-all handler would answer it too, but Starlette then
+                # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
+                raise unavailable("statement", exc) from exc
+            raise
+        finally:
+            try:
+                await self.pool.release(conn)
+            except Exception as exc:  # broke after the request's last statement: keep the answer
+                event(log, "db_connection_dropped", logging.WARNING, error=repr(exc))
+
+    async def long(self, conn: Any, run: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``run(conn)`` without the command timeout, as long as the server answers probes."""
+        task = asyncio.ensure_future(run(_LongStatements(conn)))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=PROBE_EVERY)
+                if task in done:
+                    return task.result()
+                if not await self.liveness.alive():
+                    raise unavailable("probe_failed_during_long_statement")
+        finally:
+            if not task.done():
+                task.cancel()
+                conn.terminate()  # the statement may still hold it; never reuse it
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def submit(self, body: bytes, idempotency_key: str | None) -> tuple[int, dict[str, Any]]:
+        job = SubmitJob.model_validate(parse_json(body))
+        new = build_job(
+            job.to_spec(idempotency_key), max_payload_bytes=self.settings.max_payload_bytes
+        )
+        async with self.connection() as conn:
+            inserted = await store.job_insert_many(conn, [new])  # one atomic statement
+            if new.id in inserted:
+                self._wake()
+                self.metrics.jobs_submitted.labels(new.job_type).inc()
+                return 201, self.render(inserted[new.id])
+            assert new.idempotency_key is not None
+            existing = await store.job_get_by_idempotency_key(conn, new.idempotency_key)
+        if existing is None or existing["request_hash"] != new.request_hash:
+            raise IdempotencyConflict(
+                "this Idempotency-Key was already used with a different request body"
+            )
+        return 200, self.render(existing)
+
+    async def submit_batch(
+        self, body: bytes, idempotency_key: str | None
+    ) -> tuple[int, dict[str, Any]]:
+        # parsing and validating up to 64 MiB runs in a thread: /healthz keeps answering
+        rows = await asyncio.to_thread(
+            build_batch,
+            body,
+            max_batch=self.settings.max_batch,
+            max_payload_bytes=self.settings.max_payload_bytes,
+            idempotency_key=idempotency_key,
+        )
+        async with self.connection() as conn:
+            if idempotency_key is None:
+                found = await self.long(conn, lambda c: store.job_insert_many(c, rows))
+            else:
+                tx = conn.transaction()
+                await tx.start()
+                try:
+                    found = await self.long(conn, lambda c: store.job_insert_many(c, rows))
+                except BaseException:
+                    with contextlib.suppress(Exception):  # the connection may be terminated
+                        await tx.rollback()
+                    raise
+                if len(found) != len(rows):  # all or none: a replay (keys exist) inserts nothing
+                    await tx.rollback()
+                    return 200, await self._replay(conn, rows)
+                await tx.commit()
+        self._wake()
+        for r in rows:
+            self.metrics.jobs_submitted.labels(r.job_type).inc()
+        return 201, {"jobs": [self.render(found[r.id]) for r in rows]}
+
+    async def _replay(self, conn: Any, rows: list[store.NewJob]) -> dict[str, Any]:
+        jobs = []
+        for r in rows:
+            assert r.idempotency_key is not None
+            existing = await store.job_get_by_idempotency_key(conn, r.idempotency_key)
+            if existing is None or existing["request_hash"] != r.request_hash:
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different batch"
+                )
+            jobs.append(self.render(existing))
+        return {"jobs": jobs}
+
+    def render(self, row: Any) -> dict[str, Any]:
+        return resource(row, tracebacks=self.settings.api_expose_tracebacks)
+
+    async def get(self, job_id: uuid.UUID) -> dict[str, Any]:
+        async with self.connection() as conn:
+            row = await store.job_get(conn, job_id)
+        if row is None:
+            raise JobNotFound(f"no job {job_id}")
+        return self.render(row)
+
+    async def list(
+        self, job_type: str | None, status: Status | None, limit: int, cursor: str | None
+    ) -> dict[str, Any]:
+        after = decode_cursor(cursor) if cursor else None
+        async with self.connection() as conn:
+            rows = await store.job_list(
+                conn,
+                job_type=job_type,
+                status=status.value if status else None,
+                after=after,
+                limit=limit + 1,
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {
+            "jobs": [self.render(r) for r in rows],
+            "next_cursor": encode_cursor(rows[-1]) if more and rows else None,
+        }
+
+    async def cancel(self, job_id: uuid.UUID) -> dict[str, Any]:
+        async with self.connection() as conn, conn.transaction():
+            done = await store.job_cancel(conn, job_id)
+            row = await store.job_get(conn, job_id)
+        if row is None:
+            raise JobNotFound(f"no job {job_id}")
+        if not done:
+            allowed = sorted(s.value for s in CANCELLABLE | {Status.IN_PROGRESS})
+            raise InvalidTransition(
+                f"job is {row['status']}; only {', '.join(allowed)} can be cancelled",
+                str(row["status"]),
+            )
+        return self.render(row)
+
+    async def retry(self, job_id: uuid.UUID) -> dict[str, Any]:
+        async with self.connection() as conn, conn.transaction():
+            done = await store.job_redrive(conn, [job_id])
+            row = await store.job_get(conn, job_id)
+        self._wake()
+        if row is None:
+            raise JobNotFound(f"no job {job_id}")
+        if not done:
+            allowed = sorted(s.value for s in REDRIVABLE)
+            raise InvalidTransition(
+                f"job is {row['status']}; only {', '.join(allowed)} can be retried",
+                str(row["status"]),
+            )
+        return self.render(row)
+
+    async def ready(self) -> bool:
+        try:
+            async with self.connection() as conn:
+                await conn.fetchval("SELECT 1", timeout=self.settings.db_timeout)
+            return True
+        except Exception as exc:
+            if isinstance(exc, ServiceUnavailable) or is_unavailable(exc):
+                return False
+            raise
