@@ -13,7 +13,7 @@ from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
 from . import errors, openapi
-from .body import BodyLimit
+from .body import BodyLimit, TooManyJobs, count_batch_items
 from .routes import add_routes
 from .service import Api
 
@@ -53,6 +53,16 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
         metrics.api_errors.labels("413").inc()
         return errors.error_body("body_too_large", f"the request body is over {limit} bytes")
 
-    app.add_middleware(BodyLimit, limit_for=limit_for, render=too_large)
+    def precheck(path: str, prefix: bytes) -> tuple[int, bytes] | None:
+        if not path.endswith("/jobs/batch"):
+            return None
+        try:
+            count_batch_items(prefix, settings.max_batch)
+        except TooManyJobs as exc:
+            metrics.api_errors.labels("422").inc()
+            return 422, errors.error_body("too_many_jobs", str(exc))
+        return None
+
+    app.add_middleware(BodyLimit, limit_for=limit_for, render=too_large, precheck=precheck)
     app.add_middleware(errors.ErrorRoutes, fastapi_app=lambda: app)
     return app

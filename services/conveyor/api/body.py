@@ -119,16 +119,29 @@ def count_batch_items(body: bytes, limit: int) -> None:
         return
 
 
+# Once this much of a body has arrived, ``precheck`` looks at it (a batch's item count).
+PRECHECK_BYTES = 256 * 1024
+
+Precheck = Callable[[str, bytes], "tuple[int, bytes] | None"]
+
+
 class BodyLimit:
     """Reads the request body up to a limit before the app sees it: ``413`` for an oversized body,
-    whether it announces a Content-Length or arrives chunked."""
+    whether it announces a Content-Length or arrives chunked. ``precheck(path, prefix)`` sees the
+    first ``PRECHECK_BYTES`` and may refuse the request there (``(status, body)``): the rest is
+    read and dropped, never stored."""
 
     def __init__(
-        self, app: ASGIApp, limit_for: Callable[[str], int], render: Callable[[int], bytes]
+        self,
+        app: ASGIApp,
+        limit_for: Callable[[str], int],
+        render: Callable[[int], bytes],
+        precheck: Precheck | None = None,
     ) -> None:
         self.app = app
         self.limit_for = limit_for
         self.render = render
+        self.precheck = precheck
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -147,6 +160,7 @@ class BodyLimit:
                     return
         body = bytearray()
         more = True
+        checked = self.precheck is None
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -159,6 +173,16 @@ class BodyLimit:
                     await _discard(receive)
                 await self._too_large(send, limit)
                 return
+            if not checked and (len(body) >= PRECHECK_BYTES or not more):
+                checked = True
+                assert self.precheck is not None
+                refusal = self.precheck(scope["path"], bytes(body))
+                if refusal is not None:
+                    del body[:]
+                    if more:
+                        await _discard(receive)
+                    await _answer(send, *refusal)
+                    return
         whole = bytes(body)
         del body
         sent = False
@@ -173,19 +197,22 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send: Send, limit: int) -> None:
-        body = self.render(limit)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 413, self.render(limit))
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _discard(receive: Receive, cap: int = DISCARD_CAP) -> None:
