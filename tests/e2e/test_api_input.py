@@ -53,7 +53,7 @@ SENTINELS = ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z"]
         b'{"type": "t", "timeout_seconds": 1e400}',
         # 9.3: strict types (were coerced)
         b'{"type": "t", "max_retries": true}',
-        b'{"type": "t", "max_retries": 2.0}',
+        b'{"type": "t", "max_retries": 2.5}',
         b'{"type": "t", "timeout_seconds": "30"}',
         b'{"type": "t", "timeout_seconds": true}',
         b'{"type": "t", "timeout_seconds": 5e-324}',

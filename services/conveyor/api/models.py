@@ -21,6 +21,7 @@ from pydantic import (
     Strict,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.config import JsonDict
@@ -30,6 +31,32 @@ from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECOND
 
 PriorityName = Literal["high", "normal", "low"]
 PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
+_INTEGER_FIELDS = ("priority", "max_retries")
+
+# The payload's schema: any JSON object whose strings and keys hold no NUL and whose integers fit
+# 64 bits (what jsonb and the decoder return unchanged). Registered as a component by openapi.py.
+NO_NUL = "^[^\\x00]*$"
+JSON_VALUE_SCHEMA: JsonDict = {
+    "description": "Any JSON value: no NUL in strings or keys, integers within 64 bits.",
+    "anyOf": [
+        {"type": "null"},
+        {"type": "boolean"},
+        {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
+        {"type": "number"},
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+        },
+    ],
+}
+PAYLOAD_SCHEMA: JsonDict = {
+    "type": "object",
+    "propertyNames": {"pattern": NO_NUL},
+    "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+}
 
 _ISO_8601 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
 # asyncpg writes these two instants as PostgreSQL's -infinity / infinity
@@ -79,7 +106,7 @@ class SubmitJob(BaseModel):
         "1-100 characters, starting with a letter or digit.",
         examples=["send_email"],
     )
-    payload: dict[str, Any] = Field(
+    payload: Annotated[dict[str, Any], WithJsonSchema(PAYLOAD_SCHEMA)] = Field(
         default_factory=dict,
         description="A JSON object handed to the handler as `job.payload`; at most 256 KiB of "
         "UTF-8 (configurable). Numbers must be finite doubles or 64-bit integers; no NUL "
@@ -116,6 +143,19 @@ class SubmitJob(BaseModel):
         description="Run after this many seconds (0 to ten years). Not together with `run_at`.",
         examples=[60],
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral(cls, data: Any) -> Any:
+        """JSON Schema's integer: ``2`` and ``2.0`` are the same number (``true`` is none)."""
+        if isinstance(data, dict) and any(
+            isinstance(data.get(f), float) and data[f].is_integer() for f in _INTEGER_FIELDS
+        ):
+            data = dict(data)
+            for f in _INTEGER_FIELDS:
+                if isinstance(data.get(f), float) and data[f].is_integer():
+                    data[f] = int(data[f])
+        return data
 
     @model_validator(mode="after")
     def _one_schedule(self) -> SubmitJob:
@@ -156,7 +196,9 @@ class JobResource(BaseModel):
     type: str = Field(description="Job type.", examples=["send_email"])
     status: Status = Field(description="Where the job is in its life cycle.")
     priority: int = Field(description="AMQP priority 0-9.", examples=[5])
-    payload: dict[str, Any] = Field(description="The submitted payload, unchanged.")
+    payload: Annotated[dict[str, Any], WithJsonSchema(PAYLOAD_SCHEMA)] = Field(
+        description="The submitted payload, unchanged."
+    )
     result: Any = Field(default=None, description="The handler's return value once COMPLETED.")
     attempts: int = Field(description="Attempts started so far.")
     retry_count: int = Field(description="Retries used so far.")
