@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -44,6 +45,25 @@ def check_run_at(run_at: datetime) -> datetime:
     return run_at
 
 
+# orjson writes floats of 1e16 and above with an exponent ("4.324448394381094e+16"); jsonb keeps
+# the number but prints it as an integer, which a reader parses as a different (int) value.
+_POSITIVE_EXPONENT = re.compile(rb"[0-9]e\+")
+
+
+def _plain_floats(value: Any) -> Any:
+    """``value`` with every float of 1e16 and above as a fixed-point fragment ending in ``.0``:
+    jsonb keeps that scale, so the number reads back as the same float."""
+    if isinstance(value, float):
+        if math.isfinite(value) and abs(value) >= 1e16:
+            return orjson.Fragment(f"{Decimal(repr(value)):f}.0".encode())
+        return value
+    if isinstance(value, Mapping):
+        return {k: _plain_floats(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_floats(v) for v in value]
+    return value
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -75,6 +95,8 @@ def build_job(
         raise InvalidJob("payload must be a JSON object")
     try:
         payload_json = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
+        if _POSITIVE_EXPONENT.search(payload_json):
+            payload_json = orjson.dumps(_plain_floats(payload), option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
         raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
     if _NUL.search(payload_json):

@@ -1,5 +1,8 @@
-"""A batch body → validated rows, cheapest refusal first: the item count (streamed, stops at the
-first item over the limit), then the strict parse, then each job's validation."""
+"""Request bodies → validated rows. A batch is refused cheapest first: the item count (streamed,
+stops at the first item over the limit), then the strict parse, then each job's validation.
+
+Both raise only the documented errors: ``BodyError`` (400/422), ``TooManyJobs`` (422),
+pydantic's ``ValidationError`` (422), ``InvalidJob`` (422) and its ``PayloadTooLarge`` (413)."""
 
 from __future__ import annotations
 
@@ -10,11 +13,16 @@ from ..core.db.store import NewJob
 from ..core.errors import InvalidJob
 from ..enqueue import build_job, spec_hash
 from .body import TooManyJobs, count_batch_items, parse_json
-from .models import SubmitBatch
+from .models import SubmitBatch, SubmitJob
 
 # Separates a batch's Idempotency-Key from the job index in each row's key; HTTP header values
 # cannot contain this control character, so no single submit's key can collide with it.
 KEY_SEPARATOR = "\x1f"
+
+
+def build_submit(body: bytes, *, max_payload_bytes: int, idempotency_key: str | None) -> NewJob:
+    job = SubmitJob.model_validate(parse_json(body))
+    return build_job(job.to_spec(idempotency_key), max_payload_bytes=max_payload_bytes)
 
 
 def build_batch(

@@ -26,10 +26,7 @@ from ..core.errors import IdempotencyConflict, InvalidTransition, JobNotFound, S
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
 from ..core.logging import event
 from ..core.metrics import Metrics
-from ..enqueue import build_job
-from .batch import build_batch
-from .body import parse_json
-from .models import SubmitJob
+from .batch import build_batch, build_submit
 from .resource import decode_cursor, encode_cursor, resource
 
 log = logging.getLogger("conveyor.api")
@@ -178,9 +175,8 @@ class Api:
                     await task
 
     async def submit(self, body: bytes, idempotency_key: str | None) -> tuple[int, dict[str, Any]]:
-        job = SubmitJob.model_validate(parse_json(body))
-        new = build_job(
-            job.to_spec(idempotency_key), max_payload_bytes=self.settings.max_payload_bytes
+        new = build_submit(
+            body, max_payload_bytes=self.settings.max_payload_bytes, idempotency_key=idempotency_key
         )
         async with self.connection() as conn:
             inserted = await store.job_insert_many(conn, [new])  # one atomic statement
