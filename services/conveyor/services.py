@@ -171,7 +171,7 @@ async def preflight(settings: Settings) -> str | None:
     import aio_pika
     import asyncpg
 
-    from .core.db.connect import with_database
+    from .store.connect import with_database
 
     try:  # the server, not the database: `conveyor migrate` creates that
         conn = await asyncpg.connect(with_database(settings.database_url, "postgres"), timeout=3)
