@@ -65,11 +65,12 @@ async def wait_for(
     ids: Iterable[str | uuid.UUID],
     statuses: Iterable[str] = TERMINAL,
     timeout: float = 30.0,
+    schema: str = tdb.SCHEMA,
 ) -> dict[uuid.UUID, str]:
     """Poll PostgreSQL until every job is in one of ``statuses``; returns id → status."""
     wanted = [uuid.UUID(str(i)) for i in ids]
     accept = set(statuses)
-    conn = await tdb.connect(db_url)
+    conn = await tdb.connect(db_url, schema=schema)
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -113,6 +113,12 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+async def check_server(url: str, *, timeout: float = 3.0) -> None:
+    """Connect to the server of ``url`` (its ``postgres`` database); raises when unreachable."""
+    conn = await asyncpg.connect(with_database(url, "postgres"), timeout=timeout)
+    await conn.close()
+
+
 async def ensure_database(url: str, *, timeout: float = 5.0) -> bool:
     """Create the database of ``url`` when it does not exist. Returns True when created."""
     name = database_name(url)

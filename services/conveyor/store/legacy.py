@@ -36,8 +36,8 @@ def prepare(conn: Any, schema: str) -> None:
     check_schema(schema)
     conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {schema}"))
     path = schema
-    if schema != "public" and _regclass(conn, f"{schema}.alembic_version") is None:
-        legacy = _legacy_revision(conn)
+    if _regclass(conn, f"{schema}.alembic_version") is None:
+        legacy = _legacy_revision(conn) if schema != "public" else None
         if legacy is not None:
             if _regclass(conn, f"{schema}.jobs") is not None:
                 raise MigrationError(
