@@ -58,13 +58,14 @@ WITH exp AS (
         finished_at = CASE WHEN j.cancel_requested OR NOT {_HAS_RETRY} THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM exp WHERE j.id = exp.id
-    RETURNING j.id, j.job_type, j.priority, j.status, j.last_error, exp.delay
+    RETURNING j.id, j.job_type, j.priority, j.status, j.last_error, j.attempts, exp.delay
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
-                                       error)
+                                       error, attempt)
     SELECT id, job_type, priority, CASE WHEN status = 'FAILED' THEN 'dead' ELSE 'retry' END,
            CASE WHEN status = 'RETRYING' THEN delay END,
-           CASE WHEN status = 'FAILED' THEN last_error END
+           CASE WHEN status = 'FAILED' THEN last_error END,
+           CASE WHEN status = 'FAILED' THEN attempts END
     FROM upd WHERE status IN ('RETRYING', 'FAILED')
 )
 SELECT id, status::text AS status FROM upd

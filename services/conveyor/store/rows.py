@@ -132,7 +132,8 @@ class JobStatus:
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
     """A message to publish: ``destination`` work (the type's queue), retry (the holding pen of
-    ``delay_seconds``) or dead (the dead-letter queue, with ``error``)."""
+    ``delay_seconds``) or dead (the dead-letter queue, with ``error`` and the ``attempt`` that
+    failed, which fences a redrive from the queue: ``job_redrive_failed``)."""
 
     id: int
     job_id: uuid.UUID
@@ -141,3 +142,4 @@ class OutboxRow:
     destination: str
     delay_seconds: int | None
     error: str | None
+    attempt: int | None = None
