@@ -67,7 +67,9 @@ async def test_every_error_has_one_shape(stack: Stack) -> None:
     assert "CANCELLED" in body["detail"]["message"]
     h = {"Idempotency-Key": "k"}
     assert (await c.post("/jobs", json={"type": "t"}, headers=h)).status_code == 201
-    _shape(await c.post("/jobs", json={"type": "u"}, headers=h), 409, "idempotency_conflict")
+    _shape(await c.post("/jobs", json={"type": "x"}, headers=h), 409, "idempotency_conflict")
+    r = await c.post("/jobs", json={"type": "nobody-registered-this"})
+    assert _shape(r, 422, "unknown_job_type")["detail"]["type"] == "nobody-registered-this"
 
 
 async def test_a_huge_422_is_small(stack: Stack) -> None:

@@ -115,7 +115,7 @@ async def test_a_batch_at_the_limits_is_accepted_not_a_503(settings: Settings) -
     """1,000 jobs of 62 KB: the insert outlives a short command timeout (0.3 s here, 1.5 s by
     default), which must not turn into 'database unavailable'."""
     tight = settings.model_copy(update={"db_timeout": 0.3})
-    jobs = [{"type": "big", "payload": {"blob": f"{i:06d}" + "x" * 62_000}} for i in range(1000)]
+    jobs = [{"type": "work", "payload": {"blob": f"{i:06d}" + "x" * 62_000}} for i in range(1000)]
     async with running_stack(tight, None, maintenance=False, relays=0) as s:
         r = await s.client.post("/jobs/batch", json={"jobs": jobs}, timeout=120)
         assert r.status_code == 201, r.text[:300]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from ..core.db.store import NewJob
 from ..core.errors import InvalidJob
 from ..enqueue import build_job, spec_hash
+from ..store import NewJob
 from .body import TooManyJobs, count_batch_items, parse_json
 from .models import SubmitBatch, SubmitJob
 

@@ -20,7 +20,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..core.db.connect import is_unavailable
 from ..core.errors import (
     IdempotencyConflict,
     InvalidJob,
@@ -28,9 +27,11 @@ from ..core.errors import (
     JobNotFound,
     PayloadTooLarge,
     ServiceUnavailable,
+    UnknownJobType,
 )
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..store.connect import is_unavailable
 from .body import BodyError, TooManyJobs
 
 log = logging.getLogger("conveyor.api")
@@ -91,6 +92,11 @@ def install(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(PayloadTooLarge)
     async def _too_big(_: Request, exc: PayloadTooLarge) -> Response:
         return failure(413, "payload_too_large", str(exc))
+
+    @app.exception_handler(UnknownJobType)
+    async def _unknown_type(_: Request, exc: UnknownJobType) -> Response:
+        detail = {"type": exc.job_type, "known": exc.known, "message": str(exc)}
+        return failure(422, "unknown_job_type", detail)
 
     @app.exception_handler(InvalidJob)
     async def _bad_job(_: Request, exc: InvalidJob) -> Response:

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from ..core.errors import InvalidJob
+from ..store import JobRow
 
 # The longest last_error line served (the full text stays in the database for operators).
 SUMMARY_CHARS = 500
@@ -26,32 +27,32 @@ def error_summary(text: str | None) -> str | None:
     return ""
 
 
-def resource(row: Any, *, tracebacks: bool = False) -> dict[str, Any]:
-    """The job resource (``JobResource``'s fields) straight from a decoded row."""
+def resource(row: JobRow, *, tracebacks: bool = False) -> dict[str, Any]:
+    """The job resource (``JobResource``'s fields) straight from a row."""
     return {
-        "id": row["id"],
-        "type": row["job_type"],
-        "status": row["status"],
-        "priority": row["priority"],
-        "payload": row["payload"],
-        "result": row["result"],
-        "attempts": row["attempts"],
-        "retry_count": row["retry_count"],
-        "max_retries": row["max_retries"],
-        "timeout_seconds": row["timeout_seconds"],
-        "last_error": error_summary(row["last_error"]),
-        "last_error_traceback": row["last_error"] if tracebacks else None,
-        "cancel_requested": row["cancel_requested"],
-        "run_at": row["run_at"],
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-        "started_at": row["started_at"],
-        "finished_at": row["finished_at"],
+        "id": row.id,
+        "type": row.job_type,
+        "status": row.status,
+        "priority": row.priority,
+        "payload": row.payload,
+        "result": row.result,
+        "attempts": row.attempts,
+        "retry_count": row.retry_count,
+        "max_retries": row.max_retries,
+        "timeout_seconds": row.timeout_seconds,
+        "last_error": error_summary(row.last_error),
+        "last_error_traceback": row.last_error if tracebacks else None,
+        "cancel_requested": row.cancel_requested,
+        "run_at": row.run_at,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
     }
 
 
-def encode_cursor(row: Any) -> str:
-    return base64.urlsafe_b64encode(row["id"].bytes).decode().rstrip("=")
+def encode_cursor(row: JobRow) -> str:
+    return base64.urlsafe_b64encode(row.id.bytes).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> uuid.UUID:

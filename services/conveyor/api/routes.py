@@ -148,14 +148,16 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         "/readyz",
         operation_id="readyz",
         summary="Readiness",
-        description="200 when PostgreSQL answers, else 503 within 2 s.",
+        description="200 when PostgreSQL answers and its schema is at the migration head, else "
+        "503 (within 2 s) saying which.",
         responses=errors(503),
     )
     async def readyz() -> Response:
-        if await api.ready():
+        problem = await api.ready()
+        if problem is None:
             return JSONResponse({"status": "ready"})
         metrics.api_errors.labels("503").inc()
-        return error_response(503, "service_unavailable", "database unreachable")
+        return error_response(503, "service_unavailable", problem)
 
     @r.get(
         "/metrics",

@@ -19,13 +19,14 @@ from typing import Any, TypeVar
 import asyncpg
 
 from ..core.config import Settings
-from ..core.db import store
-from ..core.db.connect import create_pool, is_unavailable
-from ..core.db.notify import Notifier
 from ..core.errors import IdempotencyConflict, InvalidTransition, JobNotFound, ServiceUnavailable
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..job_types import KnownTypes
+from ..store import JobRow, NewJob, for_schema
+from ..store.connect import create_pool, is_unavailable, is_unmigrated
+from ..store.notify import Notifier
 from .batch import build_batch, build_submit
 from .resource import decode_cursor, encode_cursor, resource
 
@@ -101,6 +102,8 @@ class Api:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.store = for_schema(settings.db_schema)
+        self.known_types = None if settings.accept_unknown_types else KnownTypes(self.store)
         self.pool: Any = None
         self.notifier: Notifier | None = None
         # probe timeout: a probe started up to PROBE_EVERY late still answers within 2 s
@@ -119,7 +122,7 @@ class Api:
             # a server that stopped answering must not hold a request past the spec's 2 s
             command_timeout=self.settings.db_timeout,
         )
-        self.notifier = Notifier(self.pool)
+        self.notifier = Notifier(self.pool, self.store)
         self.notifier.start()
 
     async def stop(self) -> None:
@@ -150,6 +153,12 @@ class Api:
                 # a handled 503: the catch-all handler would answer it too, but Starlette then
                 # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
                 raise unavailable("statement", exc) from exc
+            if is_unmigrated(exc):
+                event(log, "api_unavailable", logging.WARNING, cause="unmigrated",
+                      error=repr(exc)[:300])  # fmt: skip
+                raise ServiceUnavailable(
+                    f"database schema {self.store.schema!r} is not migrated: run `conveyor migrate`"
+                ) from exc
             raise
         finally:
             try:
@@ -179,14 +188,15 @@ class Api:
             body, max_payload_bytes=self.settings.max_payload_bytes, idempotency_key=idempotency_key
         )
         async with self.connection() as conn:
-            inserted = await store.job_insert_many(conn, [new])  # one atomic statement
+            await self._check_types(conn, [new])
+            inserted = await self.store.job_insert_many(conn, [new])  # one atomic statement
             if new.id in inserted:
                 self._wake()
                 self.metrics.jobs_submitted.labels(new.job_type).inc()
                 return 201, self.render(inserted[new.id])
             assert new.idempotency_key is not None
-            existing = await store.job_get_by_idempotency_key(conn, new.idempotency_key)
-        if existing is None or existing["request_hash"] != new.request_hash:
+            existing = await self.store.job_get_by_idempotency_key(conn, new.idempotency_key)
+        if existing is None or existing.request_hash != new.request_hash:
             raise IdempotencyConflict(
                 "this Idempotency-Key was already used with a different request body"
             )
@@ -204,13 +214,14 @@ class Api:
             idempotency_key=idempotency_key,
         )
         async with self.connection() as conn:
+            await self._check_types(conn, rows)
             if idempotency_key is None:
-                found = await self.long(conn, lambda c: store.job_insert_many(c, rows))
+                found = await self.long(conn, lambda c: self.store.job_insert_many(c, rows))
             else:
                 tx = conn.transaction()
                 await tx.start()
                 try:
-                    found = await self.long(conn, lambda c: store.job_insert_many(c, rows))
+                    found = await self.long(conn, lambda c: self.store.job_insert_many(c, rows))
                 except BaseException:
                     with contextlib.suppress(Exception):  # the connection may be terminated
                         await tx.rollback()
@@ -224,24 +235,29 @@ class Api:
             self.metrics.jobs_submitted.labels(r.job_type).inc()
         return 201, {"jobs": [self.render(found[r.id]) for r in rows]}
 
-    async def _replay(self, conn: Any, rows: list[store.NewJob]) -> dict[str, Any]:
+    async def _check_types(self, conn: Any, rows: list[NewJob]) -> None:
+        """Bounded job types (the store's policy): 422 for a type no worker registered."""
+        if self.known_types is not None:
+            await self.known_types.check(conn, [r.job_type for r in rows])
+
+    async def _replay(self, conn: Any, rows: list[NewJob]) -> dict[str, Any]:
         jobs = []
         for r in rows:
             assert r.idempotency_key is not None
-            existing = await store.job_get_by_idempotency_key(conn, r.idempotency_key)
-            if existing is None or existing["request_hash"] != r.request_hash:
+            existing = await self.store.job_get_by_idempotency_key(conn, r.idempotency_key)
+            if existing is None or existing.request_hash != r.request_hash:
                 raise IdempotencyConflict(
                     "this Idempotency-Key was already used with a different batch"
                 )
             jobs.append(self.render(existing))
         return {"jobs": jobs}
 
-    def render(self, row: Any) -> dict[str, Any]:
+    def render(self, row: JobRow) -> dict[str, Any]:
         return resource(row, tracebacks=self.settings.api_expose_tracebacks)
 
     async def get(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn:
-            row = await store.job_get(conn, job_id)
+            row = await self.store.job_get(conn, job_id)
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         return self.render(row)
@@ -251,7 +267,7 @@ class Api:
     ) -> dict[str, Any]:
         after = decode_cursor(cursor) if cursor else None
         async with self.connection() as conn:
-            rows = await store.job_list(
+            rows = await self.store.job_list(
                 conn,
                 job_type=job_type,
                 status=status.value if status else None,
@@ -267,39 +283,41 @@ class Api:
 
     async def cancel(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn, conn.transaction():
-            done = await store.job_cancel(conn, job_id)
-            row = await store.job_get(conn, job_id)
+            done = await self.store.job_cancel(conn, job_id)
+            row = await self.store.job_get(conn, job_id)
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         if not done:
             allowed = sorted(s.value for s in CANCELLABLE | {Status.IN_PROGRESS})
             raise InvalidTransition(
-                f"job is {row['status']}; only {', '.join(allowed)} can be cancelled",
-                str(row["status"]),
+                f"job is {row.status}; only {', '.join(allowed)} can be cancelled",
+                str(row.status),
             )
         return self.render(row)
 
     async def retry(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn, conn.transaction():
-            done = await store.job_redrive(conn, [job_id])
-            row = await store.job_get(conn, job_id)
+            done = await self.store.job_redrive(conn, [job_id])
+            row = await self.store.job_get(conn, job_id)
         self._wake()
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         if not done:
             allowed = sorted(s.value for s in REDRIVABLE)
             raise InvalidTransition(
-                f"job is {row['status']}; only {', '.join(allowed)} can be retried",
-                str(row["status"]),
+                f"job is {row.status}; only {', '.join(allowed)} can be retried",
+                str(row.status),
             )
         return self.render(row)
 
-    async def ready(self) -> bool:
+    async def ready(self) -> str | None:
+        """None when ready; else why not (the database is unreachable or not migrated)."""
         try:
             async with self.connection() as conn:
-                await conn.fetchval("SELECT 1", timeout=self.settings.db_timeout)
-            return True
+                if await self.store.schema_ready(conn, timeout=self.settings.db_timeout):
+                    return None
+            return f"database schema {self.store.schema!r} is not at the migration head"
         except Exception as exc:
             if isinstance(exc, ServiceUnavailable) or is_unavailable(exc):
-                return False
+                return "database unreachable"
             raise

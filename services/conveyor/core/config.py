@@ -15,6 +15,8 @@ class Settings(BaseSettings):
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     namespace: str = Field(default="jobs", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$")
     visibility_timeout: float = Field(default=30.0, gt=0)
+    # PostgreSQL schema of Conveyor's tables, types and Alembic version table
+    db_schema: str = Field(default="conveyor", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
 
     # API limits
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)
@@ -25,6 +27,9 @@ class Settings(BaseSettings):
     # serve last_error's full traceback (server file paths) in the job resource; until the
     # `admin` scope exists, only for deployments whose API callers are all operators
     api_expose_tracebacks: bool = False
+
+    # accept job types no worker registered (job_types); off: 422 naming the known types
+    accept_unknown_types: bool = False
 
     # job defaults when neither the submitter nor the handler says
     default_max_retries: int = Field(default=3, ge=0)
