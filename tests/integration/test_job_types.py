@@ -43,7 +43,7 @@ async def test_random_types_create_no_job_queue_or_metric_series(
         first = await stack.client.post("/jobs", json={"type": names[0]})
         assert first.status_code == 422, first.text
         body = first.json()
-        assert body["error"] == "unknown job type"
+        assert body["error"] == "unknown_job_type"
         assert body["detail"]["type"] == names[0]
         assert "echo" in body["detail"]["known"]
         for i in range(0, len(names), 50):
