@@ -16,8 +16,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import asyncpg
-
 from ..core.config import Settings
 from ..core.errors import IdempotencyConflict, InvalidTransition, JobNotFound, ServiceUnavailable
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
@@ -28,74 +26,11 @@ from ..store import JobRow, NewJob, for_schema
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
 from .batch import build_batch, build_submit
+from .liveness import PROBE_EVERY, Liveness, LongStatements, unavailable
 from .resource import decode_cursor, encode_cursor, resource
 
 log = logging.getLogger("conveyor.api")
 T = TypeVar("T")
-
-# A long statement's own limit (the liveness probe answers for the server meanwhile).
-LONG_STATEMENT_TIMEOUT = 300.0
-PROBE_EVERY = 0.3
-
-
-def unavailable(cause: str, exc: BaseException | None = None) -> ServiceUnavailable:
-    """The 503 error, logged with its cause."""
-    event(log, "api_unavailable", logging.WARNING, cause=cause,
-          error=repr(exc)[:300] if exc is not None else None)  # fmt: skip
-    return ServiceUnavailable("database unavailable")
-
-
-class _LongStatements:
-    """A connection whose statements carry ``LONG_STATEMENT_TIMEOUT`` instead of the pool's
-    command timeout (the store's ``Connection`` protocol)."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Any]:
-        return list(await self.conn.fetch(query, *args, timeout=LONG_STATEMENT_TIMEOUT))
-
-    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Any:
-        return await self.conn.fetchrow(query, *args, timeout=LONG_STATEMENT_TIMEOUT)
-
-    async def fetchval(self, query: str, *args: Any, timeout: float | None = None) -> Any:
-        return await self.conn.fetchval(query, *args, timeout=LONG_STATEMENT_TIMEOUT)
-
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
-        return str(await self.conn.execute(query, *args, timeout=LONG_STATEMENT_TIMEOUT))
-
-
-class Liveness:
-    """Is the server answering? ``SELECT 1`` on a dedicated connection, at most one probe at a
-    time, a success remembered for ``PROBE_EVERY``."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        self.url = url
-        self.timeout = timeout
-        self.conn: Any = None
-        self.lock = asyncio.Lock()
-        self.ok_at = -1.0
-
-    async def alive(self) -> bool:
-        loop = asyncio.get_running_loop()
-        async with self.lock:
-            if loop.time() - self.ok_at < PROBE_EVERY:
-                return True
-            try:
-                async with asyncio.timeout(self.timeout):
-                    if self.conn is None or self.conn.is_closed():
-                        self.conn = await asyncpg.connect(self.url)
-                    await self.conn.fetchval("SELECT 1")
-            except Exception:
-                await self.close()
-                return False
-            self.ok_at = loop.time()
-            return True
-
-    async def close(self) -> None:
-        if self.conn is not None:
-            self.conn.terminate()
-            self.conn = None
 
 
 class Api:
@@ -168,7 +103,7 @@ class Api:
 
     async def long(self, conn: Any, run: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``run(conn)`` without the command timeout, as long as the server answers probes."""
-        task = asyncio.ensure_future(run(_LongStatements(conn)))
+        task = asyncio.ensure_future(run(LongStatements(conn)))
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=PROBE_EVERY)
