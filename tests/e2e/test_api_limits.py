@@ -106,7 +106,9 @@ async def test_a_64mib_batch_of_tiny_items_is_refused_fast_in_bounded_memory(
           f"{max(health, default=0):.3f}s")  # fmt: skip
     assert r.status_code == 422 and r.json()["error"] == "too_many_jobs"
     assert len(r.content) < 1000
-    assert took < 1.0, took
+    # 0.26 s on a quiet 2-core machine; the bound leaves room for a machine shared with other
+    # test runs (the time is mostly the client's upload, which the server reads and drops)
+    assert took < 2.0, took
     assert peak - before < 48 * 1024, (before, peak)  # the 64 MiB body is never held
     assert max(health, default=0) < 1.0
 
