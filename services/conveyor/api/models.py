@@ -18,13 +18,17 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     Strict,
     StrictInt,
     StrictStr,
-    WithJsonSchema,
+    TypeAdapter,
     model_validator,
 )
 from pydantic.config import JsonDict
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+from typing_extensions import TypeAliasType
 
 from ..core.jobs import TYPE_PATTERN, Status
 from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, JobSpec
@@ -34,29 +38,33 @@ PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
 _INTEGER_FIELDS = ("priority", "max_retries")
 
 # The payload's schema: any JSON object whose strings and keys hold no NUL and whose integers fit
-# 64 bits (what jsonb and the decoder return unchanged). Registered as a component by openapi.py.
+# 64 bits (what jsonb and the decoder return unchanged). Only the schema: validation keeps
+# ``dict[str, Any]`` (fast), and the body parser and build_job enforce the same rules.
 NO_NUL = "^[^\\x00]*$"
-JSON_VALUE_SCHEMA: JsonDict = {
-    "description": "Any JSON value: no NUL in strings or keys, integers within 64 bits.",
-    "anyOf": [
-        {"type": "null"},
-        {"type": "boolean"},
-        {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
-        {"type": "number"},
-        {"type": "string", "pattern": NO_NUL},
-        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
-        {
-            "type": "object",
-            "propertyNames": {"pattern": NO_NUL},
-            "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
-        },
-    ],
-}
-PAYLOAD_SCHEMA: JsonDict = {
-    "type": "object",
-    "propertyNames": {"pattern": NO_NUL},
-    "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
-}
+_KEYS: JsonDict = {"propertyNames": {"pattern": NO_NUL}}
+JsonValue = TypeAliasType(  # type: ignore[misc]  # mypy cannot follow the recursion
+    "JsonValue",
+    bool
+    | Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+    | float
+    | Annotated[str, Field(pattern=NO_NUL)]
+    | list["JsonValue"]  # type: ignore[misc]
+    | Annotated[dict[str, "JsonValue"], Field(json_schema_extra=_KEYS)]  # type: ignore[misc]
+    | None,
+)
+_PAYLOAD_CORE = TypeAdapter(
+    Annotated[dict[str, JsonValue], Field(json_schema_extra=_KEYS)]
+).core_schema
+
+
+class _PayloadSchema:
+    """Documents ``payload`` as ``JsonValue`` objects without validating through that union."""
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return handler(_PAYLOAD_CORE)
+
 
 _ISO_8601 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
 # asyncpg writes these two instants as PostgreSQL's -infinity / infinity
@@ -106,7 +114,7 @@ class SubmitJob(BaseModel):
         "1-100 characters, starting with a letter or digit.",
         examples=["send_email"],
     )
-    payload: Annotated[dict[str, Any], WithJsonSchema(PAYLOAD_SCHEMA)] = Field(
+    payload: Annotated[dict[str, Any], _PayloadSchema()] = Field(
         default_factory=dict,
         description="A JSON object handed to the handler as `job.payload`; at most 256 KiB of "
         "UTF-8 (configurable). Numbers must be finite doubles or 64-bit integers; no NUL "
@@ -184,8 +192,12 @@ class SubmitBatch(BaseModel):
         json_schema_extra={"examples": [{"jobs": [{"type": "send_email"}, {"type": "resize"}]}]},
     )
 
+    # maxItems documents the default CONVEYOR_MAX_BATCH; the configured limit is enforced while
+    # the body streams in (body.count_batch_items), before this model sees it
     jobs: list[SubmitJob] = Field(
-        min_length=1, max_length=1000, description="The jobs, answered in the same order."
+        min_length=1,
+        description="The jobs, answered in the same order (at most 1,000 by default).",
+        json_schema_extra={"maxItems": 1000},
     )
 
 
@@ -196,9 +208,7 @@ class JobResource(BaseModel):
     type: str = Field(description="Job type.", examples=["send_email"])
     status: Status = Field(description="Where the job is in its life cycle.")
     priority: int = Field(description="AMQP priority 0-9.", examples=[5])
-    payload: Annotated[dict[str, Any], WithJsonSchema(PAYLOAD_SCHEMA)] = Field(
-        description="The submitted payload, unchanged."
-    )
+    payload: dict[str, Any] = Field(description="The submitted payload, unchanged.")
     result: Any = Field(default=None, description="The handler's return value once COMPLETED.")
     attempts: int = Field(description="Attempts started so far.")
     retry_count: int = Field(description="Retries used so far.")

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
-from .models import JSON_VALUE_SCHEMA, ErrorBody, SubmitBatch, SubmitJob
+from .models import ErrorBody, SubmitBatch, SubmitJob
 
 REF = "#/components/schemas/{model}"
 
@@ -90,7 +90,6 @@ def install(app: FastAPI) -> None:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for name, definition in defs.get("$defs", {}).items():
             components.setdefault(name, definition)
-        components["JsonValue"] = JSON_VALUE_SCHEMA
         for path, links in (("/jobs", _JOB_LINKS), ("/jobs/batch", _BATCH_LINKS)):
             responses = schema["paths"][path]["post"]["responses"]
             for code in ("200", "201"):
