@@ -31,7 +31,8 @@ def _post(stack: Stack, path: str, raw: bytes, **headers: str):  # type: ignore[
 
 
 OUT_OF_RANGE = ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+01:00"]
-SENTINELS = ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z"]
+# asyncpg's ±infinity instants, and any year 0001 or 9999 as written (the documented range)
+SENTINELS = ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "0001-06-01T00:00:00Z"]
 
 
 @pytest.mark.parametrize(
@@ -98,15 +99,17 @@ async def test_accepted_values_come_back_unchanged(stack: Stack) -> None:
         "emoji": "\U0001f600",
     }
     body = {"type": "t", "payload": payload, "timeout_seconds": 0.001, "max_retries": 0,
-            "run_at": "0001-01-01T00:00:00.000001Z"}  # fmt: skip
+            "run_at": "0002-01-01T00:00:00.000001Z"}  # fmt: skip
     r = await stack.client.post("/jobs", json=body)
     assert r.status_code == 201, r.text
     got = (await stack.client.get(f"/jobs/{r.json()['id']}")).json()
     assert got["payload"] == payload
     assert got["timeout_seconds"] == 0.001 and got["max_retries"] == 0
-    assert got["run_at"].startswith("0001-01-01T00:00:00.000001")
-    far = await stack.client.post("/jobs", json={"type": "t", "run_at": "9999-12-31T00:00:00Z"})
-    assert far.status_code == 201 and far.json()["run_at"].startswith("9999-12-31T00:00:00")
+    assert got["run_at"].startswith("0002-01-01T00:00:00.000001")
+    far = await stack.client.post(
+        "/jobs", json={"type": "t", "run_at": "9998-12-31T23:59:59-14:00"}
+    )
+    assert far.status_code == 201 and far.json()["run_at"].startswith("9999-01-01T13:59:59")
     assert far.json()["status"] == "SCHEDULED"
 
 

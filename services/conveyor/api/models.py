@@ -66,14 +66,21 @@ class _PayloadSchema:
         return handler(_PAYLOAD_CORE)
 
 
-_ISO_8601 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+# Years 0002-9998 as written: whatever the offset, the UTC time then lies inside Python's and
+# PostgreSQL's common range, away from the two instants asyncpg writes as -infinity / infinity.
+# One rule the schema can state (``pattern``) and the server checks the same way.
+RUN_AT_PATTERN = r"^(?!0000|0001|9999)\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}"
+_ISO_8601 = re.compile(RUN_AT_PATTERN)
 # asyncpg writes these two instants as PostgreSQL's -infinity / infinity
 _SENTINELS = (datetime.min, datetime.max)
 
 
 def _iso_text(value: Any) -> Any:
     if not isinstance(value, str) or not _ISO_8601.match(value):
-        raise ValueError("run_at must be an ISO 8601 string with an offset, like 2030-01-01T09:00Z")
+        raise ValueError(
+            "run_at must be an ISO 8601 string with an offset and a year from 0002 to 9998, "
+            "like 2030-01-01T09:00Z"
+        )
     return value
 
 
@@ -142,9 +149,10 @@ class SubmitJob(BaseModel):
     )
     run_at: RunAt | None = Field(
         default=None,
-        description="When to run: ISO 8601 with an offset (`Z` or `+01:00`), inside years "
-        "1-9999 in UTC. A past time runs now. Not together with `delay_seconds`.",
+        description="When to run: ISO 8601 with an offset (`Z` or `+01:00`), years 0002 to 9998. "
+        "A past time runs now. Not together with `delay_seconds`.",
         examples=["2030-01-01T06:00:00Z"],
+        json_schema_extra={"pattern": RUN_AT_PATTERN},
     )
     delay_seconds: Annotated[Seconds, Field(ge=0, le=MAX_DELAY_SECONDS)] | None = Field(
         default=None,
