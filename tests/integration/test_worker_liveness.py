@@ -204,3 +204,39 @@ async def test_abandoned_threads_beyond_the_limit_fail_liveness(
             worker_apps.RELEASE_THREADS.set()
             server.close()
             await worker.stop(grace=1)
+
+
+async def test_jobs_of_a_worker_whose_loop_is_blocked_are_recovered_elsewhere_once(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """Worker A runs a 6 s job when another handler blocks A's loop for 14 s: A's heartbeats
+    stop, the job's lease (5 s) expires, the sweeper hands it to worker B, which completes it;
+    when A's loop turns again its own completion is fenced. COMPLETED once, by B."""
+    log = tmp_path / "a.log"
+    async with running_stack(settings, None) as stack:
+        proc = await _worker_process(settings, log, "--concurrency", "2")
+        try:
+            job = await stack.submit("slow", {"seconds": 6})
+            await wait_for(db_url, [job], statuses=["IN_PROGRESS"], timeout=20)
+            blocker = await stack.submit("blocks_loop", {"seconds": 14})
+            await wait_for(db_url, [blocker], statuses=["IN_PROGRESS"], timeout=20)
+            b = await stack.add_worker(router, types=["slow"], concurrency=2)
+            await wait_for(db_url, [job], statuses=["COMPLETED"], timeout=40)
+            await wait_for(db_url, [blocker], timeout=40)
+            deadline = time.monotonic() + 20
+            while b"job_write_fenced" not in log.read_bytes():
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                await asyncio.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(proc.wait(), 30)
+    conn = await asyncpg.connect(db_url)
+    try:
+        row = await conn.fetchrow(
+            "SELECT status::text AS status, attempts, worker_id FROM jobs WHERE id = $1",
+            uuid.UUID(job),
+        )
+    finally:
+        await conn.close()
+    assert (row["status"], row["attempts"], row["worker_id"]) == ("COMPLETED", 2, b.worker_id)
+    assert code == 0, log.read_text()[-3000:]
