@@ -102,7 +102,7 @@ class Completer:
     def status(self) -> CompleterStatus:
         c = self._c
         waiting = len(self._queue) + len(c.in_flight)
-        firsts = [p.queued_at for p in (c.in_flight[:1] + list(self._queue)[:1])]
+        firsts = [b[0].queued_at for b in (c.in_flight, self._queue) if b]
         return CompleterStatus(waiting, min(firsts, default=None), c.failing_since, c.written,
                                c.unwritable)  # fmt: skip
 

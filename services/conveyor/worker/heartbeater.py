@@ -79,8 +79,8 @@ class Heartbeater:
         """One step: extend the leases of every running job; flag the ones cancelled or taken
         over; acknowledge long jobs' deliveries early."""
         running = list(self.running.values())
-        self._last = self.clock()
         if not running:
+            self._last = self.clock()
             return
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
@@ -89,6 +89,7 @@ class Heartbeater:
                 [r.job.attempt for r in running],
                 self.visibility_timeout,
             )
+        self._last = self.clock()
         alive = {x["id"]: x["cancel_requested"] for x in rows}
         await self.touch_waiting()
         early = self.clock() - self.early_ack_after
