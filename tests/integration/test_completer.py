@@ -9,10 +9,10 @@ from typing import Any
 import asyncpg
 
 from conveyor import enqueue
-from conveyor.core.db import store
-from conveyor.core.db.connect import create_pool
 from conveyor.core.metrics import Metrics
 from conveyor.router import Job
+from conveyor.store import for_schema
+from conveyor.store.connect import create_pool
 from conveyor.worker import outcomes
 from conveyor.worker.completer import Completer, Pending, is_data_error
 from conveyor.worker.running import Running
@@ -20,10 +20,13 @@ from conveyor.worker.running import Running
 
 async def _claimed(db: asyncpg.Connection, n: int) -> list[Running]:
     ids = [await enqueue(db, "t", {"i": i}, max_retries=0) for i in range(n)]
-    rows = await db.fetch(store.JOB_CLAIM_MANY, ids, 30.0, "test-worker", "{}", 3, ["t"])
-    by_id = {r["id"]: r for r in rows}
+    rows = await for_schema().job_claim_many(
+        db, ids, lease_seconds=30.0, worker_id="test-worker", types=["t"],
+        handler_defaults={}, default_max_retries=3,
+    )  # fmt: skip
+    by_id = {r.id: r for r in rows}
     return [
-        Running(Job(i, "t", {}, by_id[i]["attempts"], 5, 0, 0), None, None, time.monotonic())
+        Running(Job(i, "t", {}, by_id[i].attempts, 5, 0, 0), None, None, time.monotonic())
         for i in ids
     ]
 
@@ -37,7 +40,7 @@ async def test_one_refused_outcome_does_not_hold_back_its_batch(
     async def record(batch: list[Pending]) -> None:
         done.extend(batch)
 
-    completer = Completer(pool, Metrics(), done=record)
+    completer = Completer(pool, for_schema(), Metrics(), done=record)
     try:
         runs = await _claimed(db, 5)
         results: list[Any] = [{"ok": 0}, {"ok": 1}, {"text": "a\x00b"}, {"ok": 3}, "four"]

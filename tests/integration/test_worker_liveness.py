@@ -12,13 +12,13 @@ import time
 import uuid
 from pathlib import Path
 
-import asyncpg
 import httpx
 
 from conveyor.core.config import Settings
 from conveyor.worker import Worker
 from conveyor.worker.health import serve_health
 
+from .. import db as tdb
 from ..stack import free_port, running_stack, wait_for
 from . import worker_apps
 from .worker_apps import router
@@ -80,7 +80,7 @@ async def test_base_exceptions_from_handlers_are_failures_not_exits(
                 proc.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(proc.wait(), 30)
     assert code == 0, (tmp_path / "w.log").read_text()[-3000:]
-    conn = await asyncpg.connect(db_url)
+    conn = await tdb.connect(db_url)
     try:
         errors = await conn.fetch(
             "SELECT job_type, last_error FROM jobs WHERE id = ANY($1::uuid[])",
@@ -150,7 +150,7 @@ async def test_a_stuck_outcome_writer_fails_liveness(settings: Settings, db_url:
         await worker.start()
         port = free_port()
         server = await serve_health(worker, "127.0.0.1", port)
-        locker = await asyncpg.connect(db_url)
+        locker = await tdb.connect(db_url)
         try:
             job = await stack.submit("slow", {"seconds": 0.5})
             await wait_for(db_url, [job], statuses=["IN_PROGRESS"], timeout=20)
@@ -230,7 +230,7 @@ async def test_jobs_of_a_worker_whose_loop_is_blocked_are_recovered_elsewhere_on
         finally:
             proc.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(proc.wait(), 30)
-    conn = await asyncpg.connect(db_url)
+    conn = await tdb.connect(db_url)
     try:
         row = await conn.fetchrow(
             "SELECT status::text AS status, attempts, worker_id FROM jobs WHERE id = $1",

@@ -13,13 +13,14 @@ import pytest
 
 from conveyor.core.config import Settings
 
+from .. import db as tdb
 from ..stack import running_stack, wait_for
 from . import worker_apps
 from .worker_apps import router
 
 
 async def _row(db_url: str, job_id: str) -> asyncpg.Record:
-    conn = await asyncpg.connect(db_url)
+    conn = await tdb.connect(db_url)
     try:
         row = await conn.fetchrow(
             "SELECT status::text AS status, attempts, retry_count, last_error, result::text,"

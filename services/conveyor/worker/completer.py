@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.backoff import Backoff
-from ..core.db import store
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..store import Attempt, Completion, Failure, Store
 from . import outcomes
 from .outcomes import Kind, Outcome
 from .running import Running
@@ -80,6 +80,7 @@ class Completer:
     def __init__(
         self,
         pool: Any,
+        store: Store,
         metrics: Metrics,
         *,
         done: Done,
@@ -87,6 +88,7 @@ class Completer:
         max_batch: int = 1000,
     ) -> None:
         self.pool = pool
+        self.store = store
         self.metrics = metrics
         self.done = done
         self.clock = clock
@@ -193,32 +195,24 @@ class Completer:
         written: set[uuid.UUID] = set()
         async with self.pool.acquire() as conn, conn.transaction():
             if done:
-                rows = await conn.fetch(
-                    store.JOB_COMPLETE_MANY,
-                    [p.running.job.id for p in done],
-                    [p.running.job.attempt for p in done],
-                    [p.outcome.result_json for p in done],
-                )
-                written.update(x["id"] for x in rows)
+                written |= await self.store.job_complete_many(
+                    conn,
+                    [Completion(p.running.job.id, p.running.job.attempt, p.outcome.result_json)
+                     for p in done],
+                )  # fmt: skip
             if fail:
-                rows = await conn.fetch(
-                    store.JOB_FAIL_MANY,
-                    [p.running.job.id for p in fail],
-                    [p.running.job.attempt for p in fail],
-                    [p.outcome.error for p in fail],
-                    [p.outcome.delay for p in fail],
-                    [p.outcome.consume for p in fail],
-                )
-                written.update(x["id"] for x in rows)
+                failed = await self.store.job_fail_many(
+                    conn,
+                    [Failure(p.running.job.id, p.running.job.attempt, p.outcome.error,
+                             p.outcome.delay, p.outcome.consume) for p in fail],
+                )  # fmt: skip
+                written.update(failed)
             if release:
-                rows = await conn.fetch(
-                    store.JOB_RELEASE_MANY,
-                    [p.running.job.id for p in release],
-                    [p.running.job.attempt for p in release],
+                written |= await self.store.job_release_many(
+                    conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
                 )
-                written.update(x["id"] for x in rows)
             if fail or release:  # retries, dead letters, hand-backs: outbox rows
-                await store.outbox_notify(conn)
+                await self.store.outbox_notify(conn)
         return written
 
     def _record(self, batch: list[Pending]) -> None:

@@ -22,13 +22,13 @@ from typing import Any
 from ..broker.acks import Acks
 from ..broker.consume import Delivery, MalformedMessage, job_id_of
 from ..core.backoff import Backoff
-from ..core.db import store
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..store import ClaimedJob, Store
 
 log = logging.getLogger("conveyor.worker")
 
-Start = Callable[[Any, Delivery], None]
+Start = Callable[[ClaimedJob, Delivery], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,7 @@ class Consumer:
     def __init__(
         self,
         pool: Any,
+        store: Store,
         metrics: Metrics,
         *,
         slots: asyncio.Semaphore,
@@ -51,13 +52,14 @@ class Consumer:
         start: Start,
         worker_id: str,
         types: list[str],
-        handler_defaults: str,
+        handler_defaults: dict[str, dict[str, float | int]],
         visibility_timeout: float,
         default_max_retries: int,
         early_acked: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
+        self.store = store
         self.metrics = metrics
         self.slots = slots
         self.acks = acks
@@ -99,7 +101,7 @@ class Consumer:
         if ids:
             with contextlib.suppress(Exception):
                 async with self.pool.acquire() as conn:
-                    await conn.execute(store.JOB_TOUCH_WAITING, ids)
+                    await self.store.job_touch_waiting(conn, ids)
 
     async def run(self) -> None:
         while True:
@@ -148,7 +150,7 @@ class Consumer:
                 await d.nack(requeue=True)
                 self.slots.release()
             return
-        claimed = {r["id"]: r for r in rows}
+        claimed = {r.id: r for r in rows}
         started: set[uuid.UUID] = set()
         dropped_ids: list[uuid.UUID] = []
         dropped: list[Delivery] = []
@@ -168,19 +170,19 @@ class Consumer:
         if dropped_ids:
             await self._explain_dropped(dropped_ids)
 
-    async def _claim(self, ids: list[uuid.UUID]) -> list[Any] | None:
+    async def _claim(self, ids: list[uuid.UUID]) -> list[ClaimedJob] | None:
         backoff = Backoff()
         while True:
             try:
                 async with self.pool.acquire() as conn:
-                    rows: list[Any] = await conn.fetch(
-                        store.JOB_CLAIM_MANY,
+                    rows = await self.store.job_claim_many(
+                        conn,
                         ids,
-                        self.visibility_timeout,
-                        self.worker_id,
-                        self.handler_defaults,
-                        self.default_max_retries,
-                        self.types,
+                        lease_seconds=self.visibility_timeout,
+                        worker_id=self.worker_id,
+                        types=self.types,
+                        handler_defaults=self.handler_defaults,
+                        default_max_retries=self.default_max_retries,
                     )
                     self._failing_since = None
                     return rows
@@ -199,7 +201,7 @@ class Consumer:
         self._dropped += len(ids)
         try:
             async with self.pool.acquire() as conn:
-                statuses = await store.job_status_many(conn, ids)
+                statuses = await self.store.job_status_many(conn, ids)
         except Exception:
             statuses = {}
         for job_id in ids:

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..broker.acks import Acks
 from ..broker.consume import Delivery
-from ..core.db import store
 from ..core.logging import event
+from ..store import Attempt, Store
 from .running import Running
 
 log = logging.getLogger("conveyor.worker")
@@ -39,6 +39,7 @@ class Heartbeater:
     def __init__(
         self,
         pool: Any,
+        store: Store,
         *,
         running: dict[uuid.UUID, Running],
         acks: Acks,
@@ -48,6 +49,7 @@ class Heartbeater:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
+        self.store = store
         self.running = running
         self.acks = acks
         self.touch_waiting = touch_waiting
@@ -83,14 +85,12 @@ class Heartbeater:
             self._last = self.clock()
             return
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                store.JOB_HEARTBEAT_MANY,
-                [r.job.id for r in running],
-                [r.job.attempt for r in running],
-                self.visibility_timeout,
+            alive = await self.store.job_heartbeat_many(
+                conn,
+                [Attempt(r.job.id, r.job.attempt) for r in running],
+                lease_seconds=self.visibility_timeout,
             )
         self._last = self.clock()
-        alive = {x["id"]: x["cancel_requested"] for x in rows}
         await self.touch_waiting()
         early = self.clock() - self.early_ack_after
         late = [r for r in running if r.delivery is not None and r.started < early]

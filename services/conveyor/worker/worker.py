@@ -24,15 +24,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ..broker.acks import Acks, AckStatus
 from ..broker.consume import Delivery, Subscription
 from ..core.config import Settings
-from ..core.db.connect import create_pool
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..router import Job, JobRouter
+from ..store import ClaimedJob, for_schema
+from ..store.connect import create_pool
 from .completer import Completer, CompleterStatus, Pending
 from .consumer import Consumer, ConsumerStatus
 from .drain import Drain, DrainStatus, _quietly
@@ -96,11 +95,12 @@ class Worker:
             settings.amqp_url, settings.namespace,
             name=f"conveyor-worker {self.worker_id}", prefetch=concurrency,
         )  # fmt: skip
+        self.store = for_schema(settings.db_schema)
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
         self.consumer = Consumer(
-            None, self.metrics, slots=self.slots, acks=self.acks, start=self._start,
+            None, self.store, self.metrics, slots=self.slots, acks=self.acks, start=self._start,
             worker_id=self.worker_id, types=self.types,
-            handler_defaults=orjson.dumps(defaults).decode(),
+            handler_defaults=defaults,
             visibility_timeout=settings.visibility_timeout,
             default_max_retries=settings.default_max_retries,
             early_acked=lambda: bool(self.heartbeater.acked_early), clock=clock,
@@ -110,9 +110,10 @@ class Worker:
             abandoned_limit=settings.worker_abandoned_thread_limit,
             report=self._report, clock=clock,
         )  # fmt: skip
-        self.completer = Completer(None, self.metrics, done=self._done, clock=clock)
+        self.completer = Completer(None, self.store, self.metrics, done=self._done, clock=clock)
         self.heartbeater = Heartbeater(
-            None, running=self.running, acks=self.acks, touch_waiting=self.consumer.touch_waiting,
+            None, self.store, running=self.running, acks=self.acks,
+            touch_waiting=self.consumer.touch_waiting,
             visibility_timeout=settings.visibility_timeout,
             early_ack_after=settings.early_ack_after, clock=clock,
         )  # fmt: skip
@@ -188,18 +189,18 @@ class Worker:
 
     # ------------------------------------------------------------------ the parts' seams
 
-    def _start(self, row: Any, delivery: Delivery) -> None:
+    def _start(self, row: ClaimedJob, delivery: Delivery) -> None:
         job = Job(
-            id=row["id"],
-            type=row["job_type"],
-            payload=orjson.loads(row["payload"]),
-            attempt=row["attempts"],
-            priority=row["priority"],
-            retry_count=row["retry_count"],
-            max_retries=row["max_retries"],
+            id=row.id,
+            type=row.job_type,
+            payload=row.payload,
+            attempt=row.attempts,
+            priority=row.priority,
+            retry_count=row.retry_count,
+            max_retries=row.max_retries,
         )
         spec = self.router.handlers.get(job.type)
-        running = Running(job, spec, row["timeout_seconds"], self.clock(), delivery)
+        running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
         self.running[job.id] = running
         self.executor.start(running)
 
