@@ -57,7 +57,7 @@ class Executor:
 
     def start(self, running: Running) -> None:
         """Run ``running``'s handler in a task of its own; its outcome goes to ``report``."""
-        task = asyncio.create_task(self.run_one(running), name=f"job {running.job.id}")
+        task = asyncio.create_task(self.run_one(running))
         running.task = task
         self.tasks[task] = running
         task.add_done_callback(self._forget)

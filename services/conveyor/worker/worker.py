@@ -148,7 +148,9 @@ class Worker:
 
     @staticmethod
     def _loop(name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        return asyncio.create_task(coro, name=name)
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(_report_death)
+        return task
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -242,3 +244,9 @@ class Worker:
 
     def _snapshot(self) -> None:
         self.snapshot = self.status()
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    """A part's loop ended on its own: say why (liveness reports it as a dead part)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        event(log, "worker_part_died", logging.ERROR, part=task.get_name(), error=repr(exc))
