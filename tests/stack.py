@@ -19,7 +19,7 @@ from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import FaultHook, Relay
 from conveyor.services import api_server, serve_api
-from conveyor.worker.consumer import Worker
+from conveyor.worker import Worker
 
 from . import db as tdb
 

@@ -85,7 +85,7 @@ def _types(value: str | None) -> list[str] | None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from . import services
-    from .worker.consumer import Worker
+    from .worker import Worker
     from .worker.health import serve_health
 
     settings = _settings()
@@ -110,7 +110,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             health.close()
 
     services.run(main)
-    if any(not f.done() for f in worker.threads):
+    if worker.executor.threads.status().alive:
         # sync handlers still running after the drain: their jobs were handed back (a late
         # write is fenced), so do not let the interpreter join those threads at exit
         sys.stderr.flush()
@@ -122,7 +122,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
     from .store.legacy import MigrationError
     from .store.migrate import migrate
-    from .worker.consumer import Worker
+    from .worker import Worker
 
     settings = _settings()
     router = services.load_router(args.app)

@@ -45,3 +45,10 @@ class Settings(BaseSettings):
     # consumer_timeout (30 min by default) would close the channel
     early_ack_after: float = Field(default=600.0, gt=0)
     worker_health_port: int | None = None
+    # liveness (see worker/health.py): the event loop blocked longer than this (seconds) ...
+    worker_loop_stall_limit: float = Field(default=10.0, gt=0)
+    # ... an outcome waiting to be written longer than this, or a sync handler waiting for a
+    # thread longer than this ...
+    worker_outcome_deadline: float = Field(default=60.0, gt=0)
+    # ... or more handler threads abandoned (past their timeout, still running) than this
+    worker_abandoned_thread_limit: int = Field(default=4, ge=0)
