@@ -29,6 +29,7 @@ from ..broker.consume import Delivery, Subscription
 from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..job_types import router_types
 from ..router import Job, JobRouter
 from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
@@ -134,6 +135,8 @@ class Worker:
             command_timeout=30,
         )
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
+        async with self.pool.acquire() as conn:  # the API accepts these types from now on
+            await self.store.job_type_register_many(conn, router_types(self.router, self.types))
         await self.subscription.open(self.types)
         self.loops = {
             "consumer": self._loop("consumer", self.consumer.run()),
