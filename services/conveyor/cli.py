@@ -186,6 +186,7 @@ async def _with_pool(fn: Any) -> Any:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    from .api.attempts import attempt_dict
     from .api.models import JobResource
     from .store import JobRow, for_schema
 
@@ -204,8 +205,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                       f"  created={r.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
             return 0
         job_id = uuid.UUID(args.id)
+        extra: dict[str, Any] = {}
         if args.action == "show":
             row = await store.job_get(conn, job_id)
+            attempts = await store.job_attempt_list(conn, job_id) or []
+            extra["attempts"] = [attempt_dict(a) for a in attempts]
         elif args.action == "cancel":
             async with conn.transaction():
                 ok = await store.job_cancel(conn, job_id)
@@ -225,7 +229,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if row is None:
             print(f"no job {job_id}", file=sys.stderr)
             return 1
-        _print(resource(row))
+        _print({**resource(row), **extra})
         return 0
 
     try:

@@ -34,6 +34,7 @@ from ..enqueue import build_job
 from ..store import JobRow, for_schema
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
+from .attempts import add_attempt_routes
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
 
 log = logging.getLogger("conveyor.api")
@@ -437,6 +438,8 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     @app.post("/jobs/{job_id}/retry", response_model=JobResource)
     async def retry_job(job_id: uuid.UUID) -> Response:
         return _json(await api.retry(job_id))
+
+    add_attempt_routes(app, api)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

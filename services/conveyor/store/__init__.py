@@ -12,6 +12,7 @@ import functools
 
 from .attempts import AttemptStatements
 from .base import Connection
+from .history import HistoryStatements
 from .jobs import JobStatements
 from .maintenance import MaintenanceStatements
 from .outbox import OutboxStatements
@@ -19,6 +20,7 @@ from .probes import HEAD, ProbeStatements
 from .registry import render
 from .rows import (
     Attempt,
+    AttemptRow,
     ClaimedJob,
     Completion,
     Failure,
@@ -31,7 +33,12 @@ from .schema import DEFAULT_SCHEMA, outbox_channel
 
 
 class Store(
-    JobStatements, AttemptStatements, MaintenanceStatements, OutboxStatements, ProbeStatements
+    JobStatements,
+    AttemptStatements,
+    HistoryStatements,
+    MaintenanceStatements,
+    OutboxStatements,
+    ProbeStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -54,6 +61,7 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "HEAD",
     "Attempt",
+    "AttemptRow",
     "ClaimedJob",
     "Completion",
     "Connection",
