@@ -120,6 +120,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
+    from .core.metrics import Metrics
     from .store.legacy import MigrationError
     from .store.migrate import migrate
     from .worker.consumer import Worker
@@ -135,8 +136,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
     except MigrationError as exc:
         print(f"conveyor dev: {exc}", file=sys.stderr)
         return 1
-    server = services.api_server(settings, args.host, args.port)
-    worker = Worker(settings, router, concurrency=args.concurrency)
+    metrics = Metrics()  # one registry: the API's /metrics shows the worker and publisher too
+    server = services.api_server(settings, args.host, args.port, metrics=metrics)
+    worker = Worker(settings, router, concurrency=args.concurrency, metrics=metrics)
     first = router.types[0]
     url = f"http://{args.host}:{args.port}"
 
@@ -144,7 +146,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         await worker.start()
         tasks = [
             asyncio.create_task(services.serve_api(server, stop)),
-            asyncio.create_task(services.run_publisher(settings, stop)),
+            asyncio.create_task(services.run_publisher(settings, stop, metrics=metrics)),
         ]
         while not server.started and not tasks[0].done():  # noqa: ASYNC110
             await asyncio.sleep(0.02)  # print the curl line only once the API listens

@@ -111,6 +111,8 @@ class Sweeper:
                 if done:
                     await self.store.outbox_notify(conn)
             total += done
+            if done:
+                self.metrics.reconciled.labels(job_type).inc(done)
             event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
                   queued=ready, republished=done)  # fmt: skip
         self._count("reconciled", total)

@@ -30,6 +30,7 @@ from .rows import (
     OutboxRow,
 )
 from .schema import DEFAULT_SCHEMA, outbox_channel
+from .stats import StatsStatements
 
 
 class Store(
@@ -39,6 +40,7 @@ class Store(
     MaintenanceStatements,
     OutboxStatements,
     ProbeStatements,
+    StatsStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 

@@ -29,14 +29,15 @@ FINISHED_BEFORE = (
 
 def record(outcome_sql: str) -> str:
     """The INSERT of one attempt row per row of ``upd``; ``outcome_sql`` maps the job's new
-    ``status`` to the attempt's outcome."""
+    ``status`` to the attempt's outcome. No ``ON CONFLICT`` (a speculative insertion costs more):
+    every write after a claim is fenced by (job, attempt) and moves the job out of IN_PROGRESS,
+    so an attempt finishes at most once."""
     return f"""INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
         started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
     SELECT id, attempts, job_type, worker_id, started_at, now(), {outcome_sql}, error,
            extract(epoch FROM now() - started_at)::float8,
            greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd
-    ON CONFLICT DO NOTHING"""
+    FROM upd"""
 
 
 # Oldest first. One row with a NULL attempt: the job exists but never ran; no row: no such job.

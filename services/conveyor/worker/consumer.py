@@ -237,7 +237,7 @@ class Worker:
             try:
                 valid.append((msg, decode(msg.body).job_id))
             except MalformedMessage as exc:
-                self.metrics.messages_dead_lettered.inc()
+                self.metrics.messages_rejected.labels("malformed").inc()
                 event(log, "message_rejected", logging.WARNING, reason=str(exc),
                       queue=msg.routing_key, message_id=msg.message_id)  # fmt: skip
                 self.acks.forget(msg)
@@ -321,6 +321,7 @@ class Worker:
             max_retries=row.max_retries,
         )
         spec = self.router.handlers.get(job.type)
+        self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
         running = Running(job, spec, message=message)
         self.running[job.id] = running
         running.task = asyncio.create_task(self._execute(running, row.timeout_seconds))
