@@ -367,7 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure()
+    try:
+        settings = Settings()
+        configure(settings.log_level, settings.log_format)
+    except ValueError:  # an invalid setting: the command reports it
+        configure()
     return int(args.func(args))
 
 

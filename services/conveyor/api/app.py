@@ -34,6 +34,7 @@ from ..enqueue import build_job
 from ..store import JobRow, for_schema
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
+from .access import AccessLog
 from .attempts import add_attempt_routes
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
 
@@ -440,6 +441,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
         return _json(await api.retry(job_id))
 
     add_attempt_routes(app, api)
+    app.add_middleware(AccessLog)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

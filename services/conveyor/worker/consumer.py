@@ -307,7 +307,8 @@ class Worker:
             status = statuses.get(job_id)
             reason = "unknown_job" if status is None else f"status_{status.value.lower()}"
             self.metrics.messages_dropped.labels(reason).inc()
-            event(log, "message_dropped", logging.INFO if status else logging.WARNING,
+            # a duplicate delivery is routine (debug); an unknown job is not
+            event(log, "message_dropped", logging.DEBUG if status else logging.WARNING,
                   job_id=str(job_id), reason=reason)  # fmt: skip
 
     def _start(self, row: ClaimedJob, message: AbstractIncomingMessage | None = None) -> None:
