@@ -32,12 +32,11 @@ class _JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (UTC), ``level``, ``logger``, ``action`` and the
     fields."""
 
-    converter = time.gmtime
-
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, "fields", {})
         line: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
         }
