@@ -12,6 +12,7 @@ import functools
 
 from .attempts import AttemptStatements
 from .base import Connection
+from .dashboard import DashboardStatements
 from .history import HistoryStatements
 from .jobs import JobStatements
 from .maintenance import MaintenanceStatements
@@ -41,6 +42,7 @@ class Store(
     OutboxStatements,
     ProbeStatements,
     StatsStatements,
+    DashboardStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
