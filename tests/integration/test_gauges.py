@@ -37,11 +37,11 @@ async def test_jobs_outbox_and_queue_gauges(
     metrics, sweeper, relay = parts
     gauges = Gauges(metrics, sweeper.store, sweeper.pool, sweeper.topology,
                     queue_depth=sweeper._queue_depth)  # fmt: skip
-    await enqueue_many(db, [JobSpec("g_a")] * 3 + [JobSpec("g_b", delay_seconds=600)])
+    await enqueue_many(db, [JobSpec("a")] * 3 + [JobSpec("b", delay_seconds=600)])
     await db.execute("UPDATE job_outbox SET created_at = now() - interval '42 s'")
     await gauges.refresh_once()
-    assert _value(metrics, "conveyor_jobs", type="g_a", status="PENDING") == 3
-    assert _value(metrics, "conveyor_jobs", type="g_b", status="SCHEDULED") == 1
+    assert _value(metrics, "conveyor_jobs", type="a", status="PENDING") == 3
+    assert _value(metrics, "conveyor_jobs", type="b", status="SCHEDULED") == 1
     assert _value(metrics, "conveyor_outbox_rows") == 3
     lag = _value(metrics, "conveyor_outbox_lag_seconds")
     assert lag is not None and 42 <= lag < 60
@@ -50,9 +50,9 @@ async def test_jobs_outbox_and_queue_gauges(
     await gauges.refresh_once()
     assert _value(metrics, "conveyor_outbox_rows") == 0
     assert _value(metrics, "conveyor_outbox_lag_seconds") == 0
-    queue = sweeper.topology.work_queue("g_a")
+    queue = sweeper.topology.work_queue("a")
     assert _value(metrics, "conveyor_queue_messages", queue=queue, state="ready") == 3
 
-    await db.execute("UPDATE jobs SET status = 'CANCELLED' WHERE job_type = 'g_a'")
+    await db.execute("UPDATE jobs SET status = 'CANCELLED' WHERE job_type = 'a'")
     await gauges.refresh_once()
-    assert _value(metrics, "conveyor_jobs", type="g_a", status="PENDING") == 0  # not frozen
+    assert _value(metrics, "conveyor_jobs", type="a", status="PENDING") == 0  # not frozen

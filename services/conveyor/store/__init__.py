@@ -4,7 +4,8 @@
 offers one method per statement, named entity first (``job_claim_many``,
 ``outbox_take_batch``). Each takes a connection and never commits: the caller owns the
 transaction. The statements live in one module per entity (``jobs``, ``attempts``,
-``maintenance``, ``outbox``, ``probes``) and are listed by name in ``registry.TEMPLATES``."""
+``maintenance``, ``outbox``, ``probes``, ``types``) and are listed by name in
+``registry.TEMPLATES``."""
 
 from __future__ import annotations
 
@@ -27,11 +28,14 @@ from .rows import (
     Failure,
     JobRow,
     JobStatus,
+    JobType,
+    JobTypeDefaults,
     NewJob,
     OutboxRow,
 )
 from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
+from .types import TypeStatements
 
 
 class Store(
@@ -43,6 +47,7 @@ class Store(
     ProbeStatements,
     StatsStatements,
     DashboardStatements,
+    TypeStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -72,6 +77,8 @@ __all__ = [
     "Failure",
     "JobRow",
     "JobStatus",
+    "JobType",
+    "JobTypeDefaults",
     "NewJob",
     "OutboxRow",
     "Store",

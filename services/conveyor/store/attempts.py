@@ -98,11 +98,12 @@ WITH u AS (
     {_RECORD_FAILED}
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
-                                       error)
+                                       error, attempt)
     SELECT id, job_type, priority,
            CASE WHEN status = 'FAILED' THEN 'dead' WHEN delay > 0 THEN 'retry' ELSE 'work' END,
            CASE WHEN status = 'RETRYING' AND delay > 0 THEN delay END,
-           CASE WHEN status = 'FAILED' THEN left(error, 2000) END
+           CASE WHEN status = 'FAILED' THEN left(error, 2000) END,
+           CASE WHEN status = 'FAILED' THEN attempts END
     FROM upd WHERE status IN ('RETRYING', 'FAILED')
 )
 SELECT id, status::text AS status FROM upd

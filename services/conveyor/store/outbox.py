@@ -17,7 +17,7 @@ OUTBOX_TAKE_BATCH = statement(
     """
 DELETE FROM __schema__.job_outbox
 WHERE id IN (SELECT id FROM __schema__.job_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, job_id, job_type, priority, destination, delay_seconds, error
+RETURNING id, job_id, job_type, priority, destination, delay_seconds, error, attempt
 """,
 )
 
@@ -25,9 +25,9 @@ OUTBOX_RESTORE = statement(
     "outbox_restore",
     """
 INSERT INTO __schema__.job_outbox (id, job_id, job_type, priority, destination, delay_seconds,
-                                   error)
+                                   error, attempt)
 SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::int2[], $5::text[], $6::int4[],
-                     $7::text[])
+                     $7::text[], $8::int4[])
 """,
 )
 
@@ -50,6 +50,7 @@ class OutboxStatements(Statements):
                     destination=r["destination"],
                     delay_seconds=r["delay_seconds"],
                     error=r["error"],
+                    attempt=r["attempt"],
                 )
                 for r in rows
             ),
@@ -67,6 +68,7 @@ class OutboxStatements(Statements):
             [r.destination for r in rows],
             [r.delay_seconds for r in rows],
             [r.error for r in rows],
+            [r.attempt for r in rows],
         )
 
     async def outbox_notify(self, conn: Connection) -> None:
