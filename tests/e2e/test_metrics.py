@@ -71,3 +71,32 @@ async def test_dev_metrics_show_every_service_and_pass_promtool(settings: Settin
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+async def test_worker_exports_the_deliveries_it_holds_unacked(
+    settings: Settings, db_url: str
+) -> None:
+    from .. import apps
+    from ..stack import running_stack, wait_for
+
+    apps.reset()
+    async with running_stack(settings, apps.router, concurrency=4) as stack:
+        worker = stack.workers[0]
+        queue = worker.topology.work_queue("slow")
+
+        def unacked() -> float | None:
+            return worker.metrics.registry.get_sample_value(
+                "conveyor_queue_messages", {"queue": queue, "state": "unacked"}
+            )
+
+        assert unacked() == 0
+        job_id = await stack.submit("slow", {"seconds": 30, "observe_cancel": True})
+        await wait_for(db_url, [job_id], statuses=["IN_PROGRESS"], timeout=20)
+        assert unacked() == 1
+        assert (await stack.client.post(f"/jobs/{job_id}/cancel")).status_code == 200
+        await wait_for(db_url, [job_id], timeout=20)
+        for _ in range(100):  # the slot is freed right after the outcome's commit
+            if unacked() == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert unacked() == 0

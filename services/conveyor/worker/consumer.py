@@ -133,6 +133,9 @@ class Worker:
         ]
         for t, q in self.queues.items():
             self.consumer_tags[t] = await q.consume(self._on_message)
+            self.metrics.queue_messages.labels(q.name, "unacked").set_function(
+                lambda t=t: self._unacked(t)  # type: ignore[misc]
+            )
         event(log, "worker_started", worker_id=self.worker_id, types=self.types,
               concurrency=self.concurrency)  # fmt: skip
 
@@ -329,6 +332,12 @@ class Worker:
         running = Running(job, spec, message=message)
         self.running[job.id] = running
         running.task = asyncio.create_task(self._execute(running, row.timeout_seconds))
+
+    def _unacked(self, job_type: str) -> int:
+        """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
+        return sum(1 for r in list(self.running.values())
+                   if r.job.type == job_type and r.message is not None
+                   and r.job.id not in self.acked_early)  # fmt: skip
 
     # ------------------------------------------------------------------ run
 
