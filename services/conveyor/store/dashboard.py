@@ -30,26 +30,50 @@ GROUP BY job_type ORDER BY job_type
 """,
 )
 
-# Newest first; ``$3``/``$4``: id bounds (keyset cursor, time window as UUIDv7 bounds).
-JOB_PAGE = statement(
-    "job_page",
-    f"""
-SELECT {JOB_COLUMNS} FROM __schema__.jobs
-WHERE ($1::text IS NULL OR job_type = $1)
-  AND ($2::text IS NULL OR status = $2::__schema__.job_status)
-  AND ($3::uuid IS NULL OR id < $3)
-  AND ($4::uuid IS NULL OR id >= $4)
-ORDER BY id DESC
-LIMIT $5
-""",
-)
-
 _TYPES = """WITH RECURSIVE t(job_type) AS (
     SELECT min(job_type) FROM __schema__.jobs
     UNION ALL
     SELECT (SELECT min(j.job_type) FROM __schema__.jobs j WHERE j.job_type > t.job_type)
     FROM t WHERE t.job_type IS NOT NULL
 )"""
+
+# Newest first; ``$3``/``$4``: id bounds (keyset cursor, time window as UUIDv7 bounds). Without
+# a filter the primary key serves the order. With a type and/or a status, each (type, status)
+# range of ``jobs_type_status_id_idx`` is read newest first, at most ``$5`` rows each, and the
+# ranges are merged: a rare type or status never walks the whole primary key.
+JOB_PAGE = statement(
+    "job_page",
+    f"""
+SELECT {JOB_COLUMNS} FROM __schema__.jobs
+WHERE ($3::uuid IS NULL OR id < $3) AND ($4::uuid IS NULL OR id >= $4)
+  AND $1::text IS NULL AND $2::text IS NULL
+ORDER BY id DESC
+LIMIT $5
+""",
+)
+
+JOB_PAGE_FILTERED = statement(
+    "job_page_filtered",
+    f"""
+{
+        _TYPES.replace(
+            "SELECT min(job_type) FROM", "SELECT COALESCE($1::text, min(job_type)) FROM"
+        ).replace("WHERE t.job_type IS NOT NULL", "WHERE t.job_type IS NOT NULL AND $1 IS NULL")
+    }
+SELECT j.* FROM t
+CROSS JOIN unnest(CASE WHEN $2::text IS NULL THEN enum_range(NULL::__schema__.job_status)
+                       ELSE ARRAY[$2::__schema__.job_status] END) AS st(status)
+CROSS JOIN LATERAL (
+    SELECT {JOB_COLUMNS} FROM __schema__.jobs
+    WHERE job_type = t.job_type AND status = st.status
+      AND ($3::uuid IS NULL OR id < $3) AND ($4::uuid IS NULL OR id >= $4)
+    ORDER BY id DESC LIMIT $5
+) j
+WHERE t.job_type IS NOT NULL
+ORDER BY j.id DESC
+LIMIT $5
+""",
+)
 
 JOB_DEAD_GROUPS = statement(
     "job_dead_groups",
@@ -122,7 +146,8 @@ class DashboardStatements(Statements):
         since: uuid.UUID | None,
         limit: int,
     ) -> list[JobRow]:
-        rows = await conn.fetch(self.sql[JOB_PAGE], job_type, status, before, since, limit)
+        name = JOB_PAGE if job_type is None and status is None else JOB_PAGE_FILTERED
+        rows = await conn.fetch(self.sql[name], job_type, status, before, since, limit)
         return [JobRow.from_record(r) for r in rows]
 
     async def job_dead_groups(self, conn: Connection) -> list[dict[str, Any]]:
