@@ -370,13 +370,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()
         configure(settings.log_level, settings.log_format)
-    except ValueError:  # an invalid setting: the command reports it
+    except ValidationError:  # reported below, when the command reads its settings
         configure()
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback
+        first = exc.errors()[0]
+        name = "CONVEYOR_" + "_".join(str(p) for p in first["loc"]).upper()
+        print(f"conveyor: invalid {name}: {first['msg']}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover
