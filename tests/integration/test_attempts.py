@@ -57,6 +57,10 @@ async def test_every_kind_of_finish_leaves_one_attempt_row(
         job_id,
     )
     await sweeper.recover_leases()
+    finished = sweeper.metrics.registry.get_sample_value(
+        "conveyor_jobs_finished_total", {"type": "t", "outcome": "lease_expired"}
+    )
+    assert finished == 1
 
     await db.execute("UPDATE jobs SET run_at = now() - interval '4 s' WHERE id = $1", job_id)
     a4 = await _claim(db, job_id, "w4")

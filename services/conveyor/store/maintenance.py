@@ -73,7 +73,7 @@ WITH exp AS (
            CASE WHEN status = 'FAILED' THEN attempts END
     FROM upd WHERE status IN ('RETRYING', 'FAILED')
 )
-SELECT id, status::text AS status FROM upd
+SELECT id, status::text AS status, job_type FROM upd
 """,
 )
 
@@ -148,7 +148,7 @@ class MaintenanceStatements(Statements):
         rows = await conn.fetch(
             self.sql[JOB_RECOVER_EXPIRED], limit, default_max_retries, list(PEN_LADDER)
         )
-        return [JobStatus(r["id"], Status(r["status"])) for r in rows]
+        return [JobStatus(r["id"], Status(r["status"]), r["job_type"]) for r in rows]
 
     async def job_count_overdue(self, conn: Connection, *, after: float) -> dict[str, int]:
         """Per type, PENDING/RETRYING jobs untouched for ``after`` seconds with no outbox row."""

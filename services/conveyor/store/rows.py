@@ -128,6 +128,7 @@ class Failure:
 class JobStatus:
     id: uuid.UUID
     status: Status
+    job_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
