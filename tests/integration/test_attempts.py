@@ -109,3 +109,22 @@ async def test_retention_prunes_the_attempts_with_the_job(
     assert await sweeper.delete_expired() == 1
     rows = await db.fetch("SELECT job_id FROM job_attempts")
     assert [r["job_id"] for r in rows] == [kept]
+
+
+async def test_dead_letter_purge_by_filter_takes_the_attempts_too(db: asyncpg.Connection) -> None:
+    jobs = await enqueue_many(db, [JobSpec("t")] * 3)
+    errors = ["ValueError: a\nTraceback…", "ValueError: a", "KeyError: b"]
+    for job_id, error in zip(jobs, errors, strict=True):
+        c = await _claim(db, job_id, "w1")
+        await store.job_fail_many(db, [Failure(job_id, c.attempts, error, None)])
+    groups = await store.job_dead_groups(db)
+    assert [(g["error"], g["count"]) for g in groups] == [("ValueError: a", 2), ("KeyError: b", 1)]
+    assert await store.job_dead_count(db, "t", "ValueError: a") == 2
+    assert await store.job_purge_dead(db, "t", "ValueError: a", limit=100) == 2
+    left = await db.fetch("SELECT DISTINCT job_id FROM job_attempts")
+    assert [r["job_id"] for r in left] == [jobs[2]]
+    outbox = "SELECT count(*) FROM job_outbox WHERE job_id = $1"
+    before = await db.fetchval(outbox, jobs[2])
+    assert await store.job_redrive_dead(db, "t", None, limit=100) == 1
+    assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", jobs[2]) == "PENDING"
+    assert await db.fetchval(outbox, jobs[2]) == before + 1

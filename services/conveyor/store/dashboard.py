@@ -13,7 +13,9 @@ from .jobs import JOB_COLUMNS
 from .registry import statement
 from .rows import JobRow
 
-ERROR_KEY = "left(COALESCE(last_error, ''), 160)"  # dead letters are grouped by this prefix
+# Dead letters are grouped by the error's first line (the exception and its message, without
+# the traceback), cut at 160 characters.
+ERROR_KEY = "left(split_part(COALESCE(last_error, ''), E'\\n', 1), 160)"
 
 JOB_OVERVIEW_HOUR = statement(
     "job_overview_hour",
