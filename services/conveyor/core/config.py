@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -17,6 +19,12 @@ class Settings(BaseSettings):
     visibility_timeout: float = Field(default=30.0, gt=0)
     # PostgreSQL schema of Conveyor's tables, types and Alembic version table
     db_schema: str = Field(default="conveyor", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+
+    # logs: text (key=value) or json (one object per line)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = (
+        "INFO"
+    )
 
     # API limits
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)

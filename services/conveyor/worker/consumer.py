@@ -135,7 +135,7 @@ class Consumer:
                 valid.append((d, job_id_of(d.body)))
             except MalformedMessage as exc:
                 self._rejected += 1
-                self.metrics.messages_dead_lettered.inc()
+                self.metrics.messages_rejected.labels("malformed").inc()
                 event(log, "message_rejected", logging.WARNING, reason=str(exc),
                       queue=d.routing_key, message_id=d.message_id)  # fmt: skip
                 self.acks.forget(d)
@@ -208,7 +208,8 @@ class Consumer:
             status = statuses.get(job_id)
             reason = "unknown_job" if status is None else f"status_{status.value.lower()}"
             self.metrics.messages_dropped.labels(reason).inc()
-            event(log, "message_dropped", logging.INFO if status else logging.WARNING,
+            # a duplicate delivery is routine (debug); an unknown job is not
+            event(log, "message_dropped", logging.DEBUG if status else logging.WARNING,
                   job_id=str(job_id), reason=reason)  # fmt: skip
 
     async def hand_back_waiting(self) -> int:

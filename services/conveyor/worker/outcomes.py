@@ -44,9 +44,10 @@ class Outcome:
 
     @property
     def label(self) -> str:
+        """The attempt's outcome as SPEC §9 names it (``conveyor_jobs_finished_total``)."""
         if self.kind is Kind.FAIL:
             return "failed" if self.delay is None else "retry"
-        return str(self.kind.value)
+        return "completed" if self.kind is Kind.COMPLETE else "released"
 
 
 def clean_text(text: str, limit: int = 2 * MAX_ERROR_CHARS) -> str:

@@ -138,6 +138,12 @@ class Worker:
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
             await self.store.job_type_register_many(conn, router_types(self.router, self.types))
         await self.subscription.open(self.types)
+        for t in self.types:
+            self.metrics.queue_messages.labels(
+                self.subscription.topology.work_queue(t), "unacked"
+            ).set_function(
+                lambda t=t: self._unacked(t)  # type: ignore[misc]
+            )
         self.loops = {
             "consumer": self._loop("consumer", self.consumer.run()),
             "completer": self._loop("completer", self.completer.run()),
@@ -205,9 +211,17 @@ class Worker:
             max_retries=row.max_retries,
         )
         spec = self.router.handlers.get(job.type)
+        self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
         self.running[job.id] = running
         self.executor.start(running)
+
+    def _unacked(self, job_type: str) -> int:
+        """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
+        return sum(
+            1 for r in list(self.running.values())
+            if r.job.type == job_type and r.delivery is not None
+        )  # fmt: skip
 
     def _report(self, running: Running, outcome: Any) -> None:
         self.completer.put(running, outcome)
