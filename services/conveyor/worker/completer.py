@@ -38,6 +38,12 @@ from .running import Running
 log = logging.getLogger("conveyor.worker")
 
 _PERMANENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
+# A result longer than this is written in a transaction of its own, beside the batch.
+LARGE_RESULT_CHARS = 256 * 1024
+
+
+def _large(outcome: Outcome) -> bool:
+    return outcome.result_json is not None and len(outcome.result_json) > LARGE_RESULT_CHARS
 
 
 def is_data_error(exc: BaseException) -> bool:
@@ -70,7 +76,7 @@ class _Counters:
     written: int = 0
     unwritable: int = 0
     failing_since: float | None = None
-    in_flight: list[Pending] = field(default_factory=list)
+    in_flight: set[Pending] = field(default_factory=set)
 
 
 Done = Callable[[list[Pending]], Awaitable[None]]
@@ -96,6 +102,7 @@ class Completer:
         self._queue: collections.deque[Pending] = collections.deque()
         self._wake = asyncio.Event()
         self._c = _Counters()
+        self._tasks: set[asyncio.Task[None]] = set()  # outcomes being written alone
 
     def put(self, running: Running, outcome: Outcome) -> None:
         self._queue.append(Pending(running, outcome, self.clock()))
@@ -104,9 +111,10 @@ class Completer:
     def status(self) -> CompleterStatus:
         c = self._c
         waiting = len(self._queue) + len(c.in_flight)
-        firsts = [b[0].queued_at for b in (c.in_flight, self._queue) if b]
-        return CompleterStatus(waiting, min(firsts, default=None), c.failing_since, c.written,
-                               c.unwritable)  # fmt: skip
+        oldest = min((p.queued_at for p in c.in_flight), default=None)
+        if self._queue and (oldest is None or self._queue[0].queued_at < oldest):
+            oldest = self._queue[0].queued_at
+        return CompleterStatus(waiting, oldest, c.failing_since, c.written, c.unwritable)
 
     @property
     def idle(self) -> bool:
@@ -120,22 +128,35 @@ class Completer:
                 await self.flush_once()
 
     async def flush_once(self) -> int:
-        """One step: write what is queued (up to ``max_batch``), then hand it to ``done``."""
+        """One step: write what is queued (up to ``max_batch``), then hand it to ``done``.
+        Outcomes with a large result are written alone, beside the batch (a task each), so a
+        10 MB result does not hold back every other outcome of the worker while PostgreSQL
+        parses it. Returns how many outcomes it took."""
         batch: list[Pending] = []
+        alone = 0
         while self._queue and len(batch) < self.max_batch:
-            batch.append(self._queue.popleft())
-        if not batch:
-            return 0
-        self._c.in_flight = batch
+            p = self._queue.popleft()
+            if _large(p.outcome):
+                alone += 1
+                task = asyncio.create_task(self._write_batch([p]))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                batch.append(p)
+        if batch:
+            await self._write_batch(batch)
+        return len(batch) + alone
+
+    async def _write_batch(self, batch: list[Pending]) -> None:
+        self._c.in_flight.update(batch)
         try:
             written = await self._commit_isolating(batch)
             for p in batch:
                 p.written = p.running.job.id in written
             self._record(batch)
         finally:
-            self._c.in_flight = []
+            self._c.in_flight.difference_update(batch)
         await self.done(batch)
-        return len(batch)
 
     async def _commit_isolating(self, batch: list[Pending]) -> set[uuid.UUID]:
         try:
