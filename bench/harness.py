@@ -115,7 +115,10 @@ class Harness:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.namespace = "bench" + secrets.token_hex(4)
-        self.db_url = with_database(opts.database_url, "conveyor_bench")
+        # CONVEYOR_BENCH_DATABASE: another name, so two checkouts can benchmark side by side
+        # (each run drops and recreates its database)
+        name = os.environ.get("CONVEYOR_BENCH_DATABASE", "conveyor_bench")
+        self.db_url = with_database(opts.database_url, name)
         self.logs = RESULTS / "logs"
         self.env = {
             **os.environ,
@@ -159,6 +162,19 @@ class Harness:
         )
         if proc.returncode != 0:
             raise RuntimeError(f"conveyor migrate failed ({proc.returncode}):\n{proc.stderr}")
+        # a deploy step: the API accepts only registered job types (workers register theirs at
+        # start; the REST workloads may submit before the worker runs)
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            [self.conveyor, "types", "register", "--app", "bench.app:router"],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"conveyor types register failed:\n{proc.stderr}")
         self.db = await Db.connect(self.db_url)
         self.servers = {
             "postgres": _local_listener(self.db_url, 5432),

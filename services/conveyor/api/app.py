@@ -13,9 +13,13 @@ from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
 from . import errors, openapi
+from .access import AccessLog
+from .attempts import add_attempt_routes
 from .body import BodyLimit, TooManyJobs, count_batch_items
+from .docs import install_docs
 from .routes import add_routes
 from .service import Api
+from .ui import add_ui
 
 log = logging.getLogger("conveyor.api")
 
@@ -41,6 +45,9 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     app = FastAPI(title="Conveyor", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.api = api
     add_routes(app, api, metrics)
+    add_attempt_routes(app, api)
+    add_ui(app, api)
+    install_docs(app)
     errors.install(app, metrics)
     openapi.install(app)
 
@@ -65,4 +72,5 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
 
     app.add_middleware(BodyLimit, limit_for=limit_for, render=too_large, precheck=precheck)
     app.add_middleware(errors.ErrorRoutes, fastapi_app=lambda: app)
+    app.add_middleware(AccessLog)
     return app

@@ -1,0 +1,1 @@
+"""RabbitMQ: the only code that imports aio-pika."""
