@@ -82,7 +82,7 @@ async def test_worker_exports_the_deliveries_it_holds_unacked(
     apps.reset()
     async with running_stack(settings, apps.router, concurrency=4) as stack:
         worker = stack.workers[0]
-        queue = worker.topology.work_queue("slow")
+        queue = worker.subscription.topology.work_queue("slow")
 
         def unacked() -> float | None:
             return worker.metrics.registry.get_sample_value(

@@ -76,7 +76,7 @@ async def test_poison_messages_do_not_wedge_the_worker(fsettings: Settings, ledg
         assert not worker.status().dead_parts, "a worker loop died"
         rejected = sum(
             s.value
-            for m in worker.metrics.messages_dead_lettered.collect()
+            for m in worker.metrics.messages_rejected.collect()
             for s in m.samples
             if s.name.endswith("_total")
         )
