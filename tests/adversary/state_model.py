@@ -21,31 +21,22 @@ moves only (liveness: nothing is stuck).
 
 from __future__ import annotations
 
-import asyncio
-import random
 import uuid
-from collections import Counter
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    rule,
-)
+from hypothesis.stateful import initialize, rule
 
 from conveyor.core.errors import Retry
-from conveyor.core.jobs import CANCELLABLE, REDRIVABLE, TERMINAL, TRANSITIONS, Status
+from conveyor.core.jobs import CANCELLABLE, REDRIVABLE, Status
 from conveyor.worker import outcomes
 
-from .storeops import JOB_TYPE, Claim, Row, StoreOps
+from .model_state import TERMINAL_NAMES, Context, ModelState, RetryBoundViolated
+from .storeops import JOB_TYPE, Claim
 
-T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
-TERMINAL_NAMES = {s.value for s in TERMINAL}
+__all__ = ["Context", "JobModel", "RetryBoundViolated", "machine"]
 WRITES = ["complete", "fail", "retry", "release", "heartbeat"]
 ACTIONS: list[tuple[str, Callable[[Any], Any]]] = []
 
@@ -67,41 +58,8 @@ def action(enabled: Callable[[Any], Any]) -> Callable[[F], F]:
 MAX_JOBS = 3  # few jobs, long histories: deep interleavings rather than wide ones
 
 
-class RetryBoundViolated(AssertionError):
-    """``retry_count`` went over ``max_retries`` (issue 8 item 6)."""
-
-
-@dataclass
-class Context:
-    loop: asyncio.AbstractEventLoop
-    ops: StoreOps
-    check_retry_bound: bool = True
-
-
-class JobModel(RuleBasedStateMachine):
-    ctx: Context  # set by ``machine()``
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = self.ctx.ops
-        self.run(self.ops.reset())
-        self.known: list[uuid.UUID] = []
-        self.queue: list[uuid.UUID] = []  # messages ready in the work queue
-        self.pen: list[uuid.UUID] = []  # messages waiting in a holding pen
-        self.handles: list[Claim] = []  # every attempt ever claimed, stale ones included
-        self.snoozes: Counter[uuid.UUID] = Counter()
-        self.releases: Counter[uuid.UUID] = Counter()
-        self.redrives: Counter[uuid.UUID] = Counter()
-        self.into_completed: Counter[uuid.UUID] = Counter()
-        self.last_attempts: dict[uuid.UUID, int] = {}
-        self.prev: dict[uuid.UUID, Row] = {}
-        self.outbox: set[uuid.UUID] = set()
-        self.lost: set[uuid.UUID] = set()  # their message vanished: the reconciler's to find
-        self.seq = 0
-        self.rng = random.Random(0)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.ctx.loop.run_until_complete(coro)
+class JobModel(ModelState):
+    """The moves of every actor (one dispatching rule) and the end-of-example liveness drive."""
 
     # ------------------------------------------------------------------ the API
 
@@ -192,10 +150,6 @@ class JobModel(RuleBasedStateMachine):
         """Attempts taken over (lease expired, re-claimed) or already finished."""
         return [c for c in self.handles if not self._is_current(c)]
 
-    def _is_current(self, c: Claim) -> bool:
-        row = self.prev[c.job_id]
-        return row.status == "IN_PROGRESS" and row.attempts == c.attempt
-
     def _fenced(self, c: Claim, accepted: bool, what: str) -> None:
         current = self._is_current(c)
         assert accepted == current, (
@@ -240,9 +194,6 @@ class JobModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the sweeper
 
-    def _with(self, status: str) -> list[uuid.UUID]:
-        return [j for j in self.known if self.prev[j].status == status]
-
     @action(lambda self: self._with("IN_PROGRESS"))
     def lease_expires(self, data: st.DataObject) -> None:
         """The worker died: its lease runs out and the sweeper's recovery moves the job on."""
@@ -274,44 +225,6 @@ class JobModel(RuleBasedStateMachine):
         enabled = [name for name, ok in ACTIONS if ok(self)]
         name = enabled[data.draw(st.integers(0, len(enabled) - 1), label="action")]
         getattr(self, name)(data)
-
-    # ------------------------------------------------------------------ invariants
-
-    @invariant()
-    def check(self) -> None:
-        for a in self.run(self.ops.audit_since(self.seq)):
-            self.seq = a.seq
-            if a.old_status is not None and a.old_status != a.new_status:
-                allowed = TRANSITIONS[Status(a.old_status)]
-                assert Status(a.new_status) in allowed, f"{a.old_status}->{a.new_status} {a}"
-                assert self.into_completed[a.job_id] == 0, f"written after COMPLETED: {a}"
-            if a.new_status == "COMPLETED" and a.old_status != "COMPLETED":
-                self.into_completed[a.job_id] += 1
-            if a.attempts != self.last_attempts.get(a.job_id, 0):
-                assert a.new_status == "IN_PROGRESS", f"attempts changed without a claim: {a}"
-                assert a.attempts == self.last_attempts.get(a.job_id, 0) + 1, a
-            self.last_attempts[a.job_id] = a.attempts
-        jobs, outbox = self.run(self.ops.snapshot())
-        assert set(self.known) <= jobs.keys(), "a submitted job has no row"
-        messages = set(self.queue) | set(self.pen)
-        for job_id, row in jobs.items():
-            self._check_job(job_id, row, job_id in outbox or job_id in messages)
-        self.prev, self.outbox = jobs, outbox
-
-    def _check_job(self, job_id: uuid.UUID, row: Row, on_its_way: bool) -> None:
-        if row.max_retries is not None:
-            if self.ctx.check_retry_bound and row.retry_count > row.max_retries:
-                raise RetryBoundViolated(f"retry_count {row.retry_count} > max_retries: {row}")
-            budget = (self.redrives[job_id] + 1) * (row.max_retries + 1)
-            budget += self.snoozes[job_id] + self.releases[job_id]
-            assert row.attempts <= budget, f"{row.attempts} attempts, budget {budget}: {row}"
-        if row.status in ("SCHEDULED", "RETRYING"):
-            assert row.run_at is not None, f"{row.status} without run_at: {row}"
-        if row.status == "IN_PROGRESS":
-            assert row.lease_expires_at is not None, f"IN_PROGRESS without a lease: {row}"
-        if row.status in ("PENDING", "RETRYING") and not on_its_way:
-            # only a message the broker lost (or dropped as early) is the reconciler's to find
-            assert job_id in self.lost, f"runnable, yet no outbox row and no message: {row}"
 
     # ------------------------------------------------------------------ liveness
 
