@@ -15,8 +15,8 @@ import orjson
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from ..core.amqp.topology import Topology
-from ..core.db import store
 from ..core.jobs import Status
+from ..store import Store
 
 
 @dataclass
@@ -56,6 +56,7 @@ def _parse(body: bytes) -> tuple[uuid.UUID | None, str | None, str | None]:
 async def scan(
     connection: AbstractRobustConnection,
     pool: Any,
+    store: Store,
     topology: Topology,
     decide: Callable[[DeadLetter], Decision],
     *,

@@ -20,13 +20,12 @@ from pamqp.commands import Basic
 from ..core.amqp.topology import PEN_HEADER, Topology, connect
 from ..core.backoff import Backoff
 from ..core.config import Settings
-from ..core.db import store
-from ..core.db.connect import create_pool
-from ..core.db.schema import OUTBOX_CHANNEL
 from ..core.jobs import pen_name_suffix
 from ..core.logging import event
 from ..core.messages import CONTENT_TYPE
 from ..core.metrics import Metrics
+from ..store import OutboxRow, for_schema
+from ..store.connect import create_pool, listen
 
 log = logging.getLogger("conveyor.publisher")
 
@@ -45,6 +44,7 @@ class Relay:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology(settings.namespace)
+        self.store = for_schema(settings.db_schema)
         self.fault_hook = fault_hook
         self.publish_timeout = publish_timeout
         self.pool: Any = None
@@ -88,10 +88,7 @@ class Relay:
         """Relay one batch. Returns how many rows were published (and so deleted)."""
         assert self.pool is not None and self.channel is not None
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = sorted(
-                await conn.fetch(store.OUTBOX_TAKE_BATCH, self.settings.relay_batch),
-                key=lambda r: r["id"],
-            )
+            rows = await self.store.outbox_take_batch(conn, limit=self.settings.relay_batch)
             if not rows:
                 return 0
             await self._declare_for(rows)
@@ -103,13 +100,13 @@ class Relay:
             if failed:
                 error = next(res for res in results if res is not None)
                 event(log, "outbox_publish_failed", logging.WARNING, count=len(failed),
-                      job_id=str(failed[0]["job_id"]), error=repr(error))  # fmt: skip
+                      job_id=str(failed[0].job_id), error=repr(error))  # fmt: skip
                 self.metrics.outbox_failed.inc(len(failed))
                 self._declared.clear()  # a queue may have been deleted: declare again next time
-                await conn.execute(store.OUTBOX_RESTORE, *_columns(failed))
+                await self.store.outbox_restore(conn, failed)
             done = len(rows) - len(failed)
-            confirmed = Counter(r["destination"] for r in rows)
-            confirmed.subtract(r["destination"] for r in failed)
+            confirmed = Counter(r.destination for r in rows)
+            confirmed.subtract(r.destination for r in failed)
             for destination, n in confirmed.items():
                 if n:
                     self.metrics.outbox_published.labels(destination).inc(n)
@@ -119,45 +116,45 @@ class Relay:
             raise PublishFailed(f"{len(failed)} outbox rows could not be published")
         return done
 
-    async def _declare_for(self, rows: list[Any]) -> None:
+    async def _declare_for(self, rows: list[OutboxRow]) -> None:
         assert self.channel is not None
         for r in rows:
-            dest = r["destination"]
+            dest = r.destination
             if dest == "dead":
                 continue
-            key = ("work", r["job_type"])
+            key = ("work", r.job_type)
             if key not in self._declared:
-                await self.topology.declare_work_queue(self.channel, r["job_type"])
+                await self.topology.declare_work_queue(self.channel, r.job_type)
                 self._declared.add(key)
-            if dest == "retry":
-                pen = ("pen", r["delay_seconds"])
+            if dest == "retry" and r.delay_seconds is not None:
+                pen = ("pen", r.delay_seconds)
                 if pen not in self._declared:
-                    await self.topology.declare_pen(self.channel, r["delay_seconds"])
+                    await self.topology.declare_pen(self.channel, r.delay_seconds)
                     self._declared.add(pen)
 
-    async def _publish(self, channel: Any, row: Any) -> BaseException | None:
+    async def _publish(self, channel: Any, row: OutboxRow) -> BaseException | None:
         """Publish one row and wait for its confirm; the error instead of raising it."""
-        job_id = str(row["job_id"])
-        dest = row["destination"]
+        job_id = str(row.job_id)
+        dest = row.destination
         headers: dict[str, Any] | None = None
-        if dest == "retry":
-            headers = {PEN_HEADER: pen_name_suffix(row["delay_seconds"])}
+        if dest == "retry" and row.delay_seconds is not None:
+            headers = {PEN_HEADER: pen_name_suffix(row.delay_seconds)}
         if dest == "dead":
-            body = orjson.dumps({"id": job_id, "type": row["job_type"], "error": row["error"]})
+            body = orjson.dumps({"id": job_id, "type": row.job_type, "error": row.error})
         else:
-            body = b'{"id":"' + job_id.encode() + b'","type":"' + row["job_type"].encode() + b'"}'
+            body = b'{"id":"' + job_id.encode() + b'","type":"' + row.job_type.encode() + b'"}'
         properties = Basic.Properties(
             content_type=CONTENT_TYPE,
             delivery_mode=2,  # persistent
             message_id=job_id,
-            priority=row["priority"],
+            priority=row.priority,
             headers=headers,
         )
         try:
             result = await channel.basic_publish(
                 body,
                 exchange=self.exchanges[dest].name,
-                routing_key=row["job_type"],
+                routing_key=row.job_type,
                 properties=properties,
                 mandatory=True,
                 timeout=self.publish_timeout,
@@ -173,14 +170,12 @@ class Relay:
     async def _listen(self) -> None:
         if self._listener is not None and not self._listener.is_closed():
             return
-        import asyncpg
-
-        self._listener = await asyncpg.connect(
+        self._listener = await listen(
             self.settings.database_url,
-            timeout=5,
-            server_settings={"application_name": "conveyor-publisher-listen"},
+            self.store.channel,
+            self._wake.set,
+            name="conveyor-publisher-listen",
         )
-        await self._listener.add_listener(OUTBOX_CHANNEL, lambda *_: self._wake.set())
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = Backoff()
@@ -237,9 +232,3 @@ def probes(
         return relay.channel is not None and not relay.channel.is_closed
 
     return live, ready
-
-
-def _columns(rows: list[Any]) -> list[list[Any]]:
-    """Rows → the column arrays of ``outbox_restore``."""
-    keys = ("id", "job_id", "job_type", "priority", "destination", "delay_seconds", "error")
-    return [[r[k] for r in rows] for k in keys]

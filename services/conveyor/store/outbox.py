@@ -1,0 +1,76 @@
+"""The outbox: rows the relay publishes to RabbitMQ, and the NOTIFY that wakes it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import Connection, Statements
+from .registry import statement
+from .rows import OutboxRow
+
+# The relay takes a batch in one statement: the rows are deleted inside the relay's open
+# transaction, which commits only after every publish is confirmed. A crash before the commit
+# rolls the delete back (the rows are published again: duplicates, never losses); rows whose
+# publish failed are put back with ``outbox_restore`` before the commit.
+OUTBOX_TAKE_BATCH = statement(
+    "outbox_take_batch",
+    """
+DELETE FROM __schema__.job_outbox
+WHERE id IN (SELECT id FROM __schema__.job_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id, job_id, job_type, priority, destination, delay_seconds, error, attempt
+""",
+)
+
+OUTBOX_RESTORE = statement(
+    "outbox_restore",
+    """
+INSERT INTO __schema__.job_outbox (id, job_id, job_type, priority, destination, delay_seconds,
+                                   error, attempt)
+SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::int2[], $5::text[], $6::int4[],
+                     $7::text[], $8::int4[])
+""",
+)
+
+# The channel is per schema (``<schema>_outbox``), so two installs in one database do not wake
+# each other's publishers.
+OUTBOX_NOTIFY = statement("outbox_notify", "SELECT pg_notify('__schema___outbox', '')")
+
+
+class OutboxStatements(Statements):
+    async def outbox_take_batch(self, conn: Connection, *, limit: int) -> list[OutboxRow]:
+        """Delete and return up to ``limit`` rows, oldest first (call inside a transaction)."""
+        rows = await conn.fetch(self.sql[OUTBOX_TAKE_BATCH], limit)
+        return sorted(
+            (
+                OutboxRow(
+                    id=r["id"],
+                    job_id=r["job_id"],
+                    job_type=r["job_type"],
+                    priority=r["priority"],
+                    destination=r["destination"],
+                    delay_seconds=r["delay_seconds"],
+                    error=r["error"],
+                    attempt=r["attempt"],
+                )
+                for r in rows
+            ),
+            key=lambda r: r.id,
+        )
+
+    async def outbox_restore(self, conn: Connection, rows: Sequence[OutboxRow]) -> None:
+        """Put back rows taken by ``outbox_take_batch`` whose publish failed."""
+        await conn.execute(
+            self.sql[OUTBOX_RESTORE],
+            [r.id for r in rows],
+            [r.job_id for r in rows],
+            [r.job_type for r in rows],
+            [r.priority for r in rows],
+            [r.destination for r in rows],
+            [r.delay_seconds for r in rows],
+            [r.error for r in rows],
+            [r.attempt for r in rows],
+        )
+
+    async def outbox_notify(self, conn: Connection) -> None:
+        """Wake the publishers when the surrounding transaction commits (see ``notify.py``)."""
+        await conn.execute(self.sql[OUTBOX_NOTIFY])
