@@ -17,6 +17,9 @@ from conveyor.core.jobs import TERMINAL, TRANSITIONS, Status
 from .storeops import Claim, Row, StoreOps
 
 T = TypeVar("T")
+# Edges the store takes that TRANSITIONS lacks, tolerated here so the rest of the model keeps
+# running; each has its own strict-xfail test in test_state_model.py.
+KNOWN_DEVIATIONS = {("CANCELLED", "SCHEDULED")}
 TERMINAL_NAMES = {s.value for s in TERMINAL}
 
 
@@ -73,7 +76,8 @@ class ModelState(RuleBasedStateMachine):
             self.seq = a.seq
             if a.old_status is not None and a.old_status != a.new_status:
                 allowed = TRANSITIONS[Status(a.old_status)]
-                assert Status(a.new_status) in allowed, f"{a.old_status}->{a.new_status} {a}"
+                edge = (a.old_status, a.new_status)
+                assert Status(a.new_status) in allowed or edge in KNOWN_DEVIATIONS, f"{edge} {a}"
                 assert self.into_completed[a.job_id] == 0, f"written after COMPLETED: {a}"
             if a.new_status == "COMPLETED" and a.old_status != "COMPLETED":
                 self.into_completed[a.job_id] += 1

@@ -223,7 +223,7 @@ class JobModel(ModelState):
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
         enabled = [name for name, ok in ACTIONS if ok(self)]
-        name = enabled[data.draw(st.integers(0, len(enabled) - 1), label="action")]
+        name = data.draw(st.sampled_from(enabled), label="action")
         getattr(self, name)(data)
 
     # ------------------------------------------------------------------ liveness

@@ -13,8 +13,8 @@ import orjson
 
 from conveyor import JobSpec, enqueue_many
 from conveyor.core.config import Settings
-from conveyor.core.db import store
 from conveyor.maintenance.sweeper import Sweeper
+from conveyor.store import Attempt, Completion, Failure, for_schema
 from conveyor.worker.outcomes import Outcome
 
 from ..faults.checker import AUDIT_SQL
@@ -61,6 +61,7 @@ class StoreOps:
         self.settings = settings
         self.sweeper = Sweeper(settings)
         self.sweeper.pool = pool  # one-step duties only: no broker connection needed
+        self.store = for_schema(settings.db_schema)
 
     async def install(self) -> None:
         async with self.pool.acquire() as conn:
@@ -80,54 +81,51 @@ class StoreOps:
 
     async def cancel(self, job_id: uuid.UUID) -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
-            return await store.job_cancel(conn, job_id)
+            return await self.store.job_cancel(conn, job_id)
 
     async def redrive(self, job_id: uuid.UUID) -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
-            return bool(await store.job_redrive(conn, [job_id]))
+            return bool(await self.store.job_redrive(conn, [job_id]))
 
     # ------------------------------------------------------------------ the worker
 
     async def claim(self, ids: list[uuid.UUID], worker: str) -> list[Claim]:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                store.JOB_CLAIM_MANY, ids, VISIBILITY, worker,
-                orjson.dumps(HANDLER_DEFAULTS).decode(), self.settings.default_max_retries,
-                [JOB_TYPE],
+            rows = await self.store.job_claim_many(
+                conn, ids, lease_seconds=VISIBILITY, worker_id=worker, types=[JOB_TYPE],
+                handler_defaults=HANDLER_DEFAULTS,
+                default_max_retries=self.settings.default_max_retries,
             )  # fmt: skip
-        return [Claim(r["id"], r["attempts"], r["retry_count"], r["max_retries"]) for r in rows]
+        return [Claim(r.id, r.attempts, r.retry_count, r.max_retries) for r in rows]
 
     async def complete(self, c: Claim, result: Any) -> bool:
+        item = Completion(c.job_id, c.attempt, orjson.dumps(result).decode())
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                store.JOB_COMPLETE_MANY, [c.job_id], [c.attempt], [orjson.dumps(result).decode()]
-            )
-        return bool(rows)
+            return bool(await self.store.job_complete_many(conn, [item]))
 
     async def fail(self, c: Claim, outcome: Outcome) -> bool:
+        item = Failure(c.job_id, c.attempt, outcome.error, outcome.delay, outcome.consume)
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                store.JOB_FAIL_MANY, [c.job_id], [c.attempt], [outcome.error],
-                [outcome.delay], [outcome.consume],
-            )  # fmt: skip
-        return bool(rows)
+            return bool(await self.store.job_fail_many(conn, [item]))
 
     async def release(self, c: Claim) -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
-            return bool(await conn.fetch(store.JOB_RELEASE_MANY, [c.job_id], [c.attempt]))
+            return bool(await self.store.job_release_many(conn, [Attempt(c.job_id, c.attempt)]))
 
     async def heartbeat(self, c: Claim) -> bool:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(store.JOB_HEARTBEAT_MANY, [c.job_id], [c.attempt], VISIBILITY)
-        return bool(rows)
+            held = await self.store.job_heartbeat_many(
+                conn, [Attempt(c.job_id, c.attempt)], lease_seconds=VISIBILITY
+            )
+        return bool(held)
 
     # ------------------------------------------------------------------ the relay
 
     async def relay(self) -> list[tuple[uuid.UUID, str]]:
         """Take every outbox row (committed: as if published and confirmed)."""
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(store.OUTBOX_TAKE_BATCH, 10_000)
-        return [(r["job_id"], r["destination"]) for r in sorted(rows, key=lambda r: r["id"])]
+            rows = await self.store.outbox_take_batch(conn, limit=10_000)
+        return [(r.job_id, r.destination) for r in sorted(rows, key=lambda r: r.id)]
 
     # ------------------------------------------------------------------ the sweeper
 

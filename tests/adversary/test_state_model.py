@@ -15,11 +15,14 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from conveyor.core.config import Settings
-from conveyor.core.db.connect import with_database
+from conveyor.core.jobs import TRANSITIONS, Status
+from conveyor.store.connect import with_database
+from conveyor.worker import outcomes
 
 from ..conftest import RUN_ID
+from ..db import SCHEMA
 from ..services import Endpoints
-from .state_model import Context, RetryBoundViolated, machine
+from .state_model import Context, machine
 from .storeops import StoreOps
 
 
@@ -40,7 +43,9 @@ def store_ops(
 
     async def setup() -> StoreOps:
         await admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+        pool = await asyncpg.create_pool(
+            url, min_size=1, max_size=2, server_settings={"search_path": f"{SCHEMA}, public"}
+        )
         ops = StoreOps(pool, Settings(database_url=url, reconcile_after=60, default_max_retries=3))
         await ops.install()
         return ops
@@ -66,7 +71,7 @@ def _run(
     steps: int,
     check_retry_bound: bool,
     derandomize: bool = True,
-    shrink: bool = True,
+    shrink: bool = False,
 ) -> None:
     loop, ops = store_ops
     ctx = Context(loop, ops, check_retry_bound=check_retry_bound)
@@ -88,20 +93,16 @@ def _run(
 @pytest.mark.timeout(120)
 def test_job_state_machine(store_ops: tuple[asyncio.AbstractEventLoop, StoreOps]) -> None:
     """Every invariant but ``retry_count <= max_retries`` (see the next test). A random search
-    each run (a failure prints the seed to reproduce it): a fixed one found fewer seeded bugs."""
+    each run, not shrunk (a failure prints the steps and the seed; the soak shrinks): a fixed
+    search found fewer seeded bugs."""
     _run(store_ops, examples=40, steps=30, check_retry_bound=False, derandomize=False)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    raises=RetryBoundViolated,
-    reason="issue 8.6: retry_count on a FAILED job is max_retries + 1",
-)
 def test_retry_count_never_exceeds_max_retries(
     store_ops: tuple[asyncio.AbstractEventLoop, StoreOps],
 ) -> None:
-    _run(store_ops, examples=40, steps=30, check_retry_bound=True, shrink=False)
+    _run(store_ops, examples=20, steps=30, check_retry_bound=True)
 
 
 @pytest.mark.soak
@@ -111,6 +112,50 @@ def test_job_state_machine_soak(store_ops: tuple[asyncio.AbstractEventLoop, Stor
         store_ops,
         examples=int(os.environ.get("MODEL_EXAMPLES", "1000")),
         steps=int(os.environ.get("MODEL_STEPS", "60")),
-        check_retry_bound=os.environ.get("MODEL_RETRY_BOUND", "0") == "1",
+        check_retry_bound=True,
         derandomize=False,
+        shrink=True,
     )
+
+
+# Found by the model (failing case: claim, fail with a retry, cancel, redrive): the store's redrive
+# puts a cancelled job whose run_at is still ahead back to SCHEDULED, an edge TRANSITIONS lacks;
+# for a cancelled RETRYING job that run_at is its old retry time, so the redriven job waits for a
+# stale backoff instead of running now.
+
+
+async def _cancelled_then_redriven(ops: StoreOps, *, scheduled: bool) -> str:
+    await ops.reset()
+    job_id = await ops.submit(max_retries=2, delay=3600.0 if scheduled else None)
+    if not scheduled:
+        [claim] = await ops.claim([job_id], "w")
+        failure = outcomes.failure("boom", retry_count=0, max_retries=2, spec=None)
+        assert failure.delay and await ops.fail(claim, failure)
+    assert await ops.cancel(job_id) and await ops.redrive(job_id)
+    jobs, _ = await ops.snapshot()
+    return jobs[job_id].status
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8.7 follow-up (store): a redriven cancelled scheduled job becomes SCHEDULED, "
+    "an edge TRANSITIONS lacks (CANCELLED -> SCHEDULED)",
+)
+def test_every_redrive_edge_is_in_transitions(
+    store_ops: tuple[asyncio.AbstractEventLoop, StoreOps],
+) -> None:
+    loop, ops = store_ops
+    status = loop.run_until_complete(_cancelled_then_redriven(ops, scheduled=True))
+    assert Status(status) in TRANSITIONS[Status.CANCELLED], status
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8.7 follow-up (store): a redriven cancelled RETRYING job is SCHEDULED at its "
+    "stale retry time instead of PENDING",
+)
+def test_a_redriven_retrying_job_runs_now(
+    store_ops: tuple[asyncio.AbstractEventLoop, StoreOps],
+) -> None:
+    loop, ops = store_ops
+    assert loop.run_until_complete(_cancelled_then_redriven(ops, scheduled=False)) == "PENDING"
