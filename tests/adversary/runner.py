@@ -17,6 +17,7 @@ import asyncpg
 
 from conveyor.core.config import Settings
 
+from .. import db as tdb
 from ..faults.harness import Proc, WorkerFleet, component_env, conveyor_command
 from ..stack import Stack, running_stack, wait_for
 
@@ -45,7 +46,7 @@ class Rig:
         for t in NEIGHBOURS:
             batch = await self.submit(t, [{"sleep": sleep}] * n)
             await wait_for(self.db_url, batch, ["COMPLETED"], 12)
-            conn = await asyncpg.connect(self.db_url)
+            conn = await tdb.connect(self.db_url)
             try:
                 span = await conn.fetchval(
                     "SELECT extract(epoch FROM max(finished_at) - min(created_at))"
@@ -62,7 +63,7 @@ class Rig:
         await wait_for(self.db_url, ids, ["COMPLETED"], 30)
 
     async def job(self, job_id: str) -> asyncpg.Record:
-        conn = await asyncpg.connect(self.db_url)
+        conn = await tdb.connect(self.db_url)
         try:
             return await conn.fetchrow(
                 "SELECT status::text AS status, attempts, retry_count, max_retries, last_error,"
