@@ -42,6 +42,7 @@ class Nemesis:
     rabbit: PrivateRabbit | None = None
     pg: PrivatePostgres | None = None
     crash_p: float = 0.05
+    chaos_every: tuple[float, float] = (1.5, 4.0)  # seconds between faults
     accepted: list[str] = field(default_factory=list)
     adversarial: list[str] = field(default_factory=list)
     refused: int = 0
@@ -88,9 +89,9 @@ class Nemesis:
             sleep = round(self.rng.uniform(0.02, 0.3), 3)
             work = {"type": "work", "payload": {"ledger": str(self.ledger), "sleep": sleep}}
             await self._post(client, [work] * 8)
-            if self.adversaries and self.rng.random() < 0.3:
+            if self.adversaries and self.rng.random() < 0.2:
                 await self._adversary(client, 1)
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.5)
 
     async def _adversary(self, client: httpx.AsyncClient, n: int) -> None:
         jobs = [{"type": self.rng.choice(self.adversaries), "payload": {}} for _ in range(n)]
@@ -99,20 +100,23 @@ class Nemesis:
     async def _chaos(
         self, fleet: WorkerFleet, client: httpx.AsyncClient, stop: asyncio.Event
     ) -> None:
-        menu = ["sigkill"] * 4 + (["adversary_burst"] if self.adversaries else [])
+        menu = ["sigkill"] * 2 + (["adversary_burst"] if self.adversaries else [])
         if self.rabbit is not None:
             menu += ["close_connections", "broker_restart", "purge_work_queue"]
         if self.pg is not None:
             menu += ["postgres_restart"]
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.rng.uniform(0.5, 2.0))
+                await asyncio.wait_for(stop.wait(), self.rng.uniform(*self.chaos_every))
             if stop.is_set():
                 return
             fault = self.rng.choice(menu)
             self.faults[fault] += 1
             if fault == "sigkill":
-                await fleet.kill_one(self.rng)
+                # only once every worker is up: on a loaded machine a worker takes seconds to
+                # start, and killing it before it runs anything tests nothing
+                if all("worker_started" in p.log() for p in fleet.slots):
+                    await fleet.kill_one(self.rng)
             elif fault == "adversary_burst":
                 await self._adversary(client, 3)
             elif fault == "close_connections" and self.rabbit is not None:

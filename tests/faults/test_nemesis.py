@@ -52,7 +52,7 @@ async def test_nemesis_smoke(fsettings: Settings, ledger: Ledger, tmp_path: Path
     seed = int(os.environ.get("FAULTS_SEED", time.time()))
     nemesis = Nemesis(
         fsettings, tmp_path, ledger, random.Random(seed), crash_p=0.2,
-        adversaries=("not_json", "times_out"),
+        adversaries=("not_json", "times_out"), chaos_every=(0.5, 1.5),
     )  # fmt: skip
     await _run(nemesis, 5.0, f"nemesis-smoke seed={seed}", settle=60)
 
