@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -61,6 +62,13 @@ class Rig:
     async def warm_up(self) -> None:
         ids = [i for t in NEIGHBOURS for i in await self.submit(t, [{"sleep": 0}] * 8)]
         await wait_for(self.db_url, ids, ["COMPLETED"], 30)
+
+    async def workers_up(self, timeout: float = 30.0) -> None:
+        """Every worker slot alive and started (a dead one has been replaced)."""
+        deadline = time.monotonic() + timeout
+        while not all(p.alive() and "worker_started" in p.log() for p in self.fleet.slots):
+            assert time.monotonic() < deadline, self.fleet.logs()
+            await asyncio.sleep(0.1)
 
     async def job(self, job_id: str) -> asyncpg.Record:
         conn = await tdb.connect(self.db_url)
