@@ -356,13 +356,25 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("--type", help="every dead letter of this job type")
         d.add_argument("--all", action="store_true", help="every dead letter")
     s.set_defaults(func=cmd_dlq)
+
+    from .cli_types import add_parser as add_types
+
+    add_types(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     args = build_parser().parse_args(argv)
     configure()
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback
+        first = exc.errors()[0]
+        name = "CONVEYOR_" + "_".join(str(p) for p in first["loc"]).upper()
+        print(f"conveyor: invalid {name}: {first['msg']}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -107,6 +107,13 @@ SELECT count(*) FROM upd
 """,
 )
 
+# One replica at a time reconciles a type: the lock is held by the transaction that recounts and
+# re-publishes, so a replica cannot add its own copy of a shortfall another one is filling.
+JOB_RECONCILE_LOCK = statement(
+    "job_reconcile_lock",
+    "SELECT pg_try_advisory_xact_lock(hashtextextended('__schema__:reconcile:' || $1, 0))",
+)
+
 JOB_DELETE_EXPIRED = statement(
     "job_delete_expired",
     """
@@ -145,6 +152,11 @@ class MaintenanceStatements(Statements):
     ) -> int:
         """Give up to ``limit`` overdue jobs of ``job_type`` a new outbox row."""
         return int(await conn.fetchval(self.sql[JOB_REPUBLISH_OVERDUE], job_type, after, limit))
+
+    async def job_reconcile_lock(self, conn: Connection, job_type: str) -> bool:
+        """Take ``job_type``'s reconcile lock until the transaction ends; False when another
+        replica holds it (it is reconciling that type right now)."""
+        return bool(await conn.fetchval(self.sql[JOB_RECONCILE_LOCK], job_type))
 
     async def job_delete_expired(self, conn: Connection, *, older_than: float, limit: int) -> int:
         """Delete COMPLETED/CANCELLED jobs finished more than ``older_than`` seconds ago."""

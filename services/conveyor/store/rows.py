@@ -143,3 +143,23 @@ class OutboxRow:
     delay_seconds: int | None
     error: str | None
     attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobTypeDefaults:
+    """A job type as a worker registers it: its handler's defaults."""
+
+    name: str
+    max_retries: int | None = None
+    timeout_seconds: float | None = None
+    retry_delays: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobType:
+    name: str
+    max_retries: int | None
+    timeout_seconds: float | None
+    retry_delays: tuple[int, ...]
+    first_seen: datetime
+    last_seen: datetime
