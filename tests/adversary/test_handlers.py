@@ -36,13 +36,7 @@ CASES = [
     pytest.param("nul_result", marks=_xfail("issue 8.2: a NUL in a result wedges the worker")),
     pytest.param("nul_error", marks=_xfail("issue 8.2: a NUL in an error text wedges the worker")),
     pytest.param("not_json"),
-    pytest.param(
-        "huge_result",
-        marks=_xfail(
-            "issue 8 (harness): a 10 MB result stalls every other outcome write of its worker"
-            " for seconds (no result size limit)"
-        ),
-    ),
+    pytest.param("huge_result"),
     pytest.param(
         "bad_str",
         marks=_xfail(
@@ -68,6 +62,11 @@ CASES = [
     pytest.param("times_out"),
 ]
 FATAL = {"os_exit"}
+# Measured, not asserted, while it misbehaves: a 10 MB result is encoded and written in the
+# worker's outcome batch and stalls every other outcome of that worker (async neighbours at 1.9-3.1
+# jobs/s against 9-10.6 in 3 runs of 4 here), but how long depends on the machine's speed: as a
+# strict xfail it XPASSed on a quieter machine.
+STALLS = {"huge_result"}
 
 
 @pytest.fixture
@@ -115,7 +114,8 @@ def check_case(fig: dict[str, object]) -> None:
     assert row["attempts"] <= (spec.max_retries or 0) + 1, f"over its attempt budget: {row}"
     baseline, during, after = fig["baseline"], fig["during"], fig["after"]
     assert isinstance(baseline, dict) and isinstance(during, dict) and isinstance(after, dict)
-    phases = [("after", after)] if job_type in FATAL else [("during", during), ("after", after)]
+    during_counts = job_type not in FATAL | STALLS
+    phases = [("during", during), ("after", after)] if during_counts else [("after", after)]
     for name, rates in phases:
         for t, rate in rates.items():
             assert rate >= FLOOR * baseline[t], (
