@@ -176,7 +176,14 @@ async def test_dlq_list_redrive_purge(settings: Settings, db_url: str) -> None:
         await wait_for(db_url, failed, statuses=["FAILED"], timeout=20)
         await stack.workers[0].stop(grace=1)
         stack.workers.clear()
-        await asyncio.sleep(0.5)  # let the relay publish the dead-letter copies
+        # the relay has published the three dead-letter copies (its metric, not a sleep)
+        registry = stack.relay.metrics.registry
+        deadline = time.monotonic() + 20
+        while (n := registry.get_sample_value(
+            "conveyor_outbox_published_total", {"destination": "dead"}
+        ) or 0) < 3:  # fmt: skip
+            assert time.monotonic() < deadline, f"{n} dead letters published"
+            await asyncio.sleep(0.02)
         code, out, _ = await _run(["dlq", "list"], env)
         listed = orjson.loads(out)
         assert code == 0 and sorted(d["job_id"] for d in listed) == sorted(failed)

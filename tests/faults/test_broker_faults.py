@@ -5,12 +5,14 @@ reconciler re-publishes what the broker lost, and nothing else."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from conveyor.core.config import Settings
 
+from .. import db as tdb
 from .apps import router
 from .checker import Ledger, check, status_counts
 from .harness import (
@@ -36,6 +38,13 @@ def _total(counter: object, label: str | None = None) -> int:
     )
 
 
+def _completed(settings: Settings, n: int) -> Callable[[], Awaitable[bool]]:
+    async def done() -> bool:
+        return (await status_counts(settings.database_url))["COMPLETED"] >= n
+
+    return done
+
+
 @pytest.fixture
 def rsettings(fsettings: Settings, rabbit: PrivateRabbit) -> Settings:
     return fault_settings(fsettings, amqp_url=rabbit.amqp_url)
@@ -57,12 +66,12 @@ async def test_rabbitmq_restart_and_dropped_connections(
         submitting = asyncio.create_task(
             stack.submit_many(160, "work", lambda i: payload, parallel=8, pace=0.1)
         )
-        await asyncio.sleep(1.0)
+        await wait_until(_completed(rsettings, 20), timeout=30, what="20 jobs done before")
         await asyncio.to_thread(rabbit.restart, 2.0)
         restarted = (await status_counts(rsettings.database_url))["COMPLETED"]
         await submitting
         await stack.submit_many(40, "work", lambda i: payload, parallel=8)
-        await asyncio.sleep(0.5)
+        await wait_until(_completed(rsettings, 170), timeout=60, what="the next batch running")
         await asyncio.to_thread(rabbit.close_all_connections, "fault suite")
         await stack.submit_many(40, "work", lambda i: payload, parallel=8)
         v = await check(rsettings.database_url, stack.accepted, ledger, label="rabbitmq-restart",
@@ -102,7 +111,16 @@ async def test_purged_work_queue_and_retry_pen_are_reconciled(
             return await queue_ready(settings.amqp_url, work_q) == 40
 
         await wait_until(all_queued, timeout=10, what=f"40 messages in {work_q}")
-        await asyncio.sleep(settings.reconcile_after + 2 * settings.reconcile_interval + 0.5)
+        db = await tdb.connect(settings.database_url)
+        try:  # the backlog is overdue (database clock); two one-step passes (the loop runs too)
+            await db.execute(
+                "UPDATE jobs SET updated_at = updated_at - make_interval(secs => $1),"
+                " run_at = run_at - make_interval(secs => $1)",
+                settings.reconcile_after + 1,
+            )
+        finally:
+            await db.close()
+        assert [await stack.sweeper.reconcile() for _ in range(2)] == [0, 0]
         assert _total(metrics, "reconciled") == 0, "the reconciler flooded a healthy backlog"
         assert await queue_ready(settings.amqp_url, work_q) == 40
         # no consumer, and the reconciler is idle while all 40 are ready: the count is exact

@@ -3,7 +3,6 @@ completion, never crash or wedge a worker; malformed messages end in the dead-le
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import uuid
 
@@ -16,7 +15,7 @@ from conveyor.worker import Worker
 from .. import db as tdb
 from .apps import ghost_router, router
 from .checker import Ledger, check
-from .harness import drain, publish_raw, running, topology
+from .harness import drain, publish_raw, running, topology, wait_until
 
 COPIES = 5
 
@@ -114,9 +113,19 @@ async def test_message_for_a_type_this_worker_lacks_leaves_the_job_alone(
             "work",
             [orjson.dumps({"id": job_id, "type": "ghost"})],
         )
-        await asyncio.sleep(1.5)
+        worker = stack.workers[0]
+
+        def dropped() -> float:
+            return sum(
+                s.value
+                for m in worker.metrics.messages_dropped.collect()
+                for s in m.samples
+                if s.name.endswith("_total")
+            )
+
+        await wait_until(lambda: dropped() >= 1, timeout=15, what="the misrouted message dropped")
         body = (await stack.client.get(f"/jobs/{job_id}")).json()
-        print(f"[faults] misrouted ghost job after 1.5 s with a work-only worker: "
+        print(f"[faults] misrouted ghost job once a work-only worker dropped its message: "
               f"status={body['status']} attempts={body['attempts']} "
               f"last_error={(body['last_error'] or '')[:80]!r}")  # fmt: skip
         assert (body["status"], body["attempts"]) == ("PENDING", 0), body

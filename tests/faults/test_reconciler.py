@@ -4,10 +4,10 @@ being consumed, lost nothing, so nothing may be re-published."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import aio_pika
+import asyncpg
 import orjson
 import pytest
 
@@ -26,6 +26,15 @@ from .harness import fault_settings, queue_ready, running, topology, wait_until
 # Regression test for a bug found and fixed: a delivery a worker holds before its claim (waiting
 # for a slot, possible once running jobs' deliveries were acked early) is not 'ready', yet its job
 # is PENDING and overdue: every reconcile pass re-publishes duplicates of those jobs
+
+
+async def _age(db: asyncpg.Connection, seconds: float) -> None:
+    """Time passes for the reconciler: every job was last touched ``seconds`` earlier."""
+    await db.execute(
+        "UPDATE jobs SET updated_at = updated_at - make_interval(secs => $1),"
+        " run_at = run_at - make_interval(secs => $1)",
+        seconds,
+    )
 
 
 def _total(counter: object, label: str | None = None) -> int:
@@ -54,9 +63,9 @@ async def test_reconcile_reads_the_queue_before_counting_jobs(
             return await queue_ready(settings.amqp_url, work_q) == 10
 
         await wait_until(all_queued, timeout=10, what="10 messages queued")
-        await asyncio.sleep(settings.reconcile_after + 0.3)
         amqp = await aio_pika.connect(settings.amqp_url)
         db = await tdb.connect(settings.database_url)
+        await _age(db, settings.reconcile_after + 1)  # overdue, on the database's clock
         sweeper = Sweeper(settings)
         await sweeper.start()
         held: list[aio_pika.abc.AbstractIncomingMessage] = []
@@ -127,7 +136,13 @@ async def test_reconciler_and_a_consumed_backlog(
             return await queue_ready(settings.amqp_url, work_q) == n
 
         await wait_until(all_queued, timeout=10, what="the backlog in its queue")
-        await asyncio.sleep(settings.reconcile_after + 2 * settings.reconcile_interval)
+        db = await tdb.connect(settings.database_url)
+        try:
+            await _age(db, settings.reconcile_after + 1)  # the backlog is overdue
+        finally:
+            await db.close()
+        for _ in range(2):  # two passes of the one-step reconciler (the loop runs too)
+            await stack.sweeper.reconcile()
         idle = _total(metrics, "reconciled")
         await stack.add_worker(router, types=["work"], concurrency=2)
         label = "consumed-backlog" + ("-early-ack" if early_ack else "")

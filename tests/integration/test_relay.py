@@ -113,7 +113,13 @@ async def test_notify_wakes_the_loop(
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
     try:
-        await asyncio.sleep(0.3)
+        # the loop has listened and turned once (``last_ok`` moves), then waits up to 30 s
+        first = relay.last_ok
+        for _ in range(500):
+            if relay.last_ok != first:
+                break
+            await asyncio.sleep(0.01)
+        assert relay.last_ok != first, "the relay loop never turned"
         await enqueue_many(db, [JobSpec("eps")])
         for _ in range(100):
             if await db.fetchval("SELECT count(*) FROM job_outbox") == 0:
