@@ -33,32 +33,18 @@ def _xfail(reason: str) -> pytest.MarkDecorator:
 
 
 CASES = [
-    pytest.param("nul_result", marks=_xfail("issue 8.2: a NUL in a result wedges the worker")),
-    pytest.param("nul_error", marks=_xfail("issue 8.2: a NUL in an error text wedges the worker")),
+    # each was a strict xfail until the worker's fix (issue 8.2, 8.3, 8.4 and the harness's own
+    # findings: an exception whose __str__ raises, SystemExit from a handler)
+    pytest.param("nul_result"),
+    pytest.param("nul_error"),
     pytest.param("not_json"),
     pytest.param("huge_result"),
-    pytest.param(
-        "bad_str",
-        marks=_xfail(
-            "issue 8 (harness): an exception whose __str__ raises leaves its job IN_PROGRESS for"
-            " ever and its slot taken (outcomes.describe raises inside Worker._execute)"
-        ),
-    ),
-    pytest.param("cancelled", marks=_xfail("issue 8.3: a handler's CancelledError is a hot loop")),
-    pytest.param(
-        "system_exit",
-        marks=_xfail(
-            "issue 8 (harness): SystemExit from a handler exits the worker process, abandoning"
-            " every job it runs"
-        ),
-    ),
+    pytest.param("bad_str"),
+    pytest.param("cancelled"),
+    pytest.param("system_exit"),
     pytest.param("os_exit"),
-    pytest.param(
-        "endless_sync", marks=_xfail("issue 8.4: timed-out sync handlers keep their threads")
-    ),
-    pytest.param(
-        "blocks_loop", marks=_xfail("issue 8.8: an async handler that blocks stops the worker")
-    ),
+    pytest.param("endless_sync"),
+    pytest.param("blocks_loop"),
     pytest.param("times_out"),
 ]
 FATAL = {"os_exit"}

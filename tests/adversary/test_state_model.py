@@ -136,11 +136,8 @@ async def _cancelled_then_redriven(ops: StoreOps, *, scheduled: bool) -> str:
     return jobs[job_id].status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8.7 follow-up (store): a redriven cancelled scheduled job becomes SCHEDULED, "
-    "an edge TRANSITIONS lacks (CANCELLED -> SCHEDULED)",
-)
+# Found by the state model (issue 8.7 follow-up): a redriven cancelled scheduled job is
+# SCHEDULED again, an edge TRANSITIONS lacked.
 def test_every_redrive_edge_is_in_transitions(
     store_ops: tuple[asyncio.AbstractEventLoop, StoreOps],
 ) -> None:
@@ -149,11 +146,7 @@ def test_every_redrive_edge_is_in_transitions(
     assert Status(status) in TRANSITIONS[Status.CANCELLED], status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8.7 follow-up (store): a redriven cancelled RETRYING job is SCHEDULED at its "
-    "stale retry time instead of PENDING",
-)
+# Found by the state model: a redriven cancelled RETRYING job waited out its stale backoff.
 def test_a_redriven_retrying_job_runs_now(
     store_ops: tuple[asyncio.AbstractEventLoop, StoreOps],
 ) -> None:

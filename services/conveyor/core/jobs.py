@@ -38,7 +38,8 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.RETRYING: frozenset({Status.IN_PROGRESS, Status.CANCELLED}),
     Status.COMPLETED: frozenset(),
     Status.FAILED: frozenset({Status.PENDING}),
-    Status.CANCELLED: frozenset({Status.PENDING}),
+    # redrive; a cancelled job that never ran keeps its future run_at (SCHEDULED)
+    Status.CANCELLED: frozenset({Status.PENDING, Status.SCHEDULED}),
 }
 
 PRIORITY_NAMES = {"high": 9, "normal": 5, "low": 1}

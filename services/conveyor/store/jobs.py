@@ -79,9 +79,10 @@ RETURNING id
 # still ahead (a cancelled scheduled job) goes back to SCHEDULED with it, and the promoter
 # publishes it when due. ``attempts`` is never reset: it is the fencing token and only grows.
 _REDRIVE_SET = """
-    status = (CASE WHEN status = 'CANCELLED' AND run_at > now() THEN 'SCHEDULED'
-                   ELSE 'PENDING' END)::__schema__.job_status,
-    run_at = CASE WHEN status = 'CANCELLED' AND run_at > now() THEN run_at END,
+    status = (CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
+                   THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
+    run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
+                  THEN run_at END,
     retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
     updated_at = now()
 """
@@ -174,8 +175,9 @@ class JobStatements(Statements):
         return await conn.fetchval(self.sql[JOB_CANCEL], job_id) is not None
 
     async def job_redrive(self, conn: Connection, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-        """FAILED or CANCELLED jobs back to PENDING (SCHEDULED when a cancelled job's ``run_at``
-        is still ahead). Returns the ids redriven."""
+        """FAILED or CANCELLED jobs back to PENDING; a cancelled job that never ran and whose
+        ``run_at`` is still ahead keeps its schedule (SCHEDULED). A cancelled retry's ``run_at``
+        is a backoff, not a schedule: it runs now. Returns the ids redriven."""
         return [r["id"] for r in await conn.fetch(self.sql[JOB_REDRIVE], list(ids))]
 
     async def job_redrive_failed(
