@@ -68,7 +68,7 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     from . import services
 
     settings = _settings()
-    services.run(lambda stop: services.run_sweeper(settings, stop))
+    services.run(lambda stop: services.run_sweeper(settings, stop, health_port=args.health_port))
     return 0
 
 
@@ -221,7 +221,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from .core.amqp.topology import Topology, connect
+    from .broker.inspect import Inspector
+    from .broker.topology import Topology
     from .core.db.connect import create_pool
     from .maintenance import deadletters as dl
 
@@ -234,26 +235,25 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         return 2
 
     async def go() -> int:
-        connection = await connect(settings.amqp_url, name="conveyor-dlq")
+        inspector = Inspector(settings.amqp_url, Topology(settings.namespace), name="conveyor-dlq")
         pool = await create_pool(settings.database_url, application_name="conveyor-dlq", max_size=2)
         try:
-            topology = Topology(settings.namespace)
             if args.action == "list":
-                seen = await dl.scan(connection, pool, topology, lambda _: "keep", limit=args.limit)
+                seen = await dl.scan(inspector, pool, lambda _: "keep", limit=args.limit)
                 _print([d.as_dict() for d, _ in seen])
                 return 0
             match = dl.selector(ids, args.type, args.all)
             decide = (
                 dl.redrive_decision(match) if args.action == "redrive" else dl.purge_decision(match)
             )
-            seen = await dl.scan(connection, pool, topology, decide)
+            seen = await dl.scan(inspector, pool, decide)
             summary: dict[str, int] = {}
             for _, decision in seen:
                 summary[decision] = summary.get(decision, 0) + 1
             _print({"scanned": len(seen), **summary})
             return 0
         finally:
-            await connection.close()
+            await inspector.close()
             await pool.close()
 
     return asyncio.run(go())
@@ -291,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_publisher)
 
     s = sub.add_parser("sweeper", help="run only the maintenance duties")
+    s.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /healthz (503 when a duty has not completed a pass within its interval "
+        "plus CONVEYOR_MAINTENANCE_DEADLINE), /readyz and /metrics",
+    )
     s.set_defaults(func=cmd_sweeper)
 
     s = sub.add_parser("worker", help="run the handlers registered on a JobRouter")

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
 
 from .checks import by_kind, settings_namespace, worker_types, workers
 from .kustomize import Doc

@@ -241,6 +241,29 @@ SELECT id FROM r
 """,
 )
 
+# A dead letter's redrive, fenced by the attempt it recorded: only a job still FAILED at that
+# attempt is revived, never one redriven since (and then cancelled, or failed again later).
+JOB_REDRIVE_FENCED = _stmt(
+    "job_redrive_fenced",
+    """
+WITH r AS (
+    UPDATE jobs j SET status = 'PENDING', retry_count = 0, cancel_requested = false,
+        result = NULL, finished_at = NULL, run_at = NULL, updated_at = now()
+    FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
+    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'FAILED'
+    RETURNING j.id, j.job_type, j.priority
+), ob AS (
+    INSERT INTO job_outbox (job_id, job_type, priority) SELECT id, job_type, priority FROM r
+)
+SELECT id FROM r
+""",
+)
+
+JOB_FENCE_MANY = _stmt(
+    "job_fence_many",
+    "SELECT id, status::text AS status, attempts FROM jobs WHERE id = ANY($1::uuid[])",
+)
+
 JOB_STATUS_MANY = _stmt(
     "job_status_many",
     "SELECT id, status::text AS status FROM jobs WHERE id = ANY($1::uuid[])",
@@ -347,13 +370,23 @@ DELETE FROM jobs j USING d WHERE j.id = d.id
 # The relay takes a batch in one statement: the rows are deleted inside the relay's open
 # transaction, which commits only after every publish is confirmed. A crash before the commit
 # rolls the delete back (the rows are published again: duplicates, never losses); rows whose
-# publish failed are put back with ``outbox_restore`` before the commit.
+# publish failed are put back with ``outbox_restore`` before the commit. Rows of job types ($2)
+# and retry pens ($3) whose declaration the broker refuses stay where they are meanwhile. A dead
+# letter carries the attempt that failed (a FAILED job's ``attempts`` only changes after a
+# redrive), so redriving it is fenced by that attempt.
 OUTBOX_TAKE_BATCH = _stmt(
     "outbox_take_batch",
     """
 DELETE FROM job_outbox
-WHERE id IN (SELECT id FROM job_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, job_id, job_type, priority, destination, delay_seconds, error
+WHERE id IN (
+    SELECT id FROM job_outbox
+    WHERE job_type <> ALL($2::text[])
+      AND (destination <> 'retry' OR delay_seconds <> ALL($3::int4[]))
+    ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+RETURNING id, job_id, job_type, priority, destination, delay_seconds, error,
+    CASE WHEN destination = 'dead'
+         THEN (SELECT attempts FROM jobs j WHERE j.id = job_outbox.job_id) END AS attempt
 """,
 )
 
@@ -437,6 +470,21 @@ async def job_redrive(conn: Connection, ids: Sequence[uuid.UUID]) -> list[uuid.U
 
 async def job_status_many(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Status]:
     return {r["id"]: Status(r["status"]) for r in await conn.fetch(JOB_STATUS_MANY, list(ids))}
+
+
+async def job_redrive_fenced(
+    conn: Connection, items: Sequence[tuple[uuid.UUID, int]]
+) -> list[uuid.UUID]:
+    rows = await conn.fetch(JOB_REDRIVE_FENCED, [i for i, _ in items], [a for _, a in items])
+    return [r["id"] for r in rows]
+
+
+async def job_fence_many(
+    conn: Connection, ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, tuple[Status, int]]:
+    """id → (status, attempts)."""
+    rows = await conn.fetch(JOB_FENCE_MANY, list(ids))
+    return {r["id"]: (Status(r["status"]), r["attempts"]) for r in rows}
 
 
 async def outbox_notify(conn: Connection) -> None:
