@@ -124,3 +124,57 @@ async def test_notify_wakes_the_loop(
         stop.set()
         await task
         await relay.close()
+
+
+async def test_a_queue_that_cannot_be_declared_holds_back_only_its_own_type(
+    settings: Settings,
+    db: asyncpg.Connection,
+    amqp: aio_pika.abc.AbstractRobustConnection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 8 item 5: ``<ns>.queue.broken`` already exists with other arguments (made by hand
+    here, as an older deployment would have). Every other type's rows publish; the broken
+    type's rows stay in the outbox and are retried with backoff; a log line and a metric name
+    the queue and the broker's reason."""
+    t = Topology(settings.namespace)
+    ch = await amqp.channel()
+    await ch.declare_queue(t.work_queue("broken"), durable=True, arguments={"x-max-priority": 3})
+    await enqueue_many(db, [JobSpec("broken"), JobSpec("fine"), JobSpec("broken"), JobSpec("ok")])
+    now = [1000.0]
+    relay = Relay(settings)
+    relay.publisher.clock = lambda: now[0]
+    await relay.start()
+    try:
+        assert await relay.run_once() == 2
+        waiting = await db.fetch("SELECT job_type FROM job_outbox")
+        assert [r["job_type"] for r in waiting] == ["broken", "broken"]  # kept, never lost
+        assert len(await _drain(ch, t.work_queue("fine"))) == 1
+        assert len(await _drain(ch, t.work_queue("ok"))) == 1
+        failed = relay.metrics.declare_failed.labels(
+            t.work_queue("broken"), "ChannelPreconditionFailed"
+        )
+        assert failed._value.get() == 1
+        [line] = [r for r in caplog.records if r.getMessage() == "queue_declare_failed"]
+        fields = line.fields  # type: ignore[attr-defined]
+        assert (
+            fields["queue"] == t.work_queue("broken") and "PRECONDITION_FAILED" in fields["reason"]
+        )
+        # while its backoff runs the type is left alone; other types keep flowing
+        await enqueue_many(db, [JobSpec("fine")])
+        assert await relay.run_once() == 1
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 2
+        assert failed._value.get() == 1
+        # the next try fails again: the backoff doubles
+        now[0] += 1.1
+        assert await relay.run_once() == 0
+        assert failed._value.get() == 2
+        now[0] += 1.1
+        assert relay.publisher.blocked() == (["broken"], [])
+        # an operator removes the stale queue: the rows flow at the next try
+        await ch.queue_delete(t.work_queue("broken"))
+        now[0] += 1.0
+        assert await relay.run_once() == 2
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0
+        assert len(await _drain(ch, t.work_queue("broken"))) == 2
+    finally:
+        await relay.close()

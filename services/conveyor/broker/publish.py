@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,6 +86,7 @@ class Publisher:
         name: str = "conveyor-publisher",
         publish_timeout: float = 10.0,
         declare_backoff: tuple[float, float] = (1.0, 60.0),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
         self.topology = topology
@@ -93,6 +94,7 @@ class Publisher:
         self.name = name
         self.publish_timeout = publish_timeout
         self.declare_backoff = declare_backoff
+        self.clock = clock
         self.connection: AbstractRobustConnection | None = None
         self.channel: AbstractChannel | None = None
         self._declare_channel: AbstractChannel | None = None
@@ -125,7 +127,7 @@ class Publisher:
 
     def blocked(self) -> tuple[list[str], list[int]]:
         """Job types and pen delays whose declaration failed and waits for its next try."""
-        now = time.monotonic()
+        now = self.clock()
         waiting = [k for k, f in self._failing.items() if f.until > now]
         return (
             [str(v) for kind, v in waiting if kind == "work"],
@@ -192,7 +194,7 @@ class Publisher:
             if row.destination == "retry":
                 needed[("pen", row.delay_seconds or 0)] = None
         refused: dict[DeclKey, DeclarationFailed] = {}
-        now = time.monotonic()
+        now = self.clock()
         for key in needed:
             if key in self._declared:
                 continue
@@ -236,7 +238,7 @@ class Publisher:
         base, cap = self.declare_backoff
         delay = min(cap, base * 2 ** (failures - 1))
         error = DeclarationFailed(name, reason)
-        self._failing[key] = _Failing(name, error, failures, time.monotonic() + delay)
+        self._failing[key] = _Failing(name, error, failures, self.clock() + delay)
         self.metrics.declare_failed.labels(name, type(exc).__name__).inc()
         event(log, "queue_declare_failed", logging.ERROR, queue=name, reason=reason,
               failures=failures, retry_in=round(delay, 1))  # fmt: skip
