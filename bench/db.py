@@ -4,6 +4,7 @@ own clock."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -79,15 +80,24 @@ async def recreate_database(url: str) -> None:
 class Db:
     """One connection for the harness's polls and measurements."""
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, schema: str) -> None:
         self.conn = conn
+        self.schema = schema
 
     @classmethod
     async def connect(cls, url: str) -> Db:
+        """The harness's SQL names no schema: its connection's search_path starts with
+        Conveyor's (``CONVEYOR_DB_SCHEMA``). Conveyor's own code never relies on that."""
+        schema = os.environ.get("CONVEYOR_DB_SCHEMA", "conveyor")
         conn = await asyncpg.connect(
-            url, timeout=10, server_settings={"application_name": "conveyor-bench"}
+            url,
+            timeout=10,
+            server_settings={
+                "application_name": "conveyor-bench",
+                "search_path": f"{schema}, public",
+            },
         )
-        return cls(conn)
+        return cls(conn, schema)
 
     async def close(self) -> None:
         await self.conn.close()
@@ -114,7 +124,7 @@ class Db:
         publisher at commit as ``conveyor.enqueue_many`` does (``pg_notify``)."""
         async with self.conn.transaction():
             await self.conn.execute(INSERT_JOBS_WITH_OUTBOX, n)
-            await self.conn.execute("SELECT pg_notify('conveyor_outbox', '')")
+            await self.conn.execute("SELECT pg_notify($1, '')", f"{self.schema}_outbox")
 
     async def backfill(self, n: int) -> None:
         await self.conn.execute(INSERT_BACKFILL, n, timeout=600)

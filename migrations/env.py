@@ -1,15 +1,21 @@
 """Alembic environment: async engine on asyncpg; the URL comes from the config attribute
-``sqlalchemy.url`` (set by ``conveyor migrate``) or ``CONVEYOR_DATABASE_URL``."""
+``sqlalchemy.url`` (set by ``conveyor migrate``) or ``CONVEYOR_DATABASE_URL``; the schema from
+the option ``conveyor_schema`` or ``CONVEYOR_DB_SCHEMA`` (default ``conveyor``). Alembic's version
+table lives in that schema, beside Conveyor's tables, so an application's own Alembic history in
+``public`` stays out of Conveyor's way (and Conveyor out of its)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from conveyor.core.db.schema import metadata
+from conveyor.store.legacy import prepare
+from conveyor.store.migrate import SCHEMA_OPTION
+from conveyor.store.schema import DEFAULT_SCHEMA, VERSION_TABLE, metadata_for
 
 config = context.config
 
@@ -21,21 +27,45 @@ def _url() -> str:
     return url.replace("postgresql://", "postgresql+asyncpg://", 1)
 
 
-def _run(connection: object) -> None:
-    context.configure(connection=connection, target_metadata=metadata, compare_type=True)
+def _schema() -> str:
+    return config.get_main_option(SCHEMA_OPTION) or os.environ.get(
+        "CONVEYOR_DB_SCHEMA", DEFAULT_SCHEMA
+    )
+
+
+def _options(schema: str) -> dict[str, Any]:
+    def include_name(name: str | None, type_: str, _parent: Any) -> bool:
+        return type_ != "schema" or name == schema
+
+    return {
+        "target_metadata": metadata_for(schema),
+        "compare_type": True,
+        "version_table": VERSION_TABLE,
+        "version_table_schema": schema,
+        "include_schemas": True,
+        "include_name": include_name,
+    }
+
+
+def _run(connection: Any) -> None:
+    schema = _schema()
+    context.configure(connection=connection, **_options(schema))
     with context.begin_transaction():
+        prepare(connection, schema)
         context.run_migrations()
 
 
 async def _online() -> None:
     engine = create_async_engine(_url())
-    async with engine.connect() as conn:
-        await conn.run_sync(_run)
-    await engine.dispose()
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(_run)
+    finally:
+        await engine.dispose()
 
 
 if context.is_offline_mode():
-    context.configure(url=_url(), target_metadata=metadata, literal_binds=True)
+    context.configure(url=_url(), literal_binds=True, **_options(_schema()))
     with context.begin_transaction():
         context.run_migrations()
 else:

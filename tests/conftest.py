@@ -17,9 +17,10 @@ import asyncpg
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.core.db.connect import with_database
-from conveyor.core.db.migrate import upgrade
+from conveyor.store.connect import with_database
+from conveyor.store.migrate import upgrade
 
+from . import db as tdb
 from .services import Endpoints, locate
 
 RUN_ID = uuid.uuid4().hex[:8]
@@ -145,7 +146,8 @@ def settings(db_url: str, endpoints: Endpoints, namespace: str) -> Settings:
 
 @pytest.fixture
 async def db(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(db_url)
+    """A connection for raw SQL in tests (``search_path`` starts with Conveyor's schema)."""
+    conn = await tdb.connect(db_url)
     yield conn
     await conn.close()
 

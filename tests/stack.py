@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import asyncpg
 import httpx
 
 from conveyor import JobRouter
@@ -21,6 +20,8 @@ from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
 from conveyor.services import api_server, serve_api
 from conveyor.worker.consumer import Worker
+
+from . import db as tdb
 
 S = TypeVar("S", bound="Stack")
 
@@ -64,11 +65,12 @@ async def wait_for(
     ids: Iterable[str | uuid.UUID],
     statuses: Iterable[str] = TERMINAL,
     timeout: float = 30.0,
+    schema: str = tdb.SCHEMA,
 ) -> dict[uuid.UUID, str]:
     """Poll PostgreSQL until every job is in one of ``statuses``; returns id → status."""
     wanted = [uuid.UUID(str(i)) for i in ids]
     accept = set(statuses)
-    conn = await asyncpg.connect(db_url)
+    conn = await tdb.connect(db_url, schema=schema)
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -28,17 +28,24 @@ def _print(data: Any) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from .core.db.connect import database_name
-    from .core.db.migrate import migrate
+    from .store.connect import database_name
+    from .store.legacy import MigrationError
+    from .store.migrate import migrate
 
     settings = _settings()
     try:
-        created = migrate(settings.database_url)
+        created = migrate(settings.database_url, schema=settings.db_schema)
     except OSError as exc:
         print(f"conveyor migrate: cannot reach PostgreSQL: {exc}", file=sys.stderr)
         return 2
+    except MigrationError as exc:
+        print(f"conveyor migrate: {exc}", file=sys.stderr)
+        return 1
     name = database_name(settings.database_url)
-    print(f"database {name!r} {'created and ' if created else ''}migrated to head")
+    print(
+        f"database {name!r} {'created and ' if created else ''}migrated to head "
+        f"(schema {settings.db_schema!r})"
+    )
     return 0
 
 
@@ -113,7 +120,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
-    from .core.db.migrate import migrate
+    from .store.legacy import MigrationError
+    from .store.migrate import migrate
     from .worker.consumer import Worker
 
     settings = _settings()
@@ -122,7 +130,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if problem:
         print(f"conveyor dev: {problem}", file=sys.stderr)
         return 2
-    migrate(settings.database_url)
+    try:
+        migrate(settings.database_url, schema=settings.db_schema)
+    except MigrationError as exc:
+        print(f"conveyor dev: {exc}", file=sys.stderr)
+        return 1
     server = services.api_server(settings, args.host, args.port)
     worker = Worker(settings, router, concurrency=args.concurrency)
     first = router.types[0]
@@ -162,21 +174,24 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 async def _with_pool(fn: Any) -> Any:
-    import asyncpg
+    from .store.connect import create_pool
 
     settings = _settings()
-    conn = await asyncpg.connect(settings.database_url, timeout=5)
+    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
     try:
-        return await fn(conn)
+        async with pool.acquire() as conn:
+            return await fn(conn)
     finally:
-        await conn.close()
+        await pool.close()
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from .api.models import JobResource
-    from .core.db import store
+    from .store import JobRow, for_schema
 
-    def resource(row: Any) -> dict[str, Any]:
+    store = for_schema(_settings().db_schema)
+
+    def resource(row: JobRow) -> dict[str, Any]:
         return JobResource.from_row(row).model_dump(mode="json")
 
     async def go(conn: Any) -> int:
@@ -185,8 +200,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 conn, job_type=args.type, status=args.status, after=None, limit=args.limit
             )
             for r in rows:
-                print(f"{r['id']}  {r['job_type']:<24} {r['status']:<12} attempts={r['attempts']}"
-                      f"  created={r['created_at']:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+                print(f"{r.id}  {r.job_type:<24} {r.status:<12} attempts={r.attempts}"
+                      f"  created={r.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
             return 0
         job_id = uuid.UUID(args.id)
         if args.action == "show":
@@ -196,7 +211,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 ok = await store.job_cancel(conn, job_id)
                 row = await store.job_get(conn, job_id)
             if row is not None and not ok:
-                print(f"job {job_id} is {row['status']}: nothing to cancel", file=sys.stderr)
+                print(f"job {job_id} is {row.status}: nothing to cancel", file=sys.stderr)
                 return 1
         else:  # retry
             async with conn.transaction():
@@ -204,7 +219,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 await store.outbox_notify(conn)
                 row = await store.job_get(conn, job_id)
             if row is not None and not ok:
-                print(f"job {job_id} is {row['status']}: only FAILED or CANCELLED jobs can be "
+                print(f"job {job_id} is {row.status}: only FAILED or CANCELLED jobs can be "
                       "retried", file=sys.stderr)  # fmt: skip
                 return 1
         if row is None:
@@ -223,8 +238,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_dlq(args: argparse.Namespace) -> int:
     from .broker.inspect import Inspector
     from .broker.topology import Topology
-    from .core.db.connect import create_pool
     from .maintenance import deadletters as dl
+    from .store import for_schema
+    from .store.connect import create_pool
 
     settings = _settings()
     ids = {uuid.UUID(i) for i in (args.id or [])} if args.action != "list" else set()
@@ -238,15 +254,16 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         inspector = Inspector(settings.amqp_url, Topology(settings.namespace), name="conveyor-dlq")
         pool = await create_pool(settings.database_url, application_name="conveyor-dlq", max_size=2)
         try:
+            store = for_schema(settings.db_schema)
             if args.action == "list":
-                seen = await dl.scan(inspector, pool, lambda _: "keep", limit=args.limit)
+                seen = await dl.scan(inspector, pool, store, lambda _: "keep", limit=args.limit)
                 _print([d.as_dict() for d, _ in seen])
                 return 0
             match = dl.selector(ids, args.type, args.all)
             decide = (
                 dl.redrive_decision(match) if args.action == "redrive" else dl.purge_decision(match)
             )
-            seen = await dl.scan(inspector, pool, decide)
+            seen = await dl.scan(inspector, pool, store, decide)
             summary: dict[str, int] = {}
             for _, decision in seen:
                 summary[decision] = summary.get(decision, 0) + 1

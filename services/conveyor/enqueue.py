@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,9 +15,10 @@ from typing import Any
 
 import orjson
 
-from .core.db import store
 from .core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
 from .core.jobs import check_type, new_job_id, parse_priority
+from .store import NewJob, Store, for_schema
+from .store.schema import DEFAULT_SCHEMA
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024
 MAX_DELAY_SECONDS = 10 * 365 * 86400
@@ -41,7 +43,7 @@ def build_job(
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
     request_hash: str | None = None,
-) -> store.NewJob:
+) -> NewJob:
     """Validate ``spec`` and turn it into a row. Raises ``InvalidJob`` / ``PayloadTooLarge``."""
     check_type(spec.type)
     payload = {} if spec.payload is None else spec.payload
@@ -75,7 +77,7 @@ def build_job(
         raise InvalidJob("an idempotency key must be 1 to 255 characters")
     if spec.idempotency_key is not None and request_hash is None:
         request_hash = spec_hash(spec)
-    return store.NewJob(
+    return NewJob(
         id=new_job_id(),
         job_type=spec.type,
         payload_json=payload_json,
@@ -134,28 +136,36 @@ async def enqueue(
     run_at: datetime | None = None,
     delay_seconds: float | None = None,
     idempotency_key: str | None = None,
+    schema: str | None = None,
 ) -> uuid.UUID:
     """Enqueue one job on ``conn``, joining its transaction. Returns the job id (for an
-    idempotency key seen before with the same arguments, the existing job's id)."""
+    idempotency key seen before with the same arguments, the existing job's id). ``schema``:
+    Conveyor's PostgreSQL schema (default ``CONVEYOR_DB_SCHEMA``, else ``conveyor``)."""
     spec = JobSpec(
         job_type, payload, priority, max_retries, timeout_seconds, run_at, delay_seconds,
         idempotency_key,
     )  # fmt: skip
-    return (await enqueue_many(conn, [spec]))[0]
+    return (await enqueue_many(conn, [spec], schema=schema))[0]
+
+
+def _store(schema: str | None) -> Store:
+    """Every statement names the schema: the caller's connection keeps its own search_path."""
+    return for_schema(schema or os.environ.get("CONVEYOR_DB_SCHEMA") or DEFAULT_SCHEMA)
 
 
 async def enqueue_many(
-    conn: Any, specs: Sequence[JobSpec], *, notify: bool = True
+    conn: Any, specs: Sequence[JobSpec], *, notify: bool = True, schema: str | None = None
 ) -> list[uuid.UUID]:
     """Enqueue several jobs in one statement on ``conn`` (the caller's transaction).
 
     ``notify`` wakes the publishers at commit (``pg_notify``); at very high enqueue rates from
     many concurrent transactions pass ``notify=False`` and rely on the relay's polling, since
     NOTIFY serialises commits."""
+    store = _store(schema)
     raw = await _raw_connection(conn)
     rows = [build_job(s) for s in specs]
     inserted = await store.job_insert_many(raw, rows)
-    if notify and any(r["status"] == "PENDING" for r in inserted.values()):
+    if notify and any(r.status == "PENDING" for r in inserted.values()):
         await store.outbox_notify(raw)  # delivered when the caller's transaction commits
     out: list[uuid.UUID] = []
     for row in rows:
@@ -166,9 +176,9 @@ async def enqueue_many(
         existing = await store.job_get_by_idempotency_key(raw, row.idempotency_key)
         if existing is None:  # pragma: no cover - a conflict implies the row exists
             raise IdempotencyConflict("idempotency key vanished during insert")
-        if existing["request_hash"] != row.request_hash:
+        if existing.request_hash != row.request_hash:
             raise IdempotencyConflict(
                 f"idempotency key {row.idempotency_key!r} was used with different arguments"
             )
-        out.append(existing["id"])
+        out.append(existing.id)
     return out

@@ -193,14 +193,11 @@ async def _start_with_retry(
 
 async def preflight(settings: Settings) -> str | None:
     """One clear line when PostgreSQL or RabbitMQ cannot be reached, else None."""
-    import asyncpg
-
     from .broker.topology import reachable
-    from .core.db.connect import with_database
+    from .store.connect import check_server
 
     try:  # the server, not the database: `conveyor migrate` creates that
-        conn = await asyncpg.connect(with_database(settings.database_url, "postgres"), timeout=3)
-        await conn.close()
+        await check_server(settings.database_url, timeout=3)
     except Exception as exc:
         return (
             f"Cannot reach PostgreSQL at {_safe(settings.database_url)} ({type(exc).__name__}). "

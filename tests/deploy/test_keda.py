@@ -15,7 +15,7 @@ from .keda_checks import keda_problems, scaling_matches_worker_problems
 from .kustomize import Doc
 
 POSTGRESQL_QUERY = (
-    "SELECT count(*) FROM jobs WHERE job_type = 'send_email' "
+    "SELECT count(*) FROM conveyor.jobs WHERE job_type = 'send_email' "
     "AND status IN ('PENDING','IN_PROGRESS')"
 )
 

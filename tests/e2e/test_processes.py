@@ -13,7 +13,6 @@ import time
 import uuid
 from pathlib import Path
 
-import asyncpg
 import httpx
 import orjson
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from conveyor.core.config import Settings
 
 from .. import apps
+from .. import db as tdb
 from ..stack import free_port, running_stack, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +140,7 @@ async def test_sigterm_hands_back_what_cannot_finish(settings: Settings, db_url:
         await wait_for(db_url, [job_id], statuses=["IN_PROGRESS"], timeout=20)
         worker.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(worker.wait(), 20) == 0
-        conn = await asyncpg.connect(db_url)
+        conn = await tdb.connect(db_url)
         row = await conn.fetchrow(
             "SELECT status::text, retry_count FROM jobs WHERE id = $1", uuid.UUID(job_id)
         )
@@ -186,7 +186,7 @@ async def test_dlq_list_redrive_purge(settings: Settings, db_url: str) -> None:
         assert (await stack.client.post(f"/jobs/{failed[0]}/retry")).status_code == 200
         code, out, _ = await _run(["dlq", "redrive", "--id", failed[1]], env)
         assert orjson.loads(out) == {"scanned": 3, "drop": 1, "redrive": 1, "keep": 1}
-        conn = await asyncpg.connect(db_url)
+        conn = await tdb.connect(db_url)
         try:
             rows = await conn.fetch("SELECT id::text, status::text, attempts FROM jobs")
         finally:
@@ -236,7 +236,7 @@ async def test_publisher_and_api_probe_and_shut_down_cleanly(settings: Settings)
             assert "conveyor_outbox_published" in metrics.text
             job = await client.post(f"http://127.0.0.1:{api_port}/jobs", json={"type": "noop"})
             assert job.status_code == 201
-            conn = await asyncpg.connect(settings.database_url)
+            conn = await tdb.connect(settings.database_url)
             try:
                 for _ in range(100):
                     if await conn.fetchval("SELECT count(*) FROM job_outbox") == 0:

@@ -34,10 +34,12 @@ from typing import Any
 import asyncpg
 import orjson
 
+from .. import db as tdb
+
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 
 AUDIT_SQL = """
-CREATE TABLE IF NOT EXISTS fault_audit (
+CREATE TABLE IF NOT EXISTS public.fault_audit (
     seq bigserial PRIMARY KEY,
     job_id uuid NOT NULL,
     old_status text,
@@ -49,11 +51,11 @@ CREATE TABLE IF NOT EXISTS fault_audit (
 CREATE OR REPLACE FUNCTION fault_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO fault_audit (job_id, old_status, new_status, attempts, result)
+        INSERT INTO public.fault_audit (job_id, old_status, new_status, attempts, result)
         VALUES (NEW.id, NULL, NEW.status::text, NEW.attempts, NEW.result);
     ELSIF NEW.status IS DISTINCT FROM OLD.status OR NEW.attempts IS DISTINCT FROM OLD.attempts
           OR NEW.result IS DISTINCT FROM OLD.result THEN
-        INSERT INTO fault_audit (job_id, old_status, new_status, attempts, result)
+        INSERT INTO public.fault_audit (job_id, old_status, new_status, attempts, result)
         VALUES (NEW.id, OLD.status::text, NEW.status::text, NEW.attempts, NEW.result);
     END IF;
     RETURN NULL;
@@ -68,7 +70,7 @@ VERDICTS: list[Verdict] = []
 
 
 async def install_audit(db_url: str) -> None:
-    conn = await asyncpg.connect(db_url, timeout=10)
+    conn = await tdb.connect(db_url, timeout=10)
     try:
         await conn.execute(AUDIT_SQL)
     finally:
@@ -153,7 +155,7 @@ async def _snapshot(conn: asyncpg.Connection) -> tuple[dict[uuid.UUID, Any], int
 
 
 async def status_counts(db_url: str) -> Counter[str]:
-    conn = await asyncpg.connect(db_url, timeout=10)
+    conn = await tdb.connect(db_url, timeout=10)
     try:
         rows = await conn.fetch("SELECT status::text AS s, count(*) AS n FROM jobs GROUP BY 1")
     finally:
@@ -167,7 +169,7 @@ async def settle(db_url: str, accepted: Iterable[str | uuid.UUID], *, timeout: f
     wrong)."""
     wanted = {uuid.UUID(str(i)) for i in accepted}
     started = time.monotonic()
-    conn = await asyncpg.connect(db_url, timeout=10)
+    conn = await tdb.connect(db_url, timeout=10)
     try:
         while True:
             try:
@@ -175,7 +177,7 @@ async def settle(db_url: str, accepted: Iterable[str | uuid.UUID], *, timeout: f
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await conn.close()
                 await asyncio.sleep(0.5)
-                conn = await asyncpg.connect(db_url, timeout=10)
+                conn = await tdb.connect(db_url, timeout=10)
                 continue
             done = (
                 outbox == 0
@@ -204,7 +206,7 @@ async def check(
     v = Verdict(label, accepted=len(set(accepted_ids)))
     v.waited = await settle(db_url, accepted_ids, timeout=timeout)
     await asyncio.sleep(quiet)
-    conn = await asyncpg.connect(db_url, timeout=10)
+    conn = await tdb.connect(db_url, timeout=10)
     try:
         jobs, v.outbox_left = await _snapshot(conn)
         audit = await conn.fetch(

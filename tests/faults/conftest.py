@@ -16,8 +16,8 @@ import asyncpg
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.core.db.connect import ensure_database
-from conveyor.core.db.migrate import upgrade
+from conveyor.store.connect import ensure_database
+from conveyor.store.migrate import upgrade
 
 from .checker import VERDICTS, Ledger, install_audit
 from .harness import LIVE, fault_settings

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import uuid
 
-import asyncpg
-
 from conveyor import enqueue
 from conveyor.core.config import Settings
 
+from .. import db as tdb
 from .checker import Ledger, check
 
 
 async def test_checker_counts_lost_stuck_and_double_completed(
     fsettings: Settings, ledger: Ledger
 ) -> None:
-    conn = await asyncpg.connect(fsettings.database_url)
+    conn = await tdb.connect(fsettings.database_url)
     try:
         async with conn.transaction():
             done = await enqueue(conn, "work", {"ledger": str(ledger)})

@@ -9,12 +9,12 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 
-import asyncpg
 import pytest
 
 from conveyor.core.config import Settings
 
 from .. import apps
+from .. import db as tdb
 from ..stack import running_stack, wait_for
 from .infra import PrivateRabbit
 
@@ -48,7 +48,7 @@ async def test_job_longer_than_consumer_timeout_completes_once(
         # the worker still consumes after the broker's timeout check ran
         probe = await stack.submit("noop")
         await wait_for(db_url, [probe], timeout=20)
-    conn = await asyncpg.connect(db_url)
+    conn = await tdb.connect(db_url)
     try:
         row = await conn.fetchrow(
             "SELECT status::text, attempts, result::text FROM jobs WHERE id = $1",

@@ -7,13 +7,13 @@ import asyncio
 import itertools
 import uuid
 
-import asyncpg
 import orjson
 
 from conveyor import enqueue
 from conveyor.core.config import Settings
 from conveyor.worker.consumer import Worker
 
+from .. import db as tdb
 from .apps import ghost_router, router
 from .checker import Ledger, check
 from .harness import drain, publish_raw, running, topology
@@ -157,7 +157,7 @@ class FakeDelivery:
 async def test_duplicates_within_one_batch_are_counted(fsettings: Settings, ledger: Ledger) -> None:
     """Three deliveries of one PENDING job reach the claim together: one runs, two are
     acknowledged as duplicates — and counted as such."""
-    conn = await asyncpg.connect(fsettings.database_url)
+    conn = await tdb.connect(fsettings.database_url)
     try:
         async with conn.transaction():
             job_id = await enqueue(conn, "work", {"ledger": str(ledger)})

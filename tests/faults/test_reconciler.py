@@ -8,13 +8,13 @@ import asyncio
 import uuid
 
 import aio_pika
-import asyncpg
 import orjson
 import pytest
 
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 
+from .. import db as tdb
 from .apps import router
 from .checker import Ledger, check
 from .harness import fault_settings, queue_ready, running, topology, wait_until
@@ -56,7 +56,7 @@ async def test_reconcile_reads_the_queue_before_counting_jobs(
         await wait_until(all_queued, timeout=10, what="10 messages queued")
         await asyncio.sleep(settings.reconcile_after + 0.3)
         amqp = await aio_pika.connect(settings.amqp_url)
-        db = await asyncpg.connect(settings.database_url)
+        db = await tdb.connect(settings.database_url)
         sweeper = Sweeper(settings)
         await sweeper.start()
         held: list[aio_pika.abc.AbstractIncomingMessage] = []

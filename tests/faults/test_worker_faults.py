@@ -17,13 +17,14 @@ import pytest
 
 from conveyor.core.config import Settings
 
+from .. import db as tdb
 from .apps import router
 from .checker import Ledger, check, status_counts
 from .harness import WorkerFleet, drain, running, topology, wait_until, worker_proc
 
 
 async def _rows(db_url: str, ids: list[str]) -> dict[str, asyncpg.Record]:
-    conn = await asyncpg.connect(db_url, timeout=10)
+    conn = await tdb.connect(db_url, timeout=10)
     try:
         rows = await conn.fetch(
             "SELECT id, status::text AS status, attempts, retry_count, last_error FROM jobs"

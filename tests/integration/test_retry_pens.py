@@ -7,13 +7,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 
 from conveyor import Job, JobRouter
 from conveyor.core.config import Settings
 from conveyor.publisher.relay import Relay
 
+from .. import db as tdb
 from ..faults.checker import install_audit
 from ..stack import running_stack, wait_for
 from .broker_state import (
@@ -52,7 +52,7 @@ async def audited(settings: Settings) -> AsyncIterator[Settings]:
 async def _gaps(db_url: str, job_id: str) -> list[float]:
     """Seconds from each failed attempt (→ RETRYING) to the next claim (→ IN_PROGRESS), from
     the audit trigger's ``clock_timestamp()``."""
-    conn = await asyncpg.connect(db_url)
+    conn = await tdb.connect(db_url)
     try:
         rows = await conn.fetch(
             "SELECT new_status, attempts, at FROM fault_audit WHERE job_id = $1 ORDER BY seq",

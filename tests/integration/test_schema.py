@@ -11,12 +11,14 @@ import uuid
 import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from conveyor.core.db import store
-from conveyor.core.db.connect import with_database
-from conveyor.core.db.schema import metadata
 from conveyor.core.jobs import Status
+from conveyor.store import HEAD, for_schema
+from conveyor.store.connect import with_database
+from conveyor.store.migrate import alembic_config
+from conveyor.store.schema import DEFAULT_SCHEMA, metadata_for
 
 from ..services import Endpoints
 
@@ -27,7 +29,18 @@ async def test_migrations_match_the_metadata(db_url: str) -> None:
         async with engine.connect() as conn:
             diff = await conn.run_sync(
                 lambda sync: compare_metadata(
-                    MigrationContext.configure(sync, opts={"compare_type": True}), metadata
+                    MigrationContext.configure(
+                        sync,
+                        opts={
+                            "compare_type": True,
+                            "include_schemas": True,
+                            "include_name": lambda name, type_, _: (
+                                type_ != "schema" or name == DEFAULT_SCHEMA
+                            ),
+                            "version_table_schema": DEFAULT_SCHEMA,
+                        },
+                    ),
+                    metadata_for(DEFAULT_SCHEMA),
                 )
             )
     finally:
@@ -40,19 +53,31 @@ async def test_status_enum_has_the_seven_statuses(db: asyncpg.Connection) -> Non
     assert labels == [s.value for s in Status]
 
 
-async def test_every_named_statement_prepares(db: asyncpg.Connection) -> None:
-    assert len(store.STATEMENTS) >= 20
-    for name, sql in store.STATEMENTS.items():
-        try:
-            await db.prepare(sql)
-        except asyncpg.PostgresError as exc:  # pragma: no cover - the failure message is the point
-            raise AssertionError(f"statement {name} does not prepare: {exc}") from exc
+def test_head_is_the_newest_migration() -> None:
+    script = ScriptDirectory.from_config(alembic_config("postgresql://unused/x"))
+    assert script.get_current_head() == HEAD
+
+
+async def test_every_named_statement_prepares(db_url: str) -> None:
+    """On a connection whose search_path does not include Conveyor's schema, as an
+    application's connection or a PgBouncer-pooled one: every statement names the schema."""
+    statements = for_schema(DEFAULT_SCHEMA).sql
+    assert len(statements) >= 24
+    conn = await asyncpg.connect(db_url, server_settings={"search_path": "public"})
+    try:
+        for name, sql in statements.items():
+            try:
+                await conn.prepare(sql)
+            except asyncpg.PostgresError as exc:  # pragma: no cover - the message is the point
+                raise AssertionError(f"statement {name} does not prepare: {exc}") from exc
+    finally:
+        await conn.close()
 
 
 async def test_hot_indexes_exist(db: asyncpg.Connection) -> None:
     names = {
         r["indexname"]
-        for r in await db.fetch("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")
+        for r in await db.fetch("SELECT indexname FROM pg_indexes WHERE schemaname = 'conveyor'")
     }
     assert {
         "jobs_pkey",
@@ -78,7 +103,8 @@ async def test_conveyor_migrate_creates_the_database(endpoints: Endpoints) -> No
             assert expected in out.stdout
         conn = await asyncpg.connect(url)
         try:
-            assert await conn.fetchval("SELECT version_num FROM alembic_version") == "0002"
+            assert await conn.fetchval("SELECT version_num FROM conveyor.alembic_version") == HEAD
+            assert await conn.fetchval("SELECT to_regclass('public.alembic_version')") is None
         finally:
             await conn.close()
     finally:

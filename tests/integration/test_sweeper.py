@@ -15,9 +15,11 @@ import pytest
 from conveyor import JobSpec, enqueue_many
 from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
-from conveyor.core.db import store
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
+from conveyor.store import Attempt, ClaimedJob, Completion, Failure, for_schema
+
+store = for_schema()
 
 
 @pytest.fixture
@@ -30,9 +32,12 @@ async def sweeper(settings: Settings) -> AsyncIterator[Sweeper]:
 
 async def _claim(
     db: asyncpg.Connection, ids: list[uuid.UUID], worker: str = "w1"
-) -> list[asyncpg.Record]:
+) -> list[ClaimedJob]:
     types = await db.fetchval("SELECT coalesce(array_agg(DISTINCT job_type), '{}') FROM jobs")
-    return await db.fetch(store.JOB_CLAIM_MANY, ids, 5.0, worker, "{}", 3, types)
+    return await store.job_claim_many(
+        db, ids, lease_seconds=5.0, worker_id=worker, types=types, handler_defaults={},
+        default_max_retries=3,
+    )  # fmt: skip
 
 
 async def _status(db: asyncpg.Connection, job_id: uuid.UUID) -> asyncpg.Record:
@@ -46,16 +51,19 @@ async def _status(db: asyncpg.Connection, job_id: uuid.UUID) -> asyncpg.Record:
 async def test_claim_is_exclusive_and_counts_the_attempt(db: asyncpg.Connection) -> None:
     [job_id] = await enqueue_many(db, [JobSpec("t")])
     first = await _claim(db, [job_id, job_id])
-    assert len(first) == 1 and first[0]["attempts"] == 1 and first[0]["max_retries"] == 3
+    assert len(first) == 1 and first[0].attempts == 1 and first[0].max_retries == 3
     assert await _claim(db, [job_id], "w2") == []  # a duplicate delivery claims nothing
     assert await _claim(db, [uuid.uuid4()]) == []  # unknown job
 
 
 async def test_handler_defaults_fill_in_what_the_submitter_left_out(db: asyncpg.Connection) -> None:
     a, b = await enqueue_many(db, [JobSpec("t"), JobSpec("t", max_retries=9)])
-    defaults = orjson.dumps({"t": {"max_retries": 1, "timeout": 2.5}}).decode()
-    rows = await db.fetch(store.JOB_CLAIM_MANY, [a, b], 5.0, "w", defaults, 3, ["t"])
-    got = {r["id"]: (r["max_retries"], r["timeout_seconds"]) for r in rows}
+    defaults = {"t": {"max_retries": 1, "timeout": 2.5}}
+    rows = await store.job_claim_many(
+        db, [a, b], lease_seconds=5.0, worker_id="w", types=["t"], handler_defaults=defaults,
+        default_max_retries=3,
+    )  # fmt: skip
+    got = {r.id: (r.max_retries, r.timeout_seconds) for r in rows}
     assert got == {a: (1, 2.5), b: (9, 2.5)}
 
 
@@ -70,15 +78,15 @@ async def test_fencing_a_superseded_attempt_cannot_write(
     assert await sweeper.recover_leases() == {"RETRYING": 1}
     assert await db.fetchval("SELECT destination FROM job_outbox") == "work"
     [second] = await _claim(db, [job_id], "fast-worker")
-    assert second["attempts"] == 2
+    assert second.attempts == 2
     # the stale worker wakes up and tries to complete, fail or release attempt 1: all refused
-    assert await db.fetch(store.JOB_COMPLETE_MANY, [job_id], [1], ['"stale"']) == []
-    assert await db.fetch(store.JOB_FAIL_MANY, [job_id], [1], ["x"], [None], [True]) == []
-    assert await db.fetch(store.JOB_RELEASE_MANY, [job_id], [1]) == []
-    assert await db.fetch(store.JOB_HEARTBEAT_MANY, [job_id], [1], 5.0) == []
+    assert await store.job_complete_many(db, [Completion(job_id, 1, '"stale"')]) == set()
+    assert await store.job_fail_many(db, [Failure(job_id, 1, "x", None)]) == {}
+    assert await store.job_release_many(db, [Attempt(job_id, 1)]) == set()
+    assert await store.job_heartbeat_many(db, [Attempt(job_id, 1)], lease_seconds=5.0) == {}
     # attempt 2 completes once; a second completion of the same attempt changes nothing
-    assert len(await db.fetch(store.JOB_COMPLETE_MANY, [job_id], [2], ['"fresh"'])) == 1
-    assert await db.fetch(store.JOB_COMPLETE_MANY, [job_id], [2], ['"again"']) == []
+    assert await store.job_complete_many(db, [Completion(job_id, 2, '"fresh"')]) == {job_id}
+    assert await store.job_complete_many(db, [Completion(job_id, 2, '"again"')]) == set()
     row = await _status(db, job_id)
     assert (row["status"], row["attempts"], row["result"]) == ("COMPLETED", 2, '"fresh"')
 
@@ -187,7 +195,7 @@ async def test_retry_pen_returns_the_message_to_its_own_queue(
             await (await ch.declare_queue(t.work_queue(name), passive=True)).purge()
         for job_id in (a, b):
             await _claim(db, [job_id])
-        await db.fetch(store.JOB_FAIL_MANY, [a, b], [1, 1], ["e", "e"], [1, 1], [True, True])
+        await store.job_fail_many(db, [Failure(a, 1, "e", 1), Failure(b, 1, "e", 1)])
         assert await relay.run_once() == 2
         pen = await ch.declare_queue(t.pen_queue(1), passive=True)
         assert pen.declaration_result.message_count == 2
@@ -209,8 +217,8 @@ async def test_retention_deletes_old_finished_jobs_only(
 ) -> None:
     old, new, failed = await enqueue_many(db, [JobSpec("t"), JobSpec("t"), JobSpec("t")])
     await _claim(db, [old, new, failed])
-    await db.fetch(store.JOB_COMPLETE_MANY, [old, new], [1, 1], [None, None])
-    await db.fetch(store.JOB_FAIL_MANY, [failed], [1], ["x"], [None], [True])
+    await store.job_complete_many(db, [Completion(old, 1, None), Completion(new, 1, None)])
+    await store.job_fail_many(db, [Failure(failed, 1, "x", None)])
     await db.execute("UPDATE jobs SET finished_at = now() - interval '8 days' WHERE id <> $1", new)
     assert await sweeper.delete_expired() == 1
     left = {r["id"] for r in await db.fetch("SELECT id FROM jobs")}

@@ -19,9 +19,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.config import Settings
-from ..core.db import store
-from ..core.db.connect import create_pool, is_unavailable
-from ..core.db.notify import Notifier
 from ..core.errors import (
     IdempotencyConflict,
     InvalidJob,
@@ -34,6 +31,9 @@ from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..enqueue import build_job
+from ..store import JobRow, for_schema
+from ..store.connect import create_pool, is_unavailable, is_unmigrated
+from ..store.notify import Notifier
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
 
 log = logging.getLogger("conveyor.api")
@@ -127,8 +127,8 @@ def _error(status: int, error: str, detail: Any = None) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status)
 
 
-def _encode_cursor(row: dict[str, Any]) -> str:
-    return base64.urlsafe_b64encode(row["id"].bytes).decode().rstrip("=")
+def _encode_cursor(row: JobRow) -> str:
+    return base64.urlsafe_b64encode(row.id.bytes).decode().rstrip("=")
 
 
 def _decode_cursor(cursor: str) -> uuid.UUID:
@@ -144,6 +144,7 @@ class Api:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.store = for_schema(settings.db_schema)
         self.pool: Any = None
         self.notifier: Notifier | None = None
 
@@ -160,7 +161,7 @@ class Api:
             # a server that stopped answering must not hold a request past the spec's 2 s
             command_timeout=self.settings.db_timeout,
         )
-        self.notifier = Notifier(self.pool)
+        self.notifier = Notifier(self.pool, self.store)
         self.notifier.start()
 
     async def stop(self) -> None:
@@ -189,6 +190,10 @@ class Api:
                 # a handled 503: the catch-all handler would answer it too, but Starlette then
                 # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
                 raise ServiceUnavailable("database unavailable") from exc
+            if is_unmigrated(exc):
+                raise ServiceUnavailable(
+                    f"database schema {self.store.schema!r} is not migrated: run `conveyor migrate`"
+                ) from exc
             raise
         finally:
             try:
@@ -203,14 +208,14 @@ class Api:
             body.to_spec(idempotency_key), max_payload_bytes=self.settings.max_payload_bytes
         )
         async with self.connection() as conn:
-            inserted = await store.job_insert_many(conn, [new])  # one atomic statement
+            inserted = await self.store.job_insert_many(conn, [new])  # one atomic statement
             if new.id in inserted:
                 self._wake()
                 self.metrics.jobs_submitted.labels(new.job_type).inc()
                 return 201, _resource(inserted[new.id])
             assert new.idempotency_key is not None
-            existing = await store.job_get_by_idempotency_key(conn, new.idempotency_key)
-        if existing is None or existing["request_hash"] != new.request_hash:
+            existing = await self.store.job_get_by_idempotency_key(conn, new.idempotency_key)
+        if existing is None or existing.request_hash != new.request_hash:
             raise IdempotencyConflict(
                 "this Idempotency-Key was already used with a different request body"
             )
@@ -224,7 +229,9 @@ class Api:
             for j in body.jobs
         ]
         async with self.connection() as conn:
-            found = await store.job_insert_many(conn, rows)  # one atomic statement: all or none
+            found = await self.store.job_insert_many(
+                conn, rows
+            )  # one atomic statement: all or none
         self._wake()
         for r in rows:
             self.metrics.jobs_submitted.labels(r.job_type).inc()
@@ -232,7 +239,7 @@ class Api:
 
     async def get(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn:
-            row = await store.job_get(conn, job_id)
+            row = await self.store.job_get(conn, job_id)
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         return _resource(row)
@@ -242,7 +249,7 @@ class Api:
     ) -> dict[str, Any]:
         after = _decode_cursor(cursor) if cursor else None
         async with self.connection() as conn:
-            rows = await store.job_list(
+            rows = await self.store.job_list(
                 conn,
                 job_type=job_type,
                 status=status.value if status else None,
@@ -258,62 +265,64 @@ class Api:
 
     async def cancel(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn, conn.transaction():
-            done = await store.job_cancel(conn, job_id)
-            row = await store.job_get(conn, job_id)
+            done = await self.store.job_cancel(conn, job_id)
+            row = await self.store.job_get(conn, job_id)
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         if not done:
             raise InvalidTransition(
-                f"job is {row['status']}; only {sorted(CANCELLABLE | {Status.IN_PROGRESS})} "
+                f"job is {row.status}; only {sorted(CANCELLABLE | {Status.IN_PROGRESS})} "
                 "can be cancelled",
-                row["status"],
+                row.status,
             )
         return _resource(row)
 
     async def retry(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn, conn.transaction():
-            done = await store.job_redrive(conn, [job_id])
-            row = await store.job_get(conn, job_id)
+            done = await self.store.job_redrive(conn, [job_id])
+            row = await self.store.job_get(conn, job_id)
         self._wake()
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         if not done:
             raise InvalidTransition(
-                f"job is {row['status']}; only {sorted(REDRIVABLE)} can be retried", row["status"]
+                f"job is {row.status}; only {sorted(REDRIVABLE)} can be retried", row.status
             )
         return _resource(row)
 
-    async def ready(self) -> bool:
+    async def ready(self) -> str | None:
+        """None when ready; else why not (the database is unreachable or not migrated)."""
         try:
             async with self.connection() as conn:
-                await conn.fetchval("SELECT 1", timeout=self.settings.db_timeout)
-            return True
+                if await self.store.schema_ready(conn, timeout=self.settings.db_timeout):
+                    return None
+            return f"database schema {self.store.schema!r} is not at the migration head"
         except Exception as exc:
             if isinstance(exc, ServiceUnavailable) or is_unavailable(exc):
-                return False
+                return "database unreachable"
             raise
 
 
-def _resource(row: Any) -> dict[str, Any]:
-    """The job resource (``JobResource``'s fields) straight from a decoded row."""
+def _resource(row: JobRow) -> dict[str, Any]:
+    """The job resource (``JobResource``'s fields) straight from a row."""
     return {
-        "id": row["id"],
-        "type": row["job_type"],
-        "status": row["status"],
-        "priority": row["priority"],
-        "payload": row["payload"],
-        "result": row["result"],
-        "attempts": row["attempts"],
-        "retry_count": row["retry_count"],
-        "max_retries": row["max_retries"],
-        "timeout_seconds": row["timeout_seconds"],
-        "last_error": row["last_error"],
-        "cancel_requested": row["cancel_requested"],
-        "run_at": row["run_at"],
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-        "started_at": row["started_at"],
-        "finished_at": row["finished_at"],
+        "id": row.id,
+        "type": row.job_type,
+        "status": row.status,
+        "priority": row.priority,
+        "payload": row.payload,
+        "result": row.result,
+        "attempts": row.attempts,
+        "retry_count": row.retry_count,
+        "max_retries": row.max_retries,
+        "timeout_seconds": row.timeout_seconds,
+        "last_error": row.last_error,
+        "cancel_requested": row.cancel_requested,
+        "run_at": row.run_at,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
     }
 
 
@@ -435,9 +444,10 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        if await api.ready():
+        problem = await api.ready()
+        if problem is None:
             return JSONResponse({"status": "ready"})
-        return failure(503, "not ready", "database unreachable")
+        return failure(503, "not ready", problem)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -15,6 +15,8 @@ class Settings(BaseSettings):
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     namespace: str = Field(default="jobs", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$")
     visibility_timeout: float = Field(default=30.0, gt=0)
+    # PostgreSQL schema of Conveyor's tables, types and Alembic version table
+    db_schema: str = Field(default="conveyor", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
 
     # API limits
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)

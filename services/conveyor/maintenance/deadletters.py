@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..broker.inspect import Inspector
-from ..core.db import store
 from ..core.jobs import Status
+from ..store import Store
 
 
 @dataclass
@@ -55,6 +55,7 @@ Decision = Literal["keep", "drop", "redrive"]
 async def scan(
     inspector: Inspector,
     pool: Any,
+    store: Store,
     decide: Callable[[DeadLetter], Decision],
     *,
     limit: int | None = None,

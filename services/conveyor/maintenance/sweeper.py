@@ -19,10 +19,10 @@ from typing import Any
 from ..broker.inspect import Inspector
 from ..broker.topology import Topology
 from ..core.config import Settings
-from ..core.db import store
-from ..core.db.connect import create_pool
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..store import for_schema
+from ..store.connect import create_pool
 
 log = logging.getLogger("conveyor.sweeper")
 
@@ -52,6 +52,7 @@ class Sweeper:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology(settings.namespace)
+        self.store = for_schema(settings.db_schema)
         self.inspector = Inspector(
             settings.amqp_url, self.topology, name="conveyor-sweeper",
             timeout=settings.command_timeout,
@@ -89,9 +90,9 @@ class Sweeper:
         total = 0
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
-                n = int(await conn.fetchval(store.JOB_PROMOTE_DUE, BATCH))
+                n = await self.store.job_promote_due(conn, limit=BATCH)
                 if n:
-                    await store.outbox_notify(conn)
+                    await self.store.outbox_notify(conn)
             total += n
             if n < BATCH:
                 break
@@ -104,15 +105,15 @@ class Sweeper:
         counts: dict[str, int] = {}
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(
-                    store.JOB_RECOVER_EXPIRED, BATCH, self.settings.default_max_retries
+                rows = await self.store.job_recover_expired(
+                    conn, limit=BATCH, default_max_retries=self.settings.default_max_retries
                 )
                 if rows:
-                    await store.outbox_notify(conn)
+                    await self.store.outbox_notify(conn)
             for r in rows:
-                counts[r["status"]] = counts.get(r["status"], 0) + 1
-                event(log, "job_lease_expired", logging.WARNING, job_id=str(r["id"]),
-                      now=r["status"])  # fmt: skip
+                counts[r.status] = counts.get(r.status, 0) + 1
+                event(log, "job_lease_expired", logging.WARNING, job_id=str(r.id),
+                      now=r.status)  # fmt: skip
             if len(rows) < BATCH:
                 break
         self._count("lease_recovered", sum(counts.values()))
@@ -125,9 +126,9 @@ class Sweeper:
         depth = queue_depth or self._queue_depth
         after = self.settings.reconcile_after
         async with self.pool.acquire() as conn:
-            overdue = await conn.fetch(store.JOB_COUNT_OVERDUE, after)
+            overdue = await self.store.job_count_overdue(conn, after=after)
         total = 0
-        for job_type in [row["job_type"] for row in overdue]:
+        for job_type in overdue:
             # the queue first, the jobs second: a message delivered in between is then counted
             # as ready while its job is claimed (no longer overdue), an error on the safe side;
             # the other order turns every delivery in the gap into a duplicate
@@ -139,17 +140,17 @@ class Sweeper:
                       error=repr(exc)[:300])  # fmt: skip
                 continue
             async with self.pool.acquire() as conn:
-                recount = await conn.fetch(store.JOB_COUNT_OVERDUE, after)
-            n = next((int(r["n"]) for r in recount if r["job_type"] == job_type), 0)
+                recount = await self.store.job_count_overdue(conn, after=after)
+            n = recount.get(job_type, 0)
             missing = n - ready
             if missing <= 0:
                 continue
             async with self.pool.acquire() as conn, conn.transaction():
-                done = int(
-                    await conn.fetchval(store.JOB_REPUBLISH_OVERDUE, job_type, after, missing)
+                done = await self.store.job_republish_overdue(
+                    conn, job_type, after=after, limit=missing
                 )
                 if done:
-                    await store.outbox_notify(conn)
+                    await self.store.outbox_notify(conn)
             total += done
             event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
                   queued=ready, republished=done)  # fmt: skip
@@ -168,8 +169,7 @@ class Sweeper:
         total = 0
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
-                status = await conn.execute(store.JOB_DELETE_EXPIRED, seconds, BATCH)
-            n = int(status.split()[-1])
+                n = await self.store.job_delete_expired(conn, older_than=seconds, limit=BATCH)
             total += n
             if n < BATCH:
                 break

@@ -9,39 +9,22 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..broker.publish import DeclarationFailed, Publisher, PublishFailed
 from ..broker.topology import Topology
 from ..core.backoff import Backoff
 from ..core.config import Settings
-from ..core.db import store
-from ..core.db.connect import create_pool
-from ..core.db.schema import OUTBOX_CHANNEL
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..store import for_schema
+from ..store.connect import create_pool, listen
 
 log = logging.getLogger("conveyor.publisher")
 
 __all__ = ["PublishFailed", "Relay", "probes"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One outbox row taken for publishing."""
-
-    id: int
-    job_id: uuid.UUID
-    job_type: str
-    priority: int
-    destination: str
-    delay_seconds: int | None
-    error: str | None
-    attempt: int | None
 
 
 class Relay:
@@ -56,6 +39,7 @@ class Relay:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology(settings.namespace)
+        self.store = for_schema(settings.db_schema)
         self.publisher = publisher or Publisher(
             settings.amqp_url, self.topology, self.metrics, publish_timeout=publish_timeout
         )
@@ -94,18 +78,18 @@ class Relay:
         assert self.pool is not None
         types, pens = self.publisher.blocked()
         async with self.pool.acquire() as conn, conn.transaction():
-            records = await conn.fetch(store.OUTBOX_TAKE_BATCH, self.settings.relay_batch,
-                                       types, pens)  # fmt: skip
-            if not records:
+            rows = await self.store.outbox_take_batch(
+                conn, limit=self.settings.relay_batch, skip_types=types, skip_pens=pens
+            )
+            if not rows:
                 return 0
-            rows = sorted((_Row(*r) for r in records), key=lambda r: r.id)
             results = await self.publisher.publish_batch(rows)
             failed = [r for r, res in zip(rows, results, strict=True) if res is not None]
             errors = [res for res in results if res is not None]
             broken = [e for e in errors if not isinstance(e, DeclarationFailed)]
             if failed:
                 self.metrics.outbox_failed.inc(len(failed))
-                await conn.execute(store.OUTBOX_RESTORE, *_columns(failed))
+                await self.store.outbox_restore(conn, failed)
             if broken:
                 event(log, "outbox_publish_failed", logging.WARNING, count=len(broken),
                       job_id=str(failed[0].job_id), error=repr(broken[0]))  # fmt: skip
@@ -125,14 +109,12 @@ class Relay:
     async def _listen(self) -> None:
         if self._listener is not None and not self._listener.is_closed():
             return
-        import asyncpg
-
-        self._listener = await asyncpg.connect(
+        self._listener = await listen(
             self.settings.database_url,
-            timeout=5,
-            server_settings={"application_name": "conveyor-publisher-listen"},
+            self.store.channel,
+            self._wake.set,
+            name="conveyor-publisher-listen",
         )
-        await self._listener.add_listener(OUTBOX_CHANNEL, lambda *_: self._wake.set())
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = Backoff()
@@ -185,9 +167,3 @@ def probes(
         return relay.publisher.ready
 
     return live, ready
-
-
-def _columns(rows: list[_Row]) -> list[list[Any]]:
-    """Rows → the column arrays of ``outbox_restore``."""
-    keys = ("id", "job_id", "job_type", "priority", "destination", "delay_seconds", "error")
-    return [[getattr(r, k) for r in rows] for k in keys]

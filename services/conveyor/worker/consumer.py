@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
@@ -33,12 +32,12 @@ from aio_pika.abc import (
 from ..core.amqp.topology import Topology, connect
 from ..core.backoff import Backoff
 from ..core.config import Settings
-from ..core.db import store
-from ..core.db.connect import create_pool
 from ..core.logging import event
 from ..core.messages import MalformedMessage, decode
 from ..core.metrics import Metrics
 from ..router import HandlerSpec, Job, JobRouter
+from ..store import Attempt, ClaimedJob, Completion, Failure, for_schema
+from ..store.connect import create_pool
 from . import outcomes
 from .acks import Acks
 from .outcomes import Kind, Outcome
@@ -81,9 +80,10 @@ class Worker:
         self.metrics = metrics or Metrics()
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.topology = Topology(settings.namespace)
-        self.handler_defaults = orjson.dumps(
-            {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
-        ).decode()
+        self.store = for_schema(settings.db_schema)
+        self.handler_defaults = {
+            t: s.defaults() for t, s in router.handlers.items() if s.defaults()
+        }
 
         self.pool: Any = None
         self.connection: AbstractRobustConnection | None = None
@@ -153,7 +153,7 @@ class Worker:
         if ids:
             with contextlib.suppress(Exception):
                 async with self.pool.acquire() as conn:
-                    await conn.execute(store.JOB_TOUCH_WAITING, ids)
+                    await self.store.job_touch_waiting(conn, ids)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -255,7 +255,7 @@ class Worker:
                     await msg.nack(requeue=True)
                 self.slots.release()
             return
-        claimed = {r["id"]: r for r in rows}
+        claimed = {r.id: r for r in rows}
         started: set[uuid.UUID] = set()
         dropped_ids: list[uuid.UUID] = []
         dropped: list[AbstractIncomingMessage] = []
@@ -274,21 +274,20 @@ class Worker:
         if dropped_ids:
             await self._explain_dropped(dropped_ids)
 
-    async def _claim(self, ids: list[uuid.UUID]) -> list[Any] | None:
+    async def _claim(self, ids: list[uuid.UUID]) -> list[ClaimedJob] | None:
         backoff = Backoff()
         while True:
             try:
                 async with self.pool.acquire() as conn:
-                    rows: list[Any] = await conn.fetch(
-                        store.JOB_CLAIM_MANY,
+                    return await self.store.job_claim_many(
+                        conn,
                         ids,
-                        self.settings.visibility_timeout,
-                        self.worker_id,
-                        self.handler_defaults,
-                        self.settings.default_max_retries,
-                        self.types,
+                        lease_seconds=self.settings.visibility_timeout,
+                        worker_id=self.worker_id,
+                        types=self.types,
+                        handler_defaults=self.handler_defaults,
+                        default_max_retries=self.settings.default_max_retries,
                     )
-                    return rows
             except Exception as exc:
                 if self._stopping:
                     return None
@@ -301,7 +300,7 @@ class Worker:
     async def _explain_dropped(self, ids: list[uuid.UUID]) -> None:
         try:
             async with self.pool.acquire() as conn:
-                statuses = await store.job_status_many(conn, ids)
+                statuses = await self.store.job_status_many(conn, ids)
         except Exception:
             statuses = {}
         for job_id in ids:
@@ -311,20 +310,20 @@ class Worker:
             event(log, "message_dropped", logging.INFO if status else logging.WARNING,
                   job_id=str(job_id), reason=reason)  # fmt: skip
 
-    def _start(self, row: Any, message: AbstractIncomingMessage | None = None) -> None:
+    def _start(self, row: ClaimedJob, message: AbstractIncomingMessage | None = None) -> None:
         job = Job(
-            id=row["id"],
-            type=row["job_type"],
-            payload=orjson.loads(row["payload"]),
-            attempt=row["attempts"],
-            priority=row["priority"],
-            retry_count=row["retry_count"],
-            max_retries=row["max_retries"],
+            id=row.id,
+            type=row.job_type,
+            payload=row.payload,
+            attempt=row.attempts,
+            priority=row.priority,
+            retry_count=row.retry_count,
+            max_retries=row.max_retries,
         )
         spec = self.router.handlers.get(job.type)
         running = Running(job, spec, message=message)
         self.running[job.id] = running
-        running.task = asyncio.create_task(self._execute(running, row["timeout_seconds"]))
+        running.task = asyncio.create_task(self._execute(running, row.timeout_seconds))
 
     # ------------------------------------------------------------------ run
 
@@ -378,32 +377,25 @@ class Worker:
                 async with self.pool.acquire() as conn, conn.transaction():
                     written: set[uuid.UUID] = set()
                     if done:
-                        rows = await conn.fetch(
-                            store.JOB_COMPLETE_MANY,
-                            [r.job.id for r, _ in done],
-                            [r.job.attempt for r, _ in done],
-                            [o.result_json for _, o in done],
+                        written |= await self.store.job_complete_many(
+                            conn,
+                            [Completion(r.job.id, r.job.attempt, o.result_json) for r, o in done],
                         )
-                        written.update(x["id"] for x in rows)
                     if fail:
-                        rows = await conn.fetch(
-                            store.JOB_FAIL_MANY,
-                            [r.job.id for r, _ in fail],
-                            [r.job.attempt for r, _ in fail],
-                            [o.error for _, o in fail],
-                            [o.delay for _, o in fail],
-                            [o.consume for _, o in fail],
+                        failed = await self.store.job_fail_many(
+                            conn,
+                            [
+                                Failure(r.job.id, r.job.attempt, o.error, o.delay, o.consume)
+                                for r, o in fail
+                            ],
                         )
-                        written.update(x["id"] for x in rows)
+                        written.update(failed)
                     if release:
-                        rows = await conn.fetch(
-                            store.JOB_RELEASE_MANY,
-                            [r.job.id for r, _ in release],
-                            [r.job.attempt for r, _ in release],
+                        written |= await self.store.job_release_many(
+                            conn, [Attempt(r.job.id, r.job.attempt) for r, _ in release]
                         )
-                        written.update(x["id"] for x in rows)
                     if fail or release:  # retries, dead letters, hand-backs: outbox rows
-                        await store.outbox_notify(conn)
+                        await self.store.outbox_notify(conn)
                 break
             except Exception as exc:
                 delay = backoff.next()
@@ -438,13 +430,11 @@ class Worker:
         if not running:
             return
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                store.JOB_HEARTBEAT_MANY,
-                [r.job.id for r in running],
-                [r.job.attempt for r in running],
-                self.settings.visibility_timeout,
+            alive = await self.store.job_heartbeat_many(
+                conn,
+                [Attempt(r.job.id, r.job.attempt) for r in running],
+                lease_seconds=self.settings.visibility_timeout,
             )
-        alive = {x["id"]: x["cancel_requested"] for x in rows}
         await self._touch_waiting()
         early = time.monotonic() - self.settings.early_ack_after
         late = [r for r in running if r.message is not None and r.started < early]

@@ -14,12 +14,13 @@ import asyncio
 import contextlib
 from typing import Any
 
-from .store import outbox_notify
+from . import Store
 
 
 class Notifier:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, store: Store) -> None:
         self.pool = pool
+        self.store = store
         self._pending = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -35,7 +36,7 @@ class Notifier:
             self._pending.clear()
             try:
                 async with self.pool.acquire() as conn:
-                    await outbox_notify(conn)
+                    await self.store.outbox_notify(conn)
             except Exception:
                 await asyncio.sleep(0.1)  # the relay's poll covers the gap
 

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+
+from .registry import statement
+
+DATABASE_EXISTS = statement(
+    "database_exists", "SELECT 1 FROM pg_database WHERE datname = $1", catalog=True
+)
 
 # Exceptions that mean "PostgreSQL is not reachable / the connection broke", as opposed to a bug
 # or a constraint violation. Callers map them to 503 or retry with backoff.
@@ -32,6 +39,19 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 
 def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, UNAVAILABLE)
+
+
+# The schema, a table or the status type is missing: the database was never migrated (or was
+# migrated into another CONVEYOR_DB_SCHEMA).
+UNMIGRATED: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.UndefinedTableError,
+    asyncpg.exceptions.InvalidSchemaNameError,
+    asyncpg.exceptions.UndefinedObjectError,
+)
+
+
+def is_unmigrated(exc: BaseException) -> bool:
+    return isinstance(exc, UNMIGRATED)
 
 
 async def create_pool(
@@ -64,6 +84,25 @@ async def _skip_session_reset(conn: Any) -> None:
     own); an open transaction is still rolled back by the pool itself."""
 
 
+def render_catalog(name: str) -> str:
+    """A catalog statement (it names no Conveyor schema)."""
+    from .registry import TEMPLATES
+
+    return TEMPLATES[name]
+
+
+async def listen(url: str, channel: str, callback: Callable[[], None], *, name: str) -> Any:
+    """A connection of its own that LISTENs on ``channel`` and calls ``callback`` for each
+    notification (LISTEN needs a session: not through a transaction-pooling PgBouncer)."""
+    conn = await asyncpg.connect(url, timeout=5, server_settings={"application_name": name})
+    try:
+        await conn.add_listener(channel, lambda *_: callback())
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
 def database_name(url: str) -> str:
     name = urlsplit(url).path.lstrip("/")
     return name or "postgres"
@@ -74,12 +113,18 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+async def check_server(url: str, *, timeout: float = 3.0) -> None:
+    """Connect to the server of ``url`` (its ``postgres`` database); raises when unreachable."""
+    conn = await asyncpg.connect(with_database(url, "postgres"), timeout=timeout)
+    await conn.close()
+
+
 async def ensure_database(url: str, *, timeout: float = 5.0) -> bool:
     """Create the database of ``url`` when it does not exist. Returns True when created."""
     name = database_name(url)
     conn = await asyncpg.connect(with_database(url, "postgres"), timeout=timeout)
     try:
-        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        exists = await conn.fetchval(render_catalog(DATABASE_EXISTS), name)
         if exists:
             return False
         quoted = '"' + name.replace('"', '""') + '"'

@@ -1,1 +1,0 @@
-"""PostgreSQL: the schema (one source for alembic), connections and the store (all SQL)."""

@@ -1,0 +1,67 @@
+"""PostgreSQL: the only code that runs SQL.
+
+``Store(schema)`` holds every statement rendered for one schema (``CONVEYOR_DB_SCHEMA``) and
+offers one method per statement, named entity first (``job_claim_many``,
+``outbox_take_batch``). Each takes a connection and never commits: the caller owns the
+transaction. The statements live in one module per entity (``jobs``, ``attempts``,
+``maintenance``, ``outbox``, ``probes``) and are listed by name in ``registry.TEMPLATES``."""
+
+from __future__ import annotations
+
+import functools
+
+from .attempts import AttemptStatements
+from .base import Connection
+from .jobs import JobStatements
+from .maintenance import MaintenanceStatements
+from .outbox import OutboxStatements
+from .probes import HEAD, ProbeStatements
+from .registry import render
+from .rows import (
+    Attempt,
+    ClaimedJob,
+    Completion,
+    Failure,
+    JobRow,
+    JobStatus,
+    NewJob,
+    OutboxRow,
+)
+from .schema import DEFAULT_SCHEMA, outbox_channel
+
+
+class Store(
+    JobStatements, AttemptStatements, MaintenanceStatements, OutboxStatements, ProbeStatements
+):
+    """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = schema
+        self.sql = render(schema)
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel of this install's outbox."""
+        return outbox_channel(self.schema)
+
+
+@functools.cache
+def for_schema(schema: str = DEFAULT_SCHEMA) -> Store:
+    return Store(schema)
+
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "HEAD",
+    "Attempt",
+    "ClaimedJob",
+    "Completion",
+    "Connection",
+    "Failure",
+    "JobRow",
+    "JobStatus",
+    "NewJob",
+    "OutboxRow",
+    "Store",
+    "for_schema",
+]

@@ -1,0 +1,218 @@
+"""Jobs as workers see them: claim a batch of deliveries, heartbeat, write outcomes. Every write
+after the claim is fenced by (job id, attempt): a worker whose lease was taken over changes
+nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..core.jobs import Status
+from .base import Connection, Statements
+from .registry import statement
+from .rows import Attempt, ClaimedJob, Completion, Failure
+
+# The claim: one conditional UPDATE for a batch of delivered ids. A job is claimable when it is
+# PENDING, or RETRYING and due (a tolerance of one second absorbs broker/database clock skew).
+# The attempt is counted here, so a handler that kills its process still uses up its retries.
+JOB_CLAIM_MANY = statement(
+    "job_claim_many",
+    """
+UPDATE __schema__.jobs SET
+    status = 'IN_PROGRESS',
+    attempts = attempts + 1,
+    started_at = now(),
+    updated_at = now(),
+    lease_expires_at = now() + make_interval(secs => $2),
+    worker_id = $3,
+    max_retries = COALESCE(max_retries, ($4::jsonb -> job_type ->> 'max_retries')::int, $5),
+    timeout_seconds = COALESCE(timeout_seconds, ($4::jsonb -> job_type ->> 'timeout')::float8)
+WHERE id = ANY($1::uuid[])
+  AND job_type = ANY($6::text[])
+  AND (status = 'PENDING' OR (status = 'RETRYING' AND run_at <= now() + interval '1 second'))
+RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
+          timeout_seconds
+""",
+)
+
+# A cancellation requested while the job ran wins and discards the result.
+JOB_COMPLETE_MANY = statement(
+    "job_complete_many",
+    """
+UPDATE __schema__.jobs j SET
+    status = (CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END)
+             ::__schema__.job_status,
+    result = CASE WHEN j.cancel_requested THEN NULL ELSE u.result::jsonb END,
+    finished_at = now(), updated_at = now(), lease_expires_at = NULL
+FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
+WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+RETURNING j.id
+""",
+)
+
+# ``delay`` NULL means retries are exhausted (FAILED + a dead-letter copy); otherwise RETRYING +
+# a message to the holding pen of that delay (0: straight back to the work queue). ``consume``
+# says whether it used up a retry.
+JOB_FAIL_MANY = statement(
+    "job_fail_many",
+    """
+WITH u AS (
+    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::bool[])
+        AS u(id, attempt, error, delay, consume)
+), upd AS (
+    UPDATE __schema__.jobs j SET
+        status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
+                       WHEN u.delay IS NULL THEN 'FAILED'
+                       ELSE 'RETRYING' END)::__schema__.job_status,
+        last_error = u.error,
+        retry_count = j.retry_count + (CASE WHEN u.consume THEN 1 ELSE 0 END),
+        run_at = CASE WHEN u.delay IS NULL THEN j.run_at
+                      ELSE now() + make_interval(secs => u.delay) END,
+        finished_at = CASE WHEN u.delay IS NULL OR j.cancel_requested THEN now() END,
+        lease_expires_at = NULL, updated_at = now()
+    FROM u
+    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    RETURNING j.id, j.job_type, j.priority, j.status, u.delay, u.error
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
+                                       error)
+    SELECT id, job_type, priority,
+           CASE WHEN status = 'FAILED' THEN 'dead' WHEN delay > 0 THEN 'retry' ELSE 'work' END,
+           CASE WHEN status = 'RETRYING' AND delay > 0 THEN delay END,
+           CASE WHEN status = 'FAILED' THEN left(error, 2000) END
+    FROM upd WHERE status IN ('RETRYING', 'FAILED')
+)
+SELECT id, status::text AS status FROM upd
+""",
+)
+
+# Hand a job back without consuming a retry (graceful shutdown that could not finish it).
+JOB_RELEASE_MANY = statement(
+    "job_release_many",
+    """
+WITH upd AS (
+    UPDATE __schema__.jobs j SET
+        status = (CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END)
+                 ::__schema__.job_status,
+        finished_at = CASE WHEN j.cancel_requested THEN now() END,
+        lease_expires_at = NULL, updated_at = now()
+    FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
+    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    RETURNING j.id, j.job_type, j.priority, j.status
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM upd WHERE status = 'PENDING'
+)
+SELECT id FROM upd
+""",
+)
+
+JOB_HEARTBEAT_MANY = statement(
+    "job_heartbeat_many",
+    """
+UPDATE __schema__.jobs j SET lease_expires_at = now() + make_interval(secs => $3)
+FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
+WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+RETURNING j.id, j.cancel_requested
+""",
+)
+
+# Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost, so
+# they must not look overdue to the reconciler (which only sees the queue's *ready* messages).
+JOB_TOUCH_WAITING = statement(
+    "job_touch_waiting",
+    """
+UPDATE __schema__.jobs SET updated_at = now()
+WHERE id = ANY($1::uuid[]) AND status IN ('PENDING', 'RETRYING')
+""",
+)
+
+
+class AttemptStatements(Statements):
+    async def job_claim_many(
+        self,
+        conn: Connection,
+        ids: Sequence[uuid.UUID],
+        *,
+        lease_seconds: float,
+        worker_id: str,
+        types: Sequence[str],
+        handler_defaults: Mapping[str, Mapping[str, Any]],
+        default_max_retries: int,
+    ) -> list[ClaimedJob]:
+        """Claim the runnable jobs among ``ids`` (of the ``types`` this worker runs); the others
+        (duplicates, finished or cancelled jobs) are missing from the result. What the submitter
+        left out comes from ``handler_defaults`` (type → ``{"max_retries", "timeout"}``)."""
+        rows = await conn.fetch(
+            self.sql[JOB_CLAIM_MANY],
+            list(ids),
+            lease_seconds,
+            worker_id,
+            orjson.dumps(handler_defaults).decode(),
+            default_max_retries,
+            list(types),
+        )
+        return [
+            ClaimedJob(
+                id=r["id"],
+                job_type=r["job_type"],
+                payload=orjson.loads(r["payload"]),
+                priority=r["priority"],
+                attempts=r["attempts"],
+                retry_count=r["retry_count"],
+                max_retries=r["max_retries"],
+                timeout_seconds=r["timeout_seconds"],
+            )
+            for r in rows
+        ]
+
+    async def job_complete_many(
+        self, conn: Connection, items: Sequence[Completion]
+    ) -> set[uuid.UUID]:
+        """Returns the ids written (a fenced or finished attempt is not)."""
+        rows = await conn.fetch(
+            self.sql[JOB_COMPLETE_MANY],
+            [c.job_id for c in items],
+            [c.attempt for c in items],
+            [c.result_json for c in items],
+        )
+        return {r["id"] for r in rows}
+
+    async def job_fail_many(
+        self, conn: Connection, items: Sequence[Failure]
+    ) -> dict[uuid.UUID, Status]:
+        """Returns the new status of each job written (a fenced attempt is missing)."""
+        rows = await conn.fetch(
+            self.sql[JOB_FAIL_MANY],
+            [f.job_id for f in items],
+            [f.attempt for f in items],
+            [f.error for f in items],
+            [f.delay for f in items],
+            [f.consume for f in items],
+        )
+        return {r["id"]: Status(r["status"]) for r in rows}
+
+    async def job_release_many(self, conn: Connection, items: Sequence[Attempt]) -> set[uuid.UUID]:
+        rows = await conn.fetch(
+            self.sql[JOB_RELEASE_MANY], [a.job_id for a in items], [a.attempt for a in items]
+        )
+        return {r["id"] for r in rows}
+
+    async def job_heartbeat_many(
+        self, conn: Connection, items: Sequence[Attempt], *, lease_seconds: float
+    ) -> dict[uuid.UUID, bool]:
+        """Extend the leases still held. Returns, per job whose lease was extended, whether a
+        cancellation was requested; a job missing from the result lost its lease."""
+        rows = await conn.fetch(
+            self.sql[JOB_HEARTBEAT_MANY],
+            [a.job_id for a in items],
+            [a.attempt for a in items],
+            lease_seconds,
+        )
+        return {r["id"]: r["cancel_requested"] for r in rows}
+
+    async def job_touch_waiting(self, conn: Connection, ids: Sequence[uuid.UUID]) -> None:
+        await conn.execute(self.sql[JOB_TOUCH_WAITING], list(ids))

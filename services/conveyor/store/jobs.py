@@ -1,0 +1,196 @@
+"""Jobs as submitters and operators see them: insert, read, list, cancel, redrive."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from ..core.jobs import Status
+from .base import Connection, Statements
+from .registry import statement
+from .rows import JobRow, NewJob
+
+JOB_COLUMNS = """id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at"""
+
+JOB_INSERT_MANY = statement(
+    "job_insert_many",
+    f"""
+WITH u AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int2[], $5::int4[],
+                         $6::float8[], $7::timestamptz[], $8::float8[], $9::text[], $10::text[])
+        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
+             ikey, rhash)
+), v AS (
+    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
+), ins AS (
+    INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
+                                 timeout_seconds, run_at, idempotency_key, request_hash)
+    SELECT id, job_type,
+           (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash
+    FROM v
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
+)
+SELECT {JOB_COLUMNS} FROM ins
+""",
+)
+
+JOB_GET = statement("job_get", f"SELECT {JOB_COLUMNS} FROM __schema__.jobs WHERE id = $1")
+
+JOB_GET_BY_IDEMPOTENCY_KEY = statement(
+    "job_get_by_idempotency_key",
+    f"SELECT {JOB_COLUMNS} FROM __schema__.jobs WHERE idempotency_key = $1",
+)
+
+JOB_LIST = statement(
+    "job_list",
+    f"""
+SELECT {JOB_COLUMNS} FROM __schema__.jobs
+WHERE ($1::text IS NULL OR job_type = $1)
+  AND ($2::text IS NULL OR status = $2::__schema__.job_status)
+  AND ($3::uuid IS NULL OR id < $3)
+ORDER BY id DESC
+LIMIT $4
+""",
+)
+
+JOB_CANCEL = statement(
+    "job_cancel",
+    """
+UPDATE __schema__.jobs SET
+    status = (CASE WHEN status = 'IN_PROGRESS' THEN 'IN_PROGRESS' ELSE 'CANCELLED' END)
+             ::__schema__.job_status,
+    cancel_requested = true,
+    finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
+    updated_at = now()
+WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
+RETURNING id
+""",
+)
+
+# Redrive: FAILED or CANCELLED → PENDING with fresh retries. ``attempts`` is never reset: it is
+# the fencing token and must only grow.
+JOB_REDRIVE = statement(
+    "job_redrive",
+    """
+WITH r AS (
+    UPDATE __schema__.jobs SET status = 'PENDING', retry_count = 0, cancel_requested = false,
+        result = NULL, finished_at = NULL, run_at = NULL, updated_at = now()
+    WHERE id = ANY($1::uuid[]) AND status IN ('FAILED', 'CANCELLED')
+    RETURNING id, job_type, priority
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM r
+)
+SELECT id FROM r
+""",
+)
+
+# A dead letter's redrive, fenced by the attempt it recorded: only a job still FAILED at that
+# attempt is revived, never one redriven since (and then cancelled, or failed again later).
+JOB_REDRIVE_FENCED = statement(
+    "job_redrive_fenced",
+    """
+WITH r AS (
+    UPDATE __schema__.jobs j SET status = 'PENDING', retry_count = 0, cancel_requested = false,
+        result = NULL, finished_at = NULL, run_at = NULL, updated_at = now()
+    FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
+    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'FAILED'
+    RETURNING j.id, j.job_type, j.priority
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM r
+)
+SELECT id FROM r
+""",
+)
+
+JOB_FENCE_MANY = statement(
+    "job_fence_many",
+    "SELECT id, status::text AS status, attempts FROM __schema__.jobs WHERE id = ANY($1::uuid[])",
+)
+
+JOB_STATUS_MANY = statement(
+    "job_status_many",
+    "SELECT id, status::text AS status FROM __schema__.jobs WHERE id = ANY($1::uuid[])",
+)
+
+
+class JobStatements(Statements):
+    async def job_insert_many(
+        self, conn: Connection, jobs: Sequence[NewJob]
+    ) -> dict[uuid.UUID, JobRow]:
+        """Insert jobs and their outbox rows in one statement (atomic without an explicit
+        transaction). Returns the inserted rows by id; a job whose idempotency key already
+        exists is not inserted and is missing from the result."""
+        rows = await conn.fetch(
+            self.sql[JOB_INSERT_MANY],
+            [j.id for j in jobs],
+            [j.job_type for j in jobs],
+            [j.payload_json for j in jobs],
+            [j.priority for j in jobs],
+            [j.max_retries for j in jobs],
+            [j.timeout_seconds for j in jobs],
+            [j.run_at for j in jobs],
+            [j.delay_seconds for j in jobs],
+            [j.idempotency_key for j in jobs],
+            [j.request_hash for j in jobs],
+        )
+        return {r["id"]: JobRow.from_record(r) for r in rows}
+
+    async def job_get(self, conn: Connection, job_id: uuid.UUID) -> JobRow | None:
+        row = await conn.fetchrow(self.sql[JOB_GET], job_id)
+        return JobRow.from_record(row) if row is not None else None
+
+    async def job_get_by_idempotency_key(self, conn: Connection, key: str) -> JobRow | None:
+        row = await conn.fetchrow(self.sql[JOB_GET_BY_IDEMPOTENCY_KEY], key)
+        return JobRow.from_record(row) if row is not None else None
+
+    async def job_list(
+        self,
+        conn: Connection,
+        *,
+        job_type: str | None,
+        status: str | None,
+        after: uuid.UUID | None,
+        limit: int,
+    ) -> list[JobRow]:
+        """Newest first: ids are UUIDv7, so ``id`` order is creation order (keyset on ``id``)."""
+        rows = await conn.fetch(self.sql[JOB_LIST], job_type, status, after, limit)
+        return [JobRow.from_record(r) for r in rows]
+
+    async def job_cancel(self, conn: Connection, job_id: uuid.UUID) -> bool:
+        """Cancel a waiting job, or ask a running one to stop. False when not cancellable."""
+        return await conn.fetchval(self.sql[JOB_CANCEL], job_id) is not None
+
+    async def job_redrive(self, conn: Connection, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+        return [r["id"] for r in await conn.fetch(self.sql[JOB_REDRIVE], list(ids))]
+
+    async def job_redrive_fenced(
+        self, conn: Connection, items: Sequence[tuple[uuid.UUID, int]]
+    ) -> list[uuid.UUID]:
+        """Redrive each job only if it is still FAILED at the given attempt."""
+        rows = await conn.fetch(
+            self.sql[JOB_REDRIVE_FENCED], [i for i, _ in items], [a for _, a in items]
+        )
+        return [r["id"] for r in rows]
+
+    async def job_fence_many(
+        self, conn: Connection, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[Status, int]]:
+        """id → (status, attempts)."""
+        rows = await conn.fetch(self.sql[JOB_FENCE_MANY], list(ids))
+        return {r["id"]: (Status(r["status"]), r["attempts"]) for r in rows}
+
+    async def job_status_many(
+        self, conn: Connection, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, Status]:
+        rows = await conn.fetch(self.sql[JOB_STATUS_MANY], list(ids))
+        return {r["id"]: Status(r["status"]) for r in rows}

@@ -1,0 +1,135 @@
+"""The sweeper's statements: promote due jobs, recover expired leases, reconcile lost messages,
+delete old finished jobs. Each takes a batch size and locks with ``SKIP LOCKED``, so several
+sweepers can run at once."""
+
+from __future__ import annotations
+
+from ..core.jobs import Status
+from .base import Connection, Statements, affected
+from .registry import statement
+from .rows import JobStatus
+
+JOB_PROMOTE_DUE = statement(
+    "job_promote_due",
+    """
+WITH due AS (
+    SELECT id FROM __schema__.jobs WHERE status = 'SCHEDULED' AND run_at <= now()
+    ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE __schema__.jobs j SET status = 'PENDING', updated_at = now()
+    FROM due WHERE j.id = due.id
+    RETURNING j.id, j.job_type, j.priority
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM upd
+)
+SELECT count(*) FROM upd
+""",
+)
+
+# Expired leases: the worker died or hung. With retries left the job goes back to the queue
+# (consuming a retry); otherwise it fails and is dead-lettered. A pending cancellation wins.
+JOB_RECOVER_EXPIRED = statement(
+    "job_recover_expired",
+    """
+WITH exp AS (
+    SELECT id FROM __schema__.jobs WHERE status = 'IN_PROGRESS' AND lease_expires_at < now()
+    ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE __schema__.jobs j SET
+        status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
+                       WHEN j.retry_count < COALESCE(j.max_retries, $2) THEN 'RETRYING'
+                       ELSE 'FAILED' END)::__schema__.job_status,
+        retry_count = j.retry_count + (CASE WHEN j.cancel_requested THEN 0 ELSE 1 END),
+        last_error = 'lease expired: worker ' || COALESCE(j.worker_id, '?')
+                     || ' stopped heartbeating during attempt ' || j.attempts,
+        run_at = now(),
+        finished_at = CASE WHEN j.cancel_requested OR j.retry_count >= COALESCE(j.max_retries, $2)
+                           THEN now() END,
+        lease_expires_at = NULL, updated_at = now()
+    FROM exp WHERE j.id = exp.id
+    RETURNING j.id, j.job_type, j.priority, j.status, j.last_error
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, error)
+    SELECT id, job_type, priority, CASE WHEN status = 'FAILED' THEN 'dead' ELSE 'work' END,
+           CASE WHEN status = 'FAILED' THEN last_error END
+    FROM upd WHERE status IN ('RETRYING', 'FAILED')
+)
+SELECT id, status::text AS status FROM upd
+""",
+)
+
+# Jobs that should have reached a worker long ago and have no outbox row in flight: counted per
+# type, so the reconciler can compare with the broker's queue depth before re-publishing.
+JOB_COUNT_OVERDUE = statement(
+    "job_count_overdue",
+    """
+SELECT job_type, count(*) AS n FROM __schema__.jobs j
+WHERE j.status IN ('PENDING', 'RETRYING')
+  AND j.updated_at < now() - make_interval(secs => $1)
+  AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
+  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = j.id)
+GROUP BY job_type
+""",
+)
+
+JOB_REPUBLISH_OVERDUE = statement(
+    "job_republish_overdue",
+    """
+WITH o AS (
+    SELECT id FROM __schema__.jobs j
+    WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
+      AND j.updated_at < now() - make_interval(secs => $2)
+      AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
+      AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
+    ORDER BY j.updated_at LIMIT $3 FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE __schema__.jobs j SET updated_at = now() FROM o WHERE j.id = o.id
+    RETURNING j.id, j.job_type, j.priority
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM upd
+)
+SELECT count(*) FROM upd
+""",
+)
+
+JOB_DELETE_EXPIRED = statement(
+    "job_delete_expired",
+    """
+WITH d AS (
+    SELECT id FROM __schema__.jobs WHERE status IN ('COMPLETED', 'CANCELLED')
+      AND finished_at < now() - make_interval(secs => $1)
+    LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+DELETE FROM __schema__.jobs j USING d WHERE j.id = d.id
+""",
+)
+
+
+class MaintenanceStatements(Statements):
+    async def job_promote_due(self, conn: Connection, *, limit: int) -> int:
+        """SCHEDULED jobs whose ``run_at`` passed (database clock) → PENDING + outbox rows."""
+        return int(await conn.fetchval(self.sql[JOB_PROMOTE_DUE], limit))
+
+    async def job_recover_expired(
+        self, conn: Connection, *, limit: int, default_max_retries: int
+    ) -> list[JobStatus]:
+        """IN_PROGRESS jobs whose lease expired → RETRYING, FAILED or CANCELLED."""
+        rows = await conn.fetch(self.sql[JOB_RECOVER_EXPIRED], limit, default_max_retries)
+        return [JobStatus(r["id"], Status(r["status"])) for r in rows]
+
+    async def job_count_overdue(self, conn: Connection, *, after: float) -> dict[str, int]:
+        """Per type, PENDING/RETRYING jobs untouched for ``after`` seconds with no outbox row."""
+        rows = await conn.fetch(self.sql[JOB_COUNT_OVERDUE], after)
+        return {r["job_type"]: int(r["n"]) for r in rows}
+
+    async def job_republish_overdue(
+        self, conn: Connection, job_type: str, *, after: float, limit: int
+    ) -> int:
+        """Give up to ``limit`` overdue jobs of ``job_type`` a new outbox row."""
+        return int(await conn.fetchval(self.sql[JOB_REPUBLISH_OVERDUE], job_type, after, limit))
+
+    async def job_delete_expired(self, conn: Connection, *, older_than: float, limit: int) -> int:
+        """Delete COMPLETED/CANCELLED jobs finished more than ``older_than`` seconds ago."""
+        return affected(await conn.execute(self.sql[JOB_DELETE_EXPIRED], older_than, limit))

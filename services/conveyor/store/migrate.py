@@ -1,0 +1,70 @@
+"""``conveyor migrate``: create the database when missing, then ``alembic upgrade head`` into
+the schema ``CONVEYOR_DB_SCHEMA`` (Alembic's version table lives there too, so an application's
+own Alembic history in ``public`` is never read or written)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+from .connect import ensure_database
+from .legacy import MigrationError
+from .schema import DEFAULT_SCHEMA
+
+SCHEMA_OPTION = "conveyor_schema"
+
+
+def migrations_dir() -> Path:
+    """Installed wheels carry the migrations inside the package; a source checkout has them at
+    the repository root."""
+    here = Path(__file__).resolve()
+    packaged = here.parents[1] / "_migrations"
+    if packaged.is_dir():
+        return packaged
+    return here.parents[3] / "migrations"
+
+
+def alembic_config(url: str, schema: str = DEFAULT_SCHEMA) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.set_main_option(SCHEMA_OPTION, schema)
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEMA) -> None:
+    """Blocking: runs alembic (which runs its own event loop). Call from a thread in async code."""
+    command.upgrade(alembic_config(url, schema), revision)
+
+
+def migrate(url: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
+    """Create the database if needed and upgrade it. Returns True when the database was created.
+    Raises ``MigrationError`` with one line an operator can act on."""
+    created = asyncio.run(ensure_database(url))
+    try:
+        upgrade(url, schema=schema)
+    except MigrationError:
+        raise
+    except Exception as exc:
+        raise MigrationError(_one_line(exc)) from exc
+    return created
+
+
+def _one_line(exc: BaseException) -> str:
+    seen: BaseException | None = exc
+    while seen is not None:  # the database's own words, when there are any
+        if isinstance(seen, MigrationError):
+            return str(seen)
+        orig = getattr(seen, "orig", None)
+        if orig is not None:
+            seen = orig
+            continue
+        if seen.__cause__ is None:
+            break
+        seen = seen.__cause__
+    text = str(seen or exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(seen or exc).__name__}: {first}"[:300]

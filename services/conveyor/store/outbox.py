@@ -1,0 +1,95 @@
+"""The outbox: rows the relay publishes to RabbitMQ, and the NOTIFY that wakes it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import Connection, Statements
+from .registry import statement
+from .rows import OutboxRow
+
+# The relay takes a batch in one statement: the rows are deleted inside the relay's open
+# transaction, which commits only after every publish is confirmed. A crash before the commit
+# rolls the delete back (the rows are published again: duplicates, never losses); rows whose
+# publish failed are put back with ``outbox_restore`` before the commit. Rows of job types
+# (``$2``) and retry pens (``$3``) whose declaration the broker refuses stay where they are
+# meanwhile. A dead letter carries the attempt that failed (a FAILED job's ``attempts`` only
+# changes after a redrive), so redriving it is fenced by that attempt.
+OUTBOX_TAKE_BATCH = statement(
+    "outbox_take_batch",
+    """
+DELETE FROM __schema__.job_outbox o
+WHERE id IN (
+    SELECT id FROM __schema__.job_outbox
+    WHERE job_type <> ALL($2::text[])
+      AND (destination <> 'retry' OR delay_seconds <> ALL($3::int4[]))
+    ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+RETURNING id, job_id, job_type, priority, destination, delay_seconds, error,
+    CASE WHEN destination = 'dead'
+         THEN (SELECT attempts FROM __schema__.jobs j WHERE j.id = o.job_id) END AS attempt
+""",
+)
+
+OUTBOX_RESTORE = statement(
+    "outbox_restore",
+    """
+INSERT INTO __schema__.job_outbox (id, job_id, job_type, priority, destination, delay_seconds,
+                                   error)
+SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::int2[], $5::text[], $6::int4[],
+                     $7::text[])
+""",
+)
+
+# The channel is per schema (``<schema>_outbox``), so two installs in one database do not wake
+# each other's publishers.
+OUTBOX_NOTIFY = statement("outbox_notify", "SELECT pg_notify('__schema___outbox', '')")
+
+
+class OutboxStatements(Statements):
+    async def outbox_take_batch(
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        skip_types: Sequence[str] = (),
+        skip_pens: Sequence[int] = (),
+    ) -> list[OutboxRow]:
+        """Delete and return up to ``limit`` rows, oldest first (call inside a transaction),
+        leaving alone the rows of ``skip_types`` and the retries into ``skip_pens``."""
+        rows = await conn.fetch(
+            self.sql[OUTBOX_TAKE_BATCH], limit, list(skip_types), list(skip_pens)
+        )
+        return sorted(
+            (
+                OutboxRow(
+                    id=r["id"],
+                    job_id=r["job_id"],
+                    job_type=r["job_type"],
+                    priority=r["priority"],
+                    destination=r["destination"],
+                    delay_seconds=r["delay_seconds"],
+                    error=r["error"],
+                    attempt=r["attempt"],
+                )
+                for r in rows
+            ),
+            key=lambda r: r.id,
+        )
+
+    async def outbox_restore(self, conn: Connection, rows: Sequence[OutboxRow]) -> None:
+        """Put back rows taken by ``outbox_take_batch`` whose publish failed."""
+        await conn.execute(
+            self.sql[OUTBOX_RESTORE],
+            [r.id for r in rows],
+            [r.job_id for r in rows],
+            [r.job_type for r in rows],
+            [r.priority for r in rows],
+            [r.destination for r in rows],
+            [r.delay_seconds for r in rows],
+            [r.error for r in rows],
+        )
+
+    async def outbox_notify(self, conn: Connection) -> None:
+        """Wake the publishers when the surrounding transaction commits (see ``notify.py``)."""
+        await conn.execute(self.sql[OUTBOX_NOTIFY])

@@ -1,0 +1,40 @@
+"""Readiness: is the database reachable, and is the schema at the migration head."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from .base import Connection, Statements
+from .registry import statement
+
+DB_PING = statement("db_ping", "SELECT 1")
+
+SCHEMA_VERSION = statement(
+    "schema_version", "SELECT max(version_num) FROM __schema__.alembic_version"
+)
+
+# Revision of the newest migration in ``migrations/versions`` (a test checks they agree).
+HEAD = "0003"
+
+
+class ProbeStatements(Statements):
+    async def db_ping(self, conn: Connection, *, timeout: float | None = None) -> None:
+        await conn.fetchval(self.sql[DB_PING], timeout=timeout)
+
+    async def schema_version(self, conn: Connection, *, timeout: float | None = None) -> str | None:
+        """The migration revision of this schema, or None when it was never migrated (call it
+        outside a transaction: the missing table aborts one)."""
+        try:
+            value = await conn.fetchval(self.sql[SCHEMA_VERSION], timeout=timeout)
+        except (
+            asyncpg.exceptions.UndefinedTableError,
+            asyncpg.exceptions.InvalidSchemaNameError,
+        ):
+            return None
+        return None if value is None else str(value)
+
+    async def schema_ready(self, conn: Connection, *, timeout: float | None = None) -> bool:
+        """True when the schema is at the migration head this code was written for, or later
+        (a newer release migrated it during a rolling deploy)."""
+        version = await self.schema_version(conn, timeout=timeout)
+        return version is not None and version >= HEAD

@@ -1,0 +1,145 @@
+"""Typed rows and batched items: what store functions take and return."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from ..core.jobs import Status
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to insert (see ``conveyor.enqueue.build_job``)."""
+
+    id: uuid.UUID
+    job_type: str
+    payload_json: str
+    priority: int
+    max_retries: int | None = None
+    timeout_seconds: float | None = None
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One job as operators and the API see it."""
+
+    id: uuid.UUID
+    job_type: str
+    status: Status
+    priority: int
+    payload: dict[str, Any]
+    result: Any
+    max_retries: int | None
+    timeout_seconds: float | None
+    retry_count: int
+    attempts: int
+    last_error: str | None
+    run_at: datetime | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    cancel_requested: bool
+    idempotency_key: str | None
+    request_hash: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_record(cls, r: Any) -> JobRow:
+        return cls(
+            id=r["id"],
+            job_type=r["job_type"],
+            status=Status(r["status"]),
+            priority=r["priority"],
+            payload=orjson.loads(r["payload"]),
+            result=None if r["result"] is None else orjson.loads(r["result"]),
+            max_retries=r["max_retries"],
+            timeout_seconds=r["timeout_seconds"],
+            retry_count=r["retry_count"],
+            attempts=r["attempts"],
+            last_error=r["last_error"],
+            run_at=r["run_at"],
+            lease_expires_at=r["lease_expires_at"],
+            worker_id=r["worker_id"],
+            cancel_requested=r["cancel_requested"],
+            idempotency_key=r["idempotency_key"],
+            request_hash=r["request_hash"],
+            created_at=r["created_at"],
+            updated_at=r["updated_at"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker has just claimed (its attempt already counted)."""
+
+    id: uuid.UUID
+    job_type: str
+    payload: dict[str, Any]
+    priority: int
+    attempts: int
+    retry_count: int
+    max_retries: int
+    timeout_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt of a job: the fencing token of every write after a claim."""
+
+    job_id: uuid.UUID
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    job_id: uuid.UUID
+    attempt: int
+    result_json: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt. ``delay`` None: retries exhausted (FAILED + dead letter); otherwise the
+    retry's delay in seconds (0: straight back to the work queue). ``consume``: whether it used up
+    a retry (``Retry(delay)`` does not)."""
+
+    job_id: uuid.UUID
+    attempt: int
+    error: str | None
+    delay: int | None
+    consume: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    id: uuid.UUID
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A message to publish: ``destination`` work (the type's queue), retry (the holding pen of
+    ``delay_seconds``) or dead (the dead-letter queue, with ``error`` and the ``attempt`` that
+    failed)."""
+
+    id: int
+    job_id: uuid.UUID
+    job_type: str
+    priority: int
+    destination: str
+    delay_seconds: int | None
+    error: str | None
+    attempt: int | None = None

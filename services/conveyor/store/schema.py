@@ -1,0 +1,122 @@
+"""SQLAlchemy Core tables: the single source of the schema. Alembic migrations must match it
+(``tests/integration/test_schema.py`` diffs a migrated database against this metadata). Every
+table, type and index lives in one PostgreSQL schema, ``CONVEYOR_DB_SCHEMA`` (default
+``conveyor``), beside the application's own tables; so does Alembic's version table."""
+
+from __future__ import annotations
+
+import functools
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from ..core.jobs import Status
+from .registry import check_schema
+
+DEFAULT_SCHEMA = "conveyor"
+VERSION_TABLE = "alembic_version"
+
+
+def outbox_channel(schema: str) -> str:
+    """The NOTIFY channel that wakes the publishers of the install in ``schema``."""
+    return f"{schema}_outbox"
+
+
+@functools.cache
+def metadata_for(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
+    """The tables of an install in ``schema`` (built once per schema)."""
+    check_schema(schema)
+    metadata = sa.MetaData(schema=schema)
+    _define(metadata, schema)
+    return metadata
+
+
+def _define(metadata: sa.MetaData, schema: str) -> None:
+    job_status = pg.ENUM(
+        *[s.value for s in Status],
+        name="job_status",
+        schema=schema,
+        metadata=metadata,
+        create_type=False,
+    )
+    jobs = sa.Table(
+        "jobs",
+        metadata,
+        sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("job_type", sa.Text(), nullable=False),
+        sa.Column("status", job_status, nullable=False),
+        sa.Column("priority", sa.SmallInteger(), nullable=False),
+        sa.Column("payload", pg.JSONB(), nullable=False),
+        sa.Column("result", pg.JSONB(), nullable=True),
+        # NULL until the first claim: then the handler's default (or the global one) is written.
+        sa.Column("max_retries", sa.Integer(), nullable=True),
+        sa.Column("timeout_seconds", sa.Float(), nullable=True),
+        # failures consumed so far (errors, timeouts, lost leases); Retry(delay) does not count
+        sa.Column("retry_count", sa.Integer(), nullable=False, server_default="0"),
+        # claims so far: the fencing token of every write after a claim
+        sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("run_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("worker_id", sa.Text(), nullable=True),
+        sa.Column("cancel_requested", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.Column("idempotency_key", sa.Text(), nullable=True),
+        sa.Column("request_hash", sa.Text(), nullable=True),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
+        sa.CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_object"),
+    )
+
+    # Every status change writes a new row version with an entry in each index (status is indexed,
+    # so updates are not HOT): the indexes are few, and partial where they can be.
+    # Operator queries and GET /jobs: backlog by type and status; keyset pages order by the
+    # time-ordered UUIDv7 primary key.
+    sa.Index("jobs_type_status_id_idx", jobs.c.job_type, jobs.c.status, jobs.c.id)
+    sa.Index(
+        "jobs_idempotency_key_idx",
+        jobs.c.idempotency_key,
+        unique=True,
+        postgresql_where=jobs.c.idempotency_key.isnot(None),
+    )
+    # Maintenance: due scheduled/retrying jobs and expired leases, kept small by partial predicates.
+    sa.Index(
+        "jobs_due_idx",
+        jobs.c.run_at,
+        postgresql_where=jobs.c.status.in_(["SCHEDULED", "RETRYING"]),
+    )
+    sa.Index(
+        "jobs_lease_idx",
+        jobs.c.lease_expires_at,
+        postgresql_where=jobs.c.status == "IN_PROGRESS",
+    )
+    sa.Index(
+        "jobs_finished_idx",
+        jobs.c.finished_at,
+        postgresql_where=jobs.c.finished_at.isnot(None),
+    )
+
+    sa.Table(
+        "job_outbox",
+        metadata,
+        sa.Column("id", sa.BigInteger(), sa.Identity(always=False), primary_key=True),
+        sa.Column("job_id", pg.UUID(as_uuid=True), nullable=False),
+        sa.Column("job_type", sa.Text(), nullable=False),
+        sa.Column("priority", sa.SmallInteger(), nullable=False),
+        # work: the type's queue; retry: the holding pen of delay_seconds; dead: dead letters
+        sa.Column("destination", sa.Text(), nullable=False, server_default="work"),
+        sa.Column("delay_seconds", sa.Integer(), nullable=True),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.CheckConstraint(
+            "destination IN ('work', 'retry', 'dead')", name="job_outbox_destination_check"
+        ),
+    )
