@@ -365,8 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .broker import LIBRARY_LOGGERS
+
     args = build_parser().parse_args(argv)
-    configure()
+    configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
     return int(args.func(args))
 
 

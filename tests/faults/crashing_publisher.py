@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 
+from conveyor.broker import LIBRARY_LOGGERS
 from conveyor.core.config import Settings
 from conveyor.core.logging import configure
 from conveyor.publisher.relay import Relay
@@ -47,5 +48,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    configure()
+    configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
     asyncio.run(main())

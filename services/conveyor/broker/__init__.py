@@ -8,3 +8,6 @@
 - ``inspect``: queue depth and dead-letter reading, for the sweeper and operator tools;
 - ``consume`` / ``acks``: deliveries for the worker.
 """
+
+# the client libraries' loggers, quietened by the entry points (``core.logging.configure``)
+LIBRARY_LOGGERS = ("aiormq", "aio_pika")

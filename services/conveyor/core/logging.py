@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -27,13 +28,14 @@ class _KeyValueFormatter(logging.Formatter):
         return line
 
 
-def configure(level: str = "INFO") -> None:
+def configure(level: str = "INFO", *, quiet: Iterable[str] = ("alembic",)) -> None:
+    """Key=value lines on stderr; the ``quiet`` libraries' loggers only from WARNING up."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("aiormq", "aio_pika", "alembic"):
+    for noisy in quiet:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
