@@ -178,3 +178,32 @@ async def test_a_queue_that_cannot_be_declared_holds_back_only_its_own_type(
         assert len(await _drain(ch, t.work_queue("broken"))) == 2
     finally:
         await relay.close()
+
+
+async def test_a_pen_that_cannot_be_declared_holds_back_only_its_retries(
+    settings: Settings, db: asyncpg.Connection, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    """A hand-made ``<ns>.retry.5s`` with another TTL: retries into it wait in the outbox, work
+    messages and retries into other pens flow."""
+    t = Topology(settings.namespace)
+    ch = await amqp.channel()
+    await ch.declare_queue(t.pen_queue(5), durable=True, arguments={"x-message-ttl": 1234})
+    a, b, c = await enqueue_many(db, [JobSpec("pens"), JobSpec("pens"), JobSpec("pens")])
+    await db.execute("DELETE FROM job_outbox WHERE job_id <> $1", a)
+    await db.execute(
+        "INSERT INTO job_outbox (job_id, job_type, priority, destination, delay_seconds)"
+        " VALUES ($1, 'pens', 5, 'retry', 5), ($2, 'pens', 5, 'retry', 7)",
+        b,
+        c,
+    )
+    relay = Relay(settings)
+    await relay.start()
+    try:
+        assert await relay.run_once() == 2  # the work message and the 7 s retry
+        assert relay.publisher.blocked() == ([], [5])
+        assert await relay.run_once() == 0
+        left = await db.fetch("SELECT job_id, delay_seconds FROM job_outbox")
+        assert [(r["job_id"], r["delay_seconds"]) for r in left] == [(b, 5)]
+    finally:
+        await relay.close()
+    assert len(await _drain(ch, t.pen_queue(7))) == 1
