@@ -17,8 +17,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed ## create .venv and install Conveyor with its test tools
 
-dev: install ## run API + publisher + worker + maintenance on http://127.0.0.1:8000 (example app)
-	$(VENV)/bin/conveyor dev --app examples.app:router
+PORT ?= 8000
+
+dev: install ## run API + publisher + worker + maintenance on http://127.0.0.1:$(PORT) (example app; PORT=8001 to move it)
+	$(VENV)/bin/conveyor dev --app examples.app:router --port $(PORT)
 
 test: install ## lint, type-check and run the whole test suite against the local PostgreSQL and RabbitMQ
 	$(VENV)/bin/ruff check .

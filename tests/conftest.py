@@ -93,6 +93,7 @@ def template_db(endpoints: Endpoints) -> Iterator[str]:
 
     asyncio.run(create())
     upgrade(with_database(endpoints.database_url, name))
+    asyncio.run(tdb.register_test_types(with_database(endpoints.database_url, name)))
     yield name
 
     async def drop() -> None:

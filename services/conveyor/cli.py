@@ -361,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
         d.add_argument("--type", help="every dead letter of this job type")
         d.add_argument("--all", action="store_true", help="every dead letter")
     s.set_defaults(func=cmd_dlq)
+
+    from .cli_types import add_parser as add_types
+
+    add_types(sub)
     return p
 
 

@@ -17,6 +17,7 @@ import orjson
 
 from .core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
 from .core.jobs import check_type, new_job_id, parse_priority
+from .job_types import check_for_enqueue
 from .store import NewJob, Store, for_schema
 from .store.schema import DEFAULT_SCHEMA
 
@@ -164,6 +165,7 @@ async def enqueue_many(
     store = _store(schema)
     raw = await _raw_connection(conn)
     rows = [build_job(s) for s in specs]
+    await check_for_enqueue(raw, store, {r.job_type for r in rows})
     inserted = await store.job_insert_many(raw, rows)
     if notify and any(r.status == "PENDING" for r in inserted.values()):
         await store.outbox_notify(raw)  # delivered when the caller's transaction commits

@@ -19,6 +19,7 @@ from conveyor.core.config import Settings
 from conveyor.store.connect import ensure_database
 from conveyor.store.migrate import upgrade
 
+from .. import db as tdb
 from .checker import VERDICTS, Ledger, install_audit
 from .harness import LIVE, fault_settings
 from .infra import PrivatePostgres, PrivateRabbit
@@ -57,6 +58,7 @@ def private_pg() -> Iterator[PrivatePostgres]:
         template = cluster.url("conveyor_faults_template")
         asyncio.run(ensure_database(template))
         upgrade(template)
+        asyncio.run(tdb.register_test_types(template))
         yield cluster
     finally:
         cluster.stop()

@@ -181,7 +181,8 @@ async def test_always_failing_handler_ends_failed_and_dead_lettered(
     fsettings: Settings, ledger: Ledger
 ) -> None:
     """``doomed`` raises every time (max_retries=2, retry_delays=[1]): 3 attempts, then FAILED
-    with its last error, and one copy in the dead-letter queue carrying that error."""
+    with its last error (``retry_count`` 2: retries performed, never above ``max_retries``), and
+    one copy in the dead-letter queue carrying that error."""
     async with running(fsettings, routers=[router], concurrency=8) as stack:
         ids = await stack.submit_many(5, "doomed", lambda i: {"ledger": str(ledger)})
         v = await check(fsettings.database_url, stack.accepted, ledger, label="always-fails",
@@ -191,7 +192,7 @@ async def test_always_failing_handler_ends_failed_and_dead_lettered(
     v.extra["dead_lettered"] = len(dead)
     v.assert_clean(expect="FAILED")
     for r in rows.values():
-        assert r["attempts"] == 3 and r["retry_count"] == 3, dict(r)
+        assert r["attempts"] == 3 and r["retry_count"] == 2, dict(r)
         assert "doomed: attempt 3 failed on purpose" in r["last_error"], r["last_error"]
     assert v.executed == 15
     letters = {orjson.loads(m.body)["id"]: orjson.loads(m.body) for m in dead}

@@ -81,6 +81,7 @@ async def test_migrates_beside_an_alembic_application_and_enqueues_in_its_transa
     await _install_application(empty_db_url)
     out = _cli_migrate(empty_db_url)
     assert out.returncode == 0, out.stderr
+    await tdb.register_test_types(empty_db_url)
     conn = await asyncpg.connect(empty_db_url)
     try:  # the application's history and table are untouched
         assert await conn.fetch("SELECT version_num FROM public.alembic_version") == [
@@ -116,6 +117,7 @@ async def test_two_schemas_in_one_database_stay_isolated(
 ) -> None:
     for schema in ("conveyor_a", "conveyor_b"):
         await asyncio.to_thread(migrate, empty_db_url, schema=schema)
+        await tdb.register_test_types(empty_db_url, schema=schema)
     a_settings = _on(settings, empty_db_url, db_schema="conveyor_a", namespace=namespace + "a")
     b_settings = _on(settings, empty_db_url, db_schema="conveyor_b", namespace=namespace + "b")
     conn = await asyncpg.connect(empty_db_url)
@@ -141,10 +143,11 @@ async def test_two_schemas_in_one_database_stay_isolated(
 
 
 async def test_a_round_one_install_moves_out_of_public_with_its_rows(
-    empty_db_url: str, settings: Settings
+    empty_db_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # round one: everything in public, the version row in public.alembic_version at 0002
     await asyncio.to_thread(upgrade, empty_db_url, "0002", schema="public")
+    monkeypatch.setenv("CONVEYOR_ACCEPT_UNKNOWN_TYPES", "true")  # round one had no job_types
     conn = await asyncpg.connect(empty_db_url)
     try:
         ids = await enqueue_many(
@@ -154,9 +157,11 @@ async def test_a_round_one_install_moves_out_of_public_with_its_rows(
         assert await conn.fetchval("SELECT version_num FROM public.alembic_version") == "0002"
     finally:
         await conn.close()
+    monkeypatch.delenv("CONVEYOR_ACCEPT_UNKNOWN_TYPES")
 
     out = _cli_migrate(empty_db_url)
     assert out.returncode == 0, out.stderr
+    await tdb.register_test_types(empty_db_url)
 
     conn = await asyncpg.connect(empty_db_url)
     try:
@@ -224,5 +229,6 @@ async def test_readyz_and_submit_answer_503_until_the_schema_is_migrated(
         await asyncio.to_thread(upgrade, empty_db_url, "0002")
         assert (await stack.client.get("/readyz")).status_code == 503  # not at the head yet
         await asyncio.to_thread(upgrade, empty_db_url)
+        await tdb.register_test_types(empty_db_url)
         assert (await stack.client.get("/readyz")).status_code == 200
         assert (await stack.client.post("/jobs", json={"type": "echo"})).status_code == 201

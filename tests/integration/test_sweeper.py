@@ -76,7 +76,8 @@ async def test_fencing_a_superseded_attempt_cannot_write(
     # attempt 1's worker stalls; its lease expires; the sweeper takes the job back
     await db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s'")
     assert await sweeper.recover_leases() == {"RETRYING": 1}
-    assert await db.fetchval("SELECT destination FROM job_outbox") == "work"
+    assert await db.fetchval("SELECT destination FROM job_outbox") == "retry"  # after a backoff
+    await db.execute("UPDATE jobs SET run_at = now()")
     [second] = await _claim(db, [job_id], "fast-worker")
     assert second.attempts == 2
     # the stale worker wakes up and tries to complete, fail or release attempt 1: all refused

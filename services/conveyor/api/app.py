@@ -26,11 +26,13 @@ from ..core.errors import (
     JobNotFound,
     PayloadTooLarge,
     ServiceUnavailable,
+    UnknownJobType,
 )
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..enqueue import build_job
+from ..job_types import KnownTypes
 from ..store import JobRow, for_schema
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
@@ -145,6 +147,7 @@ class Api:
         self.settings = settings
         self.metrics = metrics
         self.store = for_schema(settings.db_schema)
+        self.known_types = None if settings.accept_unknown_types else KnownTypes(self.store)
         self.pool: Any = None
         self.notifier: Notifier | None = None
 
@@ -208,6 +211,8 @@ class Api:
             body.to_spec(idempotency_key), max_payload_bytes=self.settings.max_payload_bytes
         )
         async with self.connection() as conn:
+            if self.known_types is not None:
+                await self.known_types.check(conn, [new.job_type])
             inserted = await self.store.job_insert_many(conn, [new])  # one atomic statement
             if new.id in inserted:
                 self._wake()
@@ -229,9 +234,10 @@ class Api:
             for j in body.jobs
         ]
         async with self.connection() as conn:
-            found = await self.store.job_insert_many(
-                conn, rows
-            )  # one atomic statement: all or none
+            if self.known_types is not None:
+                await self.known_types.check(conn, [r.job_type for r in rows])
+            # one atomic statement: all or none
+            found = await self.store.job_insert_many(conn, rows)
         self._wake()
         for r in rows:
             self.metrics.jobs_submitted.labels(r.job_type).inc()
@@ -375,6 +381,11 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     @app.exception_handler(PayloadTooLarge)
     async def _too_big(_: Request, exc: PayloadTooLarge) -> JSONResponse:
         return failure(413, "payload too large", str(exc))
+
+    @app.exception_handler(UnknownJobType)
+    async def _unknown_type(_: Request, exc: UnknownJobType) -> JSONResponse:
+        detail = {"type": exc.job_type, "known": exc.known, "message": str(exc)}
+        return failure(422, "unknown job type", detail)
 
     @app.exception_handler(InvalidJob)
     async def _bad_job(_: Request, exc: InvalidJob) -> JSONResponse:

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     db_timeout: float = Field(default=1.5, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
 
+    # accept job types no worker registered (job_types); off: 422 naming the known types
+    accept_unknown_types: bool = False
+
     # job defaults when neither the submitter nor the handler says
     default_max_retries: int = Field(default=3, ge=0)
 

@@ -15,6 +15,16 @@ class PayloadTooLarge(InvalidJob):
     """A job's payload is over the configured limit."""
 
 
+class UnknownJobType(InvalidJob):
+    """No worker registered this job type (and unknown types are not accepted)."""
+
+    def __init__(self, job_type: str, known: list[str]) -> None:
+        shown = ", ".join(known[:50]) or "none yet"
+        super().__init__(f"unknown job type {job_type!r}: no worker registered it (known: {shown})")
+        self.job_type = job_type
+        self.known = known
+
+
 class IdempotencyConflict(ConveyorError):
     """The same Idempotency-Key was used with a different request body."""
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ..broker.inspect import Inspector
 from ..core.jobs import Status
-from ..store import Store
+from ..store import Attempt, Store
 
 
 @dataclass
@@ -84,7 +84,9 @@ async def scan(
                 if decision == "redrive":
                     assert dl.job_id is not None and dl.attempts is not None
                     async with conn.transaction():
-                        done = await store.job_redrive_fenced(conn, [(dl.job_id, dl.attempts)])
+                        done = await store.job_redrive_failed(
+                            conn, [Attempt(dl.job_id, dl.attempts)]
+                        )
                         await store.outbox_notify(conn)
                     if not done:
                         decision = "drop"

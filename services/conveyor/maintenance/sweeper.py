@@ -139,13 +139,16 @@ class Sweeper:
                 event(log, "queue_depth_failed", logging.WARNING, type=job_type,
                       error=repr(exc)[:300])  # fmt: skip
                 continue
-            async with self.pool.acquire() as conn:
-                recount = await self.store.job_count_overdue(conn, after=after)
-            n = recount.get(job_type, 0)
-            missing = n - ready
-            if missing <= 0:
-                continue
+            # recount and re-publish under the type's lock: a replica that finds it taken skips
+            # the type (the holder is filling the same shortfall)
             async with self.pool.acquire() as conn, conn.transaction():
+                if not await self.store.job_reconcile_lock(conn, job_type):
+                    continue
+                recount = await self.store.job_count_overdue(conn, after=after)
+                n = recount.get(job_type, 0)
+                missing = n - ready
+                if missing <= 0:
+                    continue
                 done = await self.store.job_republish_overdue(
                     conn, job_type, after=after, limit=missing
                 )

@@ -4,7 +4,8 @@
 offers one method per statement, named entity first (``job_claim_many``,
 ``outbox_take_batch``). Each takes a connection and never commits: the caller owns the
 transaction. The statements live in one module per entity (``jobs``, ``attempts``,
-``maintenance``, ``outbox``, ``probes``) and are listed by name in ``registry.TEMPLATES``."""
+``maintenance``, ``outbox``, ``probes``, ``types``) and are listed by name in
+``registry.TEMPLATES``."""
 
 from __future__ import annotations
 
@@ -24,14 +25,22 @@ from .rows import (
     Failure,
     JobRow,
     JobStatus,
+    JobType,
+    JobTypeDefaults,
     NewJob,
     OutboxRow,
 )
 from .schema import DEFAULT_SCHEMA, outbox_channel
+from .types import TypeStatements
 
 
 class Store(
-    JobStatements, AttemptStatements, MaintenanceStatements, OutboxStatements, ProbeStatements
+    JobStatements,
+    AttemptStatements,
+    MaintenanceStatements,
+    OutboxStatements,
+    ProbeStatements,
+    TypeStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -60,6 +69,8 @@ __all__ = [
     "Failure",
     "JobRow",
     "JobStatus",
+    "JobType",
+    "JobTypeDefaults",
     "NewJob",
     "OutboxRow",
     "Store",

@@ -55,34 +55,39 @@ RETURNING j.id
 
 # ``delay`` NULL means retries are exhausted (FAILED + a dead-letter copy); otherwise RETRYING +
 # a message to the holding pen of that delay (0: straight back to the work queue). ``consume``
-# says whether it used up a retry.
+# says whether it uses up a retry. ``retry_count`` counts retries performed, so it never exceeds
+# ``max_retries``: a consuming failure with no retry left is FAILED whatever the writer asked
+# (``_EXHAUSTED``), and a FAILED or CANCELLED job does not count another retry.
+_EXHAUSTED = "(u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries))"
 JOB_FAIL_MANY = statement(
     "job_fail_many",
-    """
+    f"""
 WITH u AS (
     SELECT * FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::bool[])
         AS u(id, attempt, error, delay, consume)
 ), upd AS (
     UPDATE __schema__.jobs j SET
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
-                       WHEN u.delay IS NULL THEN 'FAILED'
+                       WHEN {_EXHAUSTED} THEN 'FAILED'
                        ELSE 'RETRYING' END)::__schema__.job_status,
         last_error = u.error,
-        retry_count = j.retry_count + (CASE WHEN u.consume THEN 1 ELSE 0 END),
-        run_at = CASE WHEN u.delay IS NULL THEN j.run_at
+        retry_count = j.retry_count + (CASE WHEN u.consume AND NOT {_EXHAUSTED}
+                                            AND NOT j.cancel_requested THEN 1 ELSE 0 END),
+        run_at = CASE WHEN {_EXHAUSTED} THEN j.run_at
                       ELSE now() + make_interval(secs => u.delay) END,
-        finished_at = CASE WHEN u.delay IS NULL OR j.cancel_requested THEN now() END,
+        finished_at = CASE WHEN {_EXHAUSTED} OR j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM u
     WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
-    RETURNING j.id, j.job_type, j.priority, j.status, u.delay, u.error
+    RETURNING j.id, j.job_type, j.priority, j.status, j.attempts, u.delay, u.error
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
-                                       error)
+                                       error, attempt)
     SELECT id, job_type, priority,
            CASE WHEN status = 'FAILED' THEN 'dead' WHEN delay > 0 THEN 'retry' ELSE 'work' END,
            CASE WHEN status = 'RETRYING' AND delay > 0 THEN delay END,
-           CASE WHEN status = 'FAILED' THEN left(error, 2000) END
+           CASE WHEN status = 'FAILED' THEN left(error, 2000) END,
+           CASE WHEN status = 'FAILED' THEN attempts END
     FROM upd WHERE status IN ('RETRYING', 'FAILED')
 )
 SELECT id, status::text AS status FROM upd

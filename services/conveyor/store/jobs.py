@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from ..core.jobs import Status
 from .base import Connection, Statements
 from .registry import statement
-from .rows import JobRow, NewJob
+from .rows import Attempt, JobRow, NewJob
 
 JOB_COLUMNS = """id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
@@ -75,43 +75,52 @@ RETURNING id
 """,
 )
 
-# Redrive: FAILED or CANCELLED → PENDING with fresh retries. ``attempts`` is never reset: it is
-# the fencing token and must only grow.
+# Redrive: FAILED or CANCELLED → PENDING with fresh retries; a cancelled job whose ``run_at`` is
+# still ahead (a cancelled scheduled job) goes back to SCHEDULED with it, and the promoter
+# publishes it when due. ``attempts`` is never reset: it is the fencing token and only grows.
+_REDRIVE_SET = """
+    status = (CASE WHEN status = 'CANCELLED' AND run_at > now() THEN 'SCHEDULED'
+                   ELSE 'PENDING' END)::__schema__.job_status,
+    run_at = CASE WHEN status = 'CANCELLED' AND run_at > now() THEN run_at END,
+    retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
+    updated_at = now()
+"""
+
 JOB_REDRIVE = statement(
     "job_redrive",
-    """
+    f"""
 WITH r AS (
-    UPDATE __schema__.jobs SET status = 'PENDING', retry_count = 0, cancel_requested = false,
-        result = NULL, finished_at = NULL, run_at = NULL, updated_at = now()
+    UPDATE __schema__.jobs SET {_REDRIVE_SET}
     WHERE id = ANY($1::uuid[]) AND status IN ('FAILED', 'CANCELLED')
-    RETURNING id, job_type, priority
+    RETURNING id, job_type, priority, status
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM r
+    SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
 )
 SELECT id FROM r
 """,
 )
 
-# A dead letter's redrive, fenced by the attempt it recorded: only a job still FAILED at that
-# attempt is revived, never one redriven since (and then cancelled, or failed again later).
-JOB_REDRIVE_FENCED = statement(
-    "job_redrive_fenced",
-    """
+# The dead-letter tools' redrive: only a job still in the failure its dead letter recorded
+# (FAILED at that attempt). A job redriven since — then cancelled, completed or failed again
+# (a newer dead letter exists) — is left alone, and the caller drops the stale letter.
+JOB_REDRIVE_FAILED = statement(
+    "job_redrive_failed",
+    f"""
 WITH r AS (
-    UPDATE __schema__.jobs j SET status = 'PENDING', retry_count = 0, cancel_requested = false,
-        result = NULL, finished_at = NULL, run_at = NULL, updated_at = now()
+    UPDATE __schema__.jobs j SET {_REDRIVE_SET}
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
     WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'FAILED'
-    RETURNING j.id, j.job_type, j.priority
+    RETURNING j.id, j.job_type, j.priority, j.status
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM r
+    SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
 )
 SELECT id FROM r
 """,
 )
 
+# The dead-letter tools compare a letter's attempt with the job's (stale unless FAILED at it).
 JOB_FENCE_MANY = statement(
     "job_fence_many",
     "SELECT id, status::text AS status, attempts FROM __schema__.jobs WHERE id = ANY($1::uuid[])",
@@ -171,14 +180,19 @@ class JobStatements(Statements):
         return await conn.fetchval(self.sql[JOB_CANCEL], job_id) is not None
 
     async def job_redrive(self, conn: Connection, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+        """FAILED or CANCELLED jobs back to PENDING (SCHEDULED when a cancelled job's ``run_at``
+        is still ahead). Returns the ids redriven."""
         return [r["id"] for r in await conn.fetch(self.sql[JOB_REDRIVE], list(ids))]
 
-    async def job_redrive_fenced(
-        self, conn: Connection, items: Sequence[tuple[uuid.UUID, int]]
+    async def job_redrive_failed(
+        self, conn: Connection, letters: Sequence[Attempt]
     ) -> list[uuid.UUID]:
-        """Redrive each job only if it is still FAILED at the given attempt."""
+        """Redrive each job only while it is still FAILED at the attempt its dead letter
+        recorded. Returns the ids redriven; the other letters are stale."""
         rows = await conn.fetch(
-            self.sql[JOB_REDRIVE_FENCED], [i for i, _ in items], [a for _, a in items]
+            self.sql[JOB_REDRIVE_FAILED],
+            [a.job_id for a in letters],
+            [a.attempt for a in letters],
         )
         return [r["id"] for r in rows]
 

@@ -4,7 +4,7 @@ sweepers can run at once."""
 
 from __future__ import annotations
 
-from ..core.jobs import Status
+from ..core.jobs import PEN_LADDER, Status
 from .base import Connection, Statements, affected
 from .registry import statement
 from .rows import JobStatus
@@ -27,32 +27,45 @@ SELECT count(*) FROM upd
 """,
 )
 
-# Expired leases: the worker died or hung. With retries left the job goes back to the queue
-# (consuming a retry); otherwise it fails and is dead-lettered. A pending cancellation wins.
+# Expired leases: the worker died or hung. With retries left the job waits in a holding pen for
+# the default exponential backoff (2^n s with jitter over the upper half, snapped up to the pen
+# ladder ``$3``), so a job that crashes its worker does not hit the fleet again every lease
+# period; otherwise it fails and is dead-lettered. A pending cancellation wins. ``retry_count``
+# counts retries performed: it never exceeds ``max_retries``.
+_HAS_RETRY = "j.retry_count < COALESCE(j.max_retries, $2)"
 JOB_RECOVER_EXPIRED = statement(
     "job_recover_expired",
-    """
+    f"""
 WITH exp AS (
-    SELECT id FROM __schema__.jobs WHERE status = 'IN_PROGRESS' AND lease_expires_at < now()
-    ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
+    SELECT id, (SELECT COALESCE(min(p) FILTER (WHERE p >= d.secs), max(p))
+                FROM unnest($3::int4[]) p) AS delay
+    FROM __schema__.jobs jj,
+         LATERAL (SELECT least(2.0 ^ (jj.retry_count + 1), 3600.0) * (0.5 + random() / 2)
+                  AS secs) d
+    WHERE status = 'IN_PROGRESS' AND lease_expires_at < now()
+    ORDER BY lease_expires_at LIMIT $1 FOR UPDATE OF jj SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
-                       WHEN j.retry_count < COALESCE(j.max_retries, $2) THEN 'RETRYING'
+                       WHEN {_HAS_RETRY} THEN 'RETRYING'
                        ELSE 'FAILED' END)::__schema__.job_status,
-        retry_count = j.retry_count + (CASE WHEN j.cancel_requested THEN 0 ELSE 1 END),
+        retry_count = j.retry_count + (CASE WHEN NOT j.cancel_requested AND {_HAS_RETRY}
+                                            THEN 1 ELSE 0 END),
         last_error = 'lease expired: worker ' || COALESCE(j.worker_id, '?')
                      || ' stopped heartbeating during attempt ' || j.attempts,
-        run_at = now(),
-        finished_at = CASE WHEN j.cancel_requested OR j.retry_count >= COALESCE(j.max_retries, $2)
-                           THEN now() END,
+        run_at = CASE WHEN NOT j.cancel_requested AND {_HAS_RETRY}
+                      THEN now() + make_interval(secs => exp.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN j.cancel_requested OR NOT {_HAS_RETRY} THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM exp WHERE j.id = exp.id
-    RETURNING j.id, j.job_type, j.priority, j.status, j.last_error
+    RETURNING j.id, j.job_type, j.priority, j.status, j.last_error, j.attempts, exp.delay
 ), ob AS (
-    INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, error)
-    SELECT id, job_type, priority, CASE WHEN status = 'FAILED' THEN 'dead' ELSE 'work' END,
-           CASE WHEN status = 'FAILED' THEN last_error END
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
+                                       error, attempt)
+    SELECT id, job_type, priority, CASE WHEN status = 'FAILED' THEN 'dead' ELSE 'retry' END,
+           CASE WHEN status = 'RETRYING' THEN delay END,
+           CASE WHEN status = 'FAILED' THEN last_error END,
+           CASE WHEN status = 'FAILED' THEN attempts END
     FROM upd WHERE status IN ('RETRYING', 'FAILED')
 )
 SELECT id, status::text AS status FROM upd
@@ -94,6 +107,13 @@ SELECT count(*) FROM upd
 """,
 )
 
+# One replica at a time reconciles a type: the lock is held by the transaction that recounts and
+# re-publishes, so a replica cannot add its own copy of a shortfall another one is filling.
+JOB_RECONCILE_LOCK = statement(
+    "job_reconcile_lock",
+    "SELECT pg_try_advisory_xact_lock(hashtextextended('__schema__:reconcile:' || $1, 0))",
+)
+
 JOB_DELETE_EXPIRED = statement(
     "job_delete_expired",
     """
@@ -115,8 +135,11 @@ class MaintenanceStatements(Statements):
     async def job_recover_expired(
         self, conn: Connection, *, limit: int, default_max_retries: int
     ) -> list[JobStatus]:
-        """IN_PROGRESS jobs whose lease expired → RETRYING, FAILED or CANCELLED."""
-        rows = await conn.fetch(self.sql[JOB_RECOVER_EXPIRED], limit, default_max_retries)
+        """IN_PROGRESS jobs whose lease expired → RETRYING (through a holding pen, after the
+        default backoff), FAILED or CANCELLED."""
+        rows = await conn.fetch(
+            self.sql[JOB_RECOVER_EXPIRED], limit, default_max_retries, list(PEN_LADDER)
+        )
         return [JobStatus(r["id"], Status(r["status"])) for r in rows]
 
     async def job_count_overdue(self, conn: Connection, *, after: float) -> dict[str, int]:
@@ -129,6 +152,11 @@ class MaintenanceStatements(Statements):
     ) -> int:
         """Give up to ``limit`` overdue jobs of ``job_type`` a new outbox row."""
         return int(await conn.fetchval(self.sql[JOB_REPUBLISH_OVERDUE], job_type, after, limit))
+
+    async def job_reconcile_lock(self, conn: Connection, job_type: str) -> bool:
+        """Take ``job_type``'s reconcile lock until the transaction ends; False when another
+        replica holds it (it is reconciling that type right now)."""
+        return bool(await conn.fetchval(self.sql[JOB_RECONCILE_LOCK], job_type))
 
     async def job_delete_expired(self, conn: Connection, *, older_than: float, limit: int) -> int:
         """Delete COMPLETED/CANCELLED jobs finished more than ``older_than`` seconds ago."""

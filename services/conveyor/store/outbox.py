@@ -13,21 +13,18 @@ from .rows import OutboxRow
 # rolls the delete back (the rows are published again: duplicates, never losses); rows whose
 # publish failed are put back with ``outbox_restore`` before the commit. Rows of job types
 # (``$2``) and retry pens (``$3``) whose declaration the broker refuses stay where they are
-# meanwhile. A dead letter carries the attempt that failed (a FAILED job's ``attempts`` only
-# changes after a redrive), so redriving it is fenced by that attempt.
+# meanwhile (see ``broker/publish.py``).
 OUTBOX_TAKE_BATCH = statement(
     "outbox_take_batch",
     """
-DELETE FROM __schema__.job_outbox o
+DELETE FROM __schema__.job_outbox
 WHERE id IN (
     SELECT id FROM __schema__.job_outbox
     WHERE job_type <> ALL($2::text[])
       AND (destination <> 'retry' OR delay_seconds <> ALL($3::int4[]))
     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
 )
-RETURNING id, job_id, job_type, priority, destination, delay_seconds, error,
-    CASE WHEN destination = 'dead'
-         THEN (SELECT attempts FROM __schema__.jobs j WHERE j.id = o.job_id) END AS attempt
+RETURNING id, job_id, job_type, priority, destination, delay_seconds, error, attempt
 """,
 )
 
@@ -35,9 +32,9 @@ OUTBOX_RESTORE = statement(
     "outbox_restore",
     """
 INSERT INTO __schema__.job_outbox (id, job_id, job_type, priority, destination, delay_seconds,
-                                   error)
+                                   error, attempt)
 SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::int2[], $5::text[], $6::int4[],
-                     $7::text[])
+                     $7::text[], $8::int4[])
 """,
 )
 
@@ -88,6 +85,7 @@ class OutboxStatements(Statements):
             [r.destination for r in rows],
             [r.delay_seconds for r in rows],
             [r.error for r in rows],
+            [r.attempt for r in rows],
         )
 
     async def outbox_notify(self, conn: Connection) -> None:

@@ -133,7 +133,7 @@ class JobStatus:
 class OutboxRow:
     """A message to publish: ``destination`` work (the type's queue), retry (the holding pen of
     ``delay_seconds``) or dead (the dead-letter queue, with ``error`` and the ``attempt`` that
-    failed)."""
+    failed, which fences a redrive from the queue: ``job_redrive_failed``)."""
 
     id: int
     job_id: uuid.UUID
@@ -143,3 +143,23 @@ class OutboxRow:
     delay_seconds: int | None
     error: str | None
     attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobTypeDefaults:
+    """A job type as a worker registers it: its handler's defaults."""
+
+    name: str
+    max_retries: int | None = None
+    timeout_seconds: float | None = None
+    retry_delays: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobType:
+    name: str
+    max_retries: int | None
+    timeout_seconds: float | None
+    retry_delays: tuple[int, ...]
+    first_seen: datetime
+    last_seen: datetime

@@ -113,10 +113,28 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         sa.Column("destination", sa.Text(), nullable=False, server_default="work"),
         sa.Column("delay_seconds", sa.Integer(), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
+        # dead letters: the attempt that failed, so a redrive from the queue is fenced
+        sa.Column("attempt", sa.Integer(), nullable=True),
         sa.Column(
             "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
         sa.CheckConstraint(
             "destination IN ('work', 'retry', 'dead')", name="job_outbox_destination_check"
+        ),
+    )
+
+    # The job types workers registered (with their handlers' defaults): the API accepts these.
+    sa.Table(
+        "job_types",
+        metadata,
+        sa.Column("name", sa.Text(), primary_key=True),
+        sa.Column("max_retries", sa.Integer(), nullable=True),
+        sa.Column("timeout_seconds", sa.Float(), nullable=True),
+        sa.Column("retry_delays", pg.ARRAY(sa.Integer()), nullable=True),
+        sa.Column(
+            "first_seen", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column(
+            "last_seen", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
     )

@@ -35,6 +35,7 @@ from ..core.config import Settings
 from ..core.logging import event
 from ..core.messages import MalformedMessage, decode
 from ..core.metrics import Metrics
+from ..job_types import router_types
 from ..router import HandlerSpec, Job, JobRouter
 from ..store import Attempt, ClaimedJob, Completion, Failure, for_schema
 from ..store.connect import create_pool
@@ -115,6 +116,8 @@ class Worker:
             max_size=4,
             command_timeout=30,
         )
+        async with self.pool.acquire() as conn:  # the API accepts these types from now on
+            await self.store.job_type_register_many(conn, router_types(self.router, self.types))
         self.connection = await connect(
             self.settings.amqp_url, name=f"conveyor-worker {self.worker_id}"
         )
