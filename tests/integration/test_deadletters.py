@@ -14,7 +14,7 @@ from conveyor.broker.inspect import Inspector
 from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 
-from ..faults.harness import component_env
+from ..faults.harness import component_env, publish_raw
 from ..stack import Stack, running_stack, wait_for
 from .broker_state import published, wait_metric
 
@@ -92,3 +92,27 @@ async def test_a_dead_letter_redrives_only_the_attempt_it_recorded(
         body = await _status(stack, job_id)
     assert summary == {"scanned": 2, "drop": 1, "redrive": 1}
     assert body["status"] == "PENDING" and body["attempts"] == 2
+
+
+async def test_a_letter_from_before_the_attempt_field_still_redrives_once(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round one's letters carry no attempt: fenced by the attempts read during the scan."""
+    async with running_stack(settings, router) as stack:
+        job_id = await stack.submit("doomed")
+        await wait_for(settings.database_url, [job_id], statuses=["FAILED"])
+        await wait_metric(lambda: published(stack.relay, "dead") >= 1, what="a dead letter")
+        await _stop_workers(stack)
+        inspector = Inspector(settings.amqp_url, Topology(settings.namespace), name="test")
+        try:
+            async with inspector.dead_letters() as batch:  # replace it by a round-one letter
+                await batch.letters[0].settle()
+        finally:
+            await inspector.close()
+        old = orjson.dumps({"id": job_id, "type": "doomed", "error": "doomed at attempt 1"})
+        await publish_raw(settings.amqp_url, f"{settings.namespace}.dead_letter", "", [old])
+        summary = await _dlq(settings, monkeypatch, capsys)
+        body = await _status(stack, job_id)
+        again = await _dlq(settings, monkeypatch, capsys)
+    assert summary == {"scanned": 1, "redrive": 1} and body["status"] == "PENDING"
+    assert again == {"scanned": 0}
