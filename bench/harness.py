@@ -159,6 +159,19 @@ class Harness:
         )
         if proc.returncode != 0:
             raise RuntimeError(f"conveyor migrate failed ({proc.returncode}):\n{proc.stderr}")
+        # a deploy step: the API accepts only registered job types (workers register theirs at
+        # start; the REST workloads may submit before the worker runs)
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            [self.conveyor, "types", "register", "--app", "bench.app:router"],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"conveyor types register failed:\n{proc.stderr}")
         self.db = await Db.connect(self.db_url)
         self.servers = {
             "postgres": _local_listener(self.db_url, 5432),

@@ -64,9 +64,12 @@ async def _online() -> None:
         await engine.dispose()
 
 
-if context.is_offline_mode():
-    context.configure(url=_url(), literal_binds=True, **_options(_schema()))
+if context.is_offline_mode():  # SQL for a DBA; no legacy detection (needs the database)
+    _offline_schema = _schema()
+    context.configure(url=_url(), literal_binds=True, **_options(_offline_schema))
     with context.begin_transaction():
+        context.execute(f"CREATE SCHEMA IF NOT EXISTS {_offline_schema}")
+        context.execute(f"SET LOCAL search_path TO {_offline_schema}")
         context.run_migrations()
 else:
     asyncio.run(_online())

@@ -320,11 +320,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     from .broker import LIBRARY_LOGGERS
 
     args = build_parser().parse_args(argv)
     configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback
+        first = exc.errors()[0]
+        name = "CONVEYOR_" + "_".join(str(p) for p in first["loc"]).upper()
+        print(f"conveyor: invalid {name}: {first['msg']}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from .core.errors import UnknownJobType
 from .router import JobRouter
@@ -69,7 +70,15 @@ class KnownTypes:
             raise UnknownJobType(missing[0], sorted(self._names))
 
 
-_ENQUEUE_CACHES: dict[str, KnownTypes] = {}
+_ENQUEUE_CACHES: dict[tuple[str, str, str], KnownTypes] = {}
+
+
+def _database_of(conn: Any) -> tuple[str, str] | None:
+    """(server address, database) of an asyncpg connection, to key the cache: an application
+    may enqueue into several databases."""
+    addr, params = getattr(conn, "_addr", None), getattr(conn, "_params", None)
+    database = getattr(params, "database", None)
+    return None if addr is None or database is None else (str(addr), str(database))
 
 
 async def check_for_enqueue(conn: Connection, store: Store, types: Iterable[str]) -> None:
@@ -77,7 +86,12 @@ async def check_for_enqueue(conn: Connection, store: Store, types: Iterable[str]
     the application's environment."""
     if os.environ.get("CONVEYOR_ACCEPT_UNKNOWN_TYPES", "").lower() in ("1", "true", "yes", "on"):
         return
-    known = _ENQUEUE_CACHES.get(store.schema)
+    where = _database_of(conn)
+    if where is None:  # unknown kind of connection: no cache
+        await KnownTypes(store).check(conn, types)
+        return
+    key = (store.schema, *where)
+    known = _ENQUEUE_CACHES.get(key)
     if known is None:
-        known = _ENQUEUE_CACHES[store.schema] = KnownTypes(store)
+        known = _ENQUEUE_CACHES[key] = KnownTypes(store)
     await known.check(conn, types)

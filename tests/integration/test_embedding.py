@@ -232,3 +232,10 @@ async def test_readyz_and_submit_answer_503_until_the_schema_is_migrated(
         await tdb.register_test_types(empty_db_url)
         assert (await stack.client.get("/readyz")).status_code == 200
         assert (await stack.client.post("/jobs", json={"type": "echo"})).status_code == 201
+
+
+def test_an_invalid_schema_setting_is_one_line() -> None:
+    out = _cli_migrate("postgresql://postgres@127.0.0.1:5432/unused", "Bad-Schema")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CONVEYOR_DB_SCHEMA" in lines[0], out.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import string
+import uuid
 
 import aio_pika
 import asyncpg
@@ -18,8 +19,10 @@ from conveyor.core.amqp.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.core.errors import UnknownJobType
 from conveyor.job_types import register_router_types
+from conveyor.store.connect import with_database
 
 from .. import apps
+from ..services import Endpoints
 from ..stack import running_stack, wait_for
 
 fresh = JobRouter()
@@ -105,3 +108,24 @@ async def test_enqueue_applies_the_same_policy(
     monkeypatch.setenv("CONVEYOR_ACCEPT_UNKNOWN_TYPES", "true")
     assert await enqueue(db, _random_type())
     assert await db.fetchval("SELECT count(*) FROM jobs") == 2
+
+
+async def test_enqueue_caches_known_types_per_database(
+    db: asyncpg.Connection, endpoints: Endpoints, template_db: str
+) -> None:
+    """A type registered in one database is not taken as known in another."""
+    await register_router_types(db, fresh)
+    assert await enqueue(db, "fresh_type")
+    other = f"conveyor_types_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(endpoints.database_url)
+    await admin.execute(f'CREATE DATABASE "{other}" TEMPLATE "{template_db}"')
+    try:
+        conn = await asyncpg.connect(with_database(endpoints.database_url, other))
+        try:
+            with pytest.raises(UnknownJobType):
+                await enqueue(conn, "fresh_type")
+        finally:
+            await conn.close()
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
+        await admin.close()

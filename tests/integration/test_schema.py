@@ -111,3 +111,15 @@ async def test_conveyor_migrate_creates_the_database(endpoints: Endpoints) -> No
         admin = await asyncpg.connect(endpoints.database_url)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+def test_offline_sql_for_a_dba_names_the_schema() -> None:
+    """``alembic upgrade head --sql`` (offline): the schema is created, everything lands in it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head", "--sql"],
+        env={**os.environ, "CONVEYOR_DB_SCHEMA": "conveyor"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "CREATE SCHEMA IF NOT EXISTS conveyor;" in out.stdout
+    assert "INSERT INTO conveyor.alembic_version" in out.stdout

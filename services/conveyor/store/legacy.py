@@ -103,7 +103,7 @@ def _adopt_version(conn: Any, schema: str, revision: str) -> None:
 def move_from_public(conn: Any, schema: str) -> None:
     """Revision 0003 on a legacy install: the tables (with their rows, indexes, constraints and
     identity sequence) and the status type move into ``schema``."""
-    if not conn.info.get(LEGACY_FLAG):
+    if not getattr(conn, "info", {}).get(LEGACY_FLAG):  # offline (--sql) mode: no move
         return
     check_schema(schema)
     conn.execute(sa.text(f"ALTER TYPE public.job_status SET SCHEMA {schema}"))
