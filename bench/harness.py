@@ -115,7 +115,10 @@ class Harness:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.namespace = "bench" + secrets.token_hex(4)
-        self.db_url = with_database(opts.database_url, "conveyor_bench")
+        # CONVEYOR_BENCH_DATABASE: another name, so two checkouts can benchmark side by side
+        # (each run drops and recreates its database)
+        name = os.environ.get("CONVEYOR_BENCH_DATABASE", "conveyor_bench")
+        self.db_url = with_database(opts.database_url, name)
         self.logs = RESULTS / "logs"
         self.env = {
             **os.environ,

@@ -36,13 +36,14 @@ async def register_test_types(url: str, *, schema: str = SCHEMA) -> None:
 
     from . import apps
     from .faults import apps as fault_apps
+    from .integration import worker_apps
 
     ad_hoc = JobRouter()
     for name in AD_HOC_TYPES:
         ad_hoc.job(name)(_noop)
     conn = await asyncpg.connect(url)
     try:
-        for router in (apps.router, fault_apps.ghost_router, ad_hoc):
+        for router in (apps.router, fault_apps.ghost_router, worker_apps.router, ad_hoc):
             await register_router_types(conn, router, schema=schema)
     finally:
         await conn.close()

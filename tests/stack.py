@@ -19,7 +19,7 @@ from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
 from conveyor.services import api_server, serve_api
-from conveyor.worker.consumer import Worker
+from conveyor.worker import Worker
 
 from . import db as tdb
 
@@ -132,7 +132,11 @@ async def running_stack(
         if time.monotonic() > deadline:
             raise RuntimeError("API did not start")
         await asyncio.sleep(0.01)
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    # keep-alive shorter than uvicorn's 5 s: a pooled connection the server is closing at that
+    # very moment fails the next request with ReadError (seen under load in the fault suite)
+    client = httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=30, limits=httpx.Limits(keepalive_expiry=2)
+    )
     stack = stack_class(settings, client, started_relays, sweeper, started, stop, tasks)
     try:
         yield stack

@@ -85,7 +85,7 @@ def _types(value: str | None) -> list[str] | None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from . import services
-    from .worker.consumer import Worker
+    from .worker import Worker
     from .worker.health import serve_health
 
     settings = _settings()
@@ -110,7 +110,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             health.close()
 
     services.run(main)
-    if any(not f.done() for f in worker.threads):
+    if worker.executor.threads.status().alive:
         # sync handlers still running after the drain: their jobs were handed back (a late
         # write is fenced), so do not let the interpreter join those threads at exit
         sys.stderr.flush()
@@ -120,9 +120,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
+    from .core.metrics import Metrics
     from .store.legacy import MigrationError
     from .store.migrate import migrate
-    from .worker.consumer import Worker
+    from .worker import Worker
 
     settings = _settings()
     router = services.load_router(args.app)
@@ -135,8 +136,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
     except MigrationError as exc:
         print(f"conveyor dev: {exc}", file=sys.stderr)
         return 1
-    server = services.api_server(settings, args.host, args.port)
-    worker = Worker(settings, router, concurrency=args.concurrency)
+    metrics = Metrics()  # one registry: the API's /metrics shows the worker and publisher too
+    server = services.api_server(settings, args.host, args.port, metrics=metrics)
+    worker = Worker(settings, router, concurrency=args.concurrency, metrics=metrics)
     first = router.types[0]
     url = f"http://{args.host}:{args.port}"
 
@@ -144,7 +146,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         await worker.start()
         tasks = [
             asyncio.create_task(services.serve_api(server, stop)),
-            asyncio.create_task(services.run_publisher(settings, stop)),
+            asyncio.create_task(services.run_publisher(settings, stop, metrics=metrics)),
         ]
         while not server.started and not tasks[0].done():  # noqa: ASYNC110
             await asyncio.sleep(0.02)  # print the curl line only once the API listens
@@ -186,6 +188,7 @@ async def _with_pool(fn: Any) -> Any:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    from .api.attempts import attempt_dict
     from .api.models import JobResource
     from .store import JobRow, for_schema
 
@@ -204,8 +207,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                       f"  created={r.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
             return 0
         job_id = uuid.UUID(args.id)
+        extra: dict[str, Any] = {}
         if args.action == "show":
             row = await store.job_get(conn, job_id)
+            attempts = await store.job_attempt_list(conn, job_id) or []
+            extra["attempts"] = [attempt_dict(a) for a in attempts]
         elif args.action == "cancel":
             async with conn.transaction():
                 ok = await store.job_cancel(conn, job_id)
@@ -225,7 +231,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if row is None:
             print(f"no job {job_id}", file=sys.stderr)
             return 1
-        _print(resource(row))
+        _print({**resource(row), **extra})
         return 0
 
     try:
@@ -325,7 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .broker import LIBRARY_LOGGERS
 
     args = build_parser().parse_args(argv)
-    configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
+    try:
+        settings = Settings()
+        configure(settings.log_level, settings.log_format, quiet=(*LIBRARY_LOGGERS, "alembic"))
+    except ValidationError:  # reported below, when the command reads its settings
+        configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
     try:
         return int(args.func(args))
     except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback

@@ -16,6 +16,7 @@ import uvicorn
 
 from .core.config import Settings
 from .core.logging import event
+from .core.metrics import Metrics
 from .router import JobRouter
 
 log = logging.getLogger("conveyor")
@@ -66,11 +67,13 @@ def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     runner(wrapper())
 
 
-def api_server(settings: Settings, host: str, port: int) -> _Server:
+def api_server(
+    settings: Settings, host: str, port: int, *, metrics: Metrics | None = None
+) -> _Server:
     from .api.app import create_app
 
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, metrics=metrics),
         host=host,
         port=port,
         loop="none",
@@ -97,12 +100,14 @@ async def run_publisher(
     *,
     maintenance: bool = True,
     health_port: int | None = None,
+    metrics: Metrics | None = None,
 ) -> None:
     from .core.probes import serve_probes
+    from .maintenance.gauges import Gauges
     from .maintenance.sweeper import Sweeper
     from .publisher.relay import Relay, probes
 
-    relay = Relay(settings)
+    relay = Relay(settings, metrics)
     await _start_with_retry(relay.start, stop, "publisher")
     sweeper = Sweeper(settings, relay.metrics) if maintenance else None
     if sweeper is not None:
@@ -113,6 +118,9 @@ async def run_publisher(
         loops = [asyncio.create_task(relay.run(stop), name="relay")]
         if sweeper is not None:
             loops.append(asyncio.create_task(sweeper.run(stop), name="sweeper"))
+            gauges = Gauges(relay.metrics, sweeper.store, sweeper.pool, sweeper.topology,
+                            queue_depth=sweeper._queue_depth)  # fmt: skip
+            loops.append(asyncio.create_task(gauges.run(stop), name="gauges"))
         if health_port is not None:
             relay_live, ready = probes(relay, loops[0])
             live = relay_live if sweeper is None else _both(relay_live, sweeper.live)

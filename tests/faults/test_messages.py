@@ -11,7 +11,7 @@ import orjson
 
 from conveyor import enqueue
 from conveyor.core.config import Settings
-from conveyor.worker.consumer import Worker
+from conveyor.worker import Worker
 
 from .. import db as tdb
 from .apps import ghost_router, router
@@ -43,7 +43,7 @@ async def test_duplicate_deliveries_complete_once(fsettings: Settings, ledger: L
         v.extra["dropped_by_workers"] = int(dropped)
         print(f"[faults] duplicates: published {len(bodies)} extra copies; workers dropped "
               f"{int(dropped)}")  # fmt: skip
-        assert all(w._tasks and not any(t.done() for t in w._tasks) for w in stack.workers)
+        assert all(not w.status().dead_parts for w in stack.workers)
     v.assert_clean()
     assert v.executed == len(ids), "a duplicate delivery started a second execution"
     assert v.duplicates_executed == 0
@@ -73,7 +73,7 @@ async def test_poison_messages_do_not_wedge_the_worker(fsettings: Settings, ledg
         after = await stack.submit_many(20, "work", lambda i: {"ledger": str(ledger)})
         v = await check(fsettings.database_url, stack.accepted, ledger, label="poison")
         worker = stack.workers[0]
-        assert not any(t.done() for t in worker._tasks), "a worker loop died"
+        assert not worker.status().dead_parts, "a worker loop died"
         rejected = sum(
             s.value
             for m in worker.metrics.messages_dead_lettered.collect()

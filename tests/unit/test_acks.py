@@ -4,23 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.worker.acks import Acks
+from conveyor.broker.acks import Acks
+from conveyor.broker.consume import Delivery
 
 
-class FakeMessage:
-    """The slice of an aio-pika IncomingMessage that ``Acks`` uses."""
+class Recorded(Delivery):
+    """A ``Delivery`` whose acks are recorded instead of sent (the bookkeeping is the subject
+    here; ``tests/integration/test_broker_acks.py`` acks on a real channel, open and closed)."""
 
-    def __init__(self, tag: int, channel: object, log: list[tuple[int, bool]]) -> None:
-        self.delivery_tag = tag
-        self.channel = channel
-        self.log = log
+    log: list[tuple[int, bool]]
 
     async def ack(self, multiple: bool = False) -> None:
+        assert self.delivery_tag is not None
         self.log.append((self.delivery_tag, multiple))
 
 
 def _messages(n: int, channel: object, log: list[tuple[int, bool]]) -> list[Any]:
-    return [FakeMessage(t, channel, log) for t in range(1, n + 1)]
+    out = []
+    for t in range(1, n + 1):
+        d = Recorded(b"{}", "q", None, t, channel)
+        d.log = log
+        out.append(d)
+    return out
 
 
 async def test_a_finished_prefix_goes_in_one_frame() -> None:
@@ -73,5 +78,24 @@ async def test_a_new_channel_starts_over() -> None:
     assert acks.outstanding == 2
     await acks.ack(new)
     assert log == [(2, True)]
-    await acks.ack([old[0]])  # a stale delivery: a single ack, which the dead channel refuses
-    assert log[-1] == (1, False)
+
+
+# Regression test (issue 8.8, "the ack bookkeeping grows without bound behind one long-running
+# delivery"): every delivery acked out of order left its tag in the heap until the bottom moved.
+# Failed before the fix: 10,000 deliveries behind one held delivery left 10,001 tags.
+
+
+async def test_the_bookkeeping_stays_bounded_behind_one_long_delivery() -> None:
+    log: list[tuple[int, bool]] = []
+    acks, ch = Acks(), object()
+    msgs = _messages(10_001, ch, log)
+    acks.track(msgs[0])  # the long-running one, never finished here
+    for m in msgs[1:]:
+        acks.track(m)
+        await acks.ack([m])
+    status = acks.status()
+    assert status.held == 1
+    assert status.tracked <= 2 * status.held + 64, status
+    assert log[-1] == (10_001, False)  # each acked alone: never covering the long one
+    await acks.ack([msgs[0]])
+    assert acks.status().held == 0

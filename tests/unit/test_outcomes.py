@@ -27,7 +27,8 @@ def _spec(retry_delays: list[float] | None = None):  # type: ignore[no-untyped-d
         (ValueError("x"), 3, 3, [5, 30], Kind.FAIL, None, True),  # exhausted → FAILED
         (ValueError("x"), 0, 0, None, Kind.FAIL, None, True),
         (Retry(delay=4), 3, 3, [5], Kind.FAIL, 5, False),  # Retry: no retry consumed
-        (Retry(delay=0), 0, 0, None, Kind.FAIL, 0, False),
+        (Retry(delay=0), 0, 0, None, Kind.FAIL, 1, False),  # the floor: never a hot loop
+        (Retry(delay=0.2), 0, 0, None, Kind.FAIL, 1, False),
     ],
 )
 def test_failure_table(
@@ -63,3 +64,22 @@ def test_results() -> None:
 def test_retry_rejects_negative_delay() -> None:
     with pytest.raises(ValueError):
         Retry(delay=-1)
+
+
+def test_error_texts_are_cleaned() -> None:
+    o = outcomes.failed(ValueError("bad byte \x00 here \ud800"), retry_count=0, max_retries=0,
+                        spec=None)  # fmt: skip
+    assert o.error is not None and "\x00" not in o.error and "bad byte  here" in o.error
+    o.error.encode("utf-8")  # no lone surrogate left
+    r = outcomes.failed(Retry(1, reason="x\x00y"), retry_count=0, max_retries=0, spec=None)
+    assert r.error == "Retry: xy"
+    assert len(outcomes.clean_text("x" * 100_000)) <= 2 * outcomes.MAX_ERROR_CHARS
+
+
+def test_an_exception_whose_str_raises_is_described() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    o = outcomes.failed(Unprintable(), retry_count=0, max_retries=0, spec=None)
+    assert o.error is not None and "Unprintable" in o.error

@@ -36,7 +36,11 @@ from ..job_types import KnownTypes
 from ..store import JobRow, for_schema
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
+from .access import AccessLog
+from .attempts import add_attempt_routes
+from .docs import install_docs
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
+from .ui import add_ui
 
 log = logging.getLogger("conveyor.api")
 
@@ -448,6 +452,11 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     @app.post("/jobs/{job_id}/retry", response_model=JobResource)
     async def retry_job(job_id: uuid.UUID) -> Response:
         return _json(await api.retry(job_id))
+
+    add_attempt_routes(app, api)
+    add_ui(app, api)
+    install_docs(app)
+    app.add_middleware(AccessLog)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -17,6 +19,12 @@ class Settings(BaseSettings):
     visibility_timeout: float = Field(default=30.0, gt=0)
     # PostgreSQL schema of Conveyor's tables, types and Alembic version table
     db_schema: str = Field(default="conveyor", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+
+    # logs: text (key=value) or json (one object per line)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = (
+        "INFO"
+    )
 
     # API limits
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)
@@ -54,3 +62,10 @@ class Settings(BaseSettings):
     # consumer_timeout (30 min by default) would close the channel
     early_ack_after: float = Field(default=600.0, gt=0)
     worker_health_port: int | None = None
+    # liveness (see worker/health.py): the event loop blocked longer than this (seconds) ...
+    worker_loop_stall_limit: float = Field(default=10.0, gt=0)
+    # ... an outcome waiting to be written longer than this, or a sync handler waiting for a
+    # thread longer than this ...
+    worker_outcome_deadline: float = Field(default=60.0, gt=0)
+    # ... or more handler threads abandoned (past their timeout, still running) than this
+    worker_abandoned_thread_limit: int = Field(default=4, ge=0)

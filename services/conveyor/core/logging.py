@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,13 +29,38 @@ class _KeyValueFormatter(logging.Formatter):
         return line
 
 
-def configure(level: str = "INFO", *, quiet: Iterable[str] = ("alembic",)) -> None:
-    """Key=value lines on stderr; the ``quiet`` libraries' loggers only from WARNING up."""
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts`` (UTC), ``level``, ``logger``, ``action`` and the
+    fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = getattr(record, "fields", {})
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        line.update(fields or {"message": record.getMessage()})
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+FORMATS = ("text", "json")
+
+
+def configure(
+    level: str = "INFO", fmt: str = "text", *, quiet: Iterable[str] = ("alembic",)
+) -> None:
+    """``CONVEYOR_LOG_LEVEL`` (debug, info, warning, error) and ``CONVEYOR_LOG_FORMAT`` (text:
+    ``key=value``; json: one object per line). The ``quiet`` libraries' loggers only from
+    WARNING up."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_KeyValueFormatter())
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level.upper())
     for noisy in quiet:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -1,9 +1,14 @@
-"""Prometheus metrics. Each process exposes its own (the API on /metrics, the worker and the
-publisher on their health port)."""
+"""Prometheus metrics (SPEC §9 names). Each process exposes its own registry (the API on
+/metrics, the worker and the publisher on their health port); ``conveyor dev`` shares one, so its
+/metrics shows all. Type labels come from registered handlers or the database's job types, so
+they stay bounded by what operators deploy."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Queue wait spans milliseconds (a hot queue) to hours (a backlog or a long retry pen).
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
 class Metrics:
@@ -25,7 +30,7 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self.jobs_finished = Counter(
-            "conveyor_jobs_finished", "Attempts finished by outcome", ["type", "outcome"],
+            "conveyor_jobs_finished", "Attempts finished, by outcome", ["type", "outcome"],
             registry=r,
         )  # fmt: skip
         self.messages_dropped = Counter(
@@ -34,9 +39,9 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.messages_dead_lettered = Counter(
-            "conveyor_messages_dead_lettered", "Malformed deliveries rejected to the DLQ",
-            registry=r,
+        self.messages_rejected = Counter(
+            "conveyor_messages_rejected", "Deliveries rejected to the dead-letter queue",
+            ["reason"], registry=r,
         )  # fmt: skip
         self.fenced_writes = Counter(
             "conveyor_fenced_writes", "State writes refused because the attempt was superseded",
@@ -57,6 +62,30 @@ class Metrics:
             ["type"],
             registry=r,
         )
+        self.reconciled = Counter(
+            "conveyor_reconciled", "Jobs re-published by the reconciler (message lost)",
+            ["type"], registry=r,
+        )  # fmt: skip
         self.job_duration = Histogram(
             "conveyor_job_duration_seconds", "Handler run time", ["type"], registry=r
+        )
+        self.job_wait = Histogram(
+            "conveyor_job_wait_seconds", "Queue wait of an attempt: due (run_at or creation) to "
+            "claim", ["type"], buckets=WAIT_BUCKETS, registry=r,
+        )  # fmt: skip
+        # Gauges refreshed from the database and the broker every few seconds
+        # (``maintenance.gauges``), never by a query per scrape.
+        self.jobs = Gauge(
+            "conveyor_jobs", "Jobs by type and status (COMPLETED and CANCELLED are not counted: "
+            "see conveyor_jobs_finished_total)", ["type", "status"], registry=r,
+        )  # fmt: skip
+        self.queue_messages = Gauge(
+            "conveyor_queue_messages", "Messages in a queue: ready (from the broker) and unacked "
+            "(held by this worker)", ["queue", "state"], registry=r,
+        )  # fmt: skip
+        self.outbox_rows = Gauge(
+            "conveyor_outbox_rows", "Outbox rows waiting to be published", registry=r
+        )
+        self.outbox_lag = Gauge(
+            "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row", registry=r
         )

@@ -19,6 +19,7 @@ from typing import Any
 from ..broker.inspect import Inspector
 from ..broker.topology import Topology
 from ..core.config import Settings
+from ..core.jobs import Status
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import for_schema
@@ -112,6 +113,8 @@ class Sweeper:
                     await self.store.outbox_notify(conn)
             for r in rows:
                 counts[r.status] = counts.get(r.status, 0) + 1
+                outcome = "cancelled" if r.status is Status.CANCELLED else "lease_expired"
+                self.metrics.jobs_finished.labels(r.job_type, outcome).inc()
                 event(log, "job_lease_expired", logging.WARNING, job_id=str(r.id),
                       now=r.status)  # fmt: skip
             if len(rows) < BATCH:
@@ -155,6 +158,8 @@ class Sweeper:
                 if done:
                     await self.store.outbox_notify(conn)
             total += done
+            if done:
+                self.metrics.reconciled.labels(job_type).inc(done)
             event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
                   queued=ready, republished=done)  # fmt: skip
         self._count("reconciled", total)

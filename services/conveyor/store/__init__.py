@@ -13,6 +13,8 @@ import functools
 
 from .attempts import AttemptStatements
 from .base import Connection
+from .dashboard import DashboardStatements
+from .history import HistoryStatements
 from .jobs import JobStatements
 from .maintenance import MaintenanceStatements
 from .outbox import OutboxStatements
@@ -20,6 +22,7 @@ from .probes import HEAD, ProbeStatements
 from .registry import render
 from .rows import (
     Attempt,
+    AttemptRow,
     ClaimedJob,
     Completion,
     Failure,
@@ -31,15 +34,19 @@ from .rows import (
     OutboxRow,
 )
 from .schema import DEFAULT_SCHEMA, outbox_channel
+from .stats import StatsStatements
 from .types import TypeStatements
 
 
 class Store(
     JobStatements,
     AttemptStatements,
+    HistoryStatements,
     MaintenanceStatements,
     OutboxStatements,
     ProbeStatements,
+    StatsStatements,
+    DashboardStatements,
     TypeStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
@@ -63,6 +70,7 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "HEAD",
     "Attempt",
+    "AttemptRow",
     "ClaimedJob",
     "Completion",
     "Connection",

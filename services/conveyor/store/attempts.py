@@ -12,6 +12,7 @@ import orjson
 
 from ..core.jobs import Status
 from .base import Connection, Statements
+from .history import FINISHED, FINISHED_BEFORE, record
 from .registry import statement
 from .rows import Attempt, ClaimedJob, Completion, Failure
 
@@ -34,22 +35,35 @@ WHERE id = ANY($1::uuid[])
   AND job_type = ANY($6::text[])
   AND (status = 'PENDING' OR (status = 'RETRYING' AND run_at <= now() + interval '1 second'))
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
-          timeout_seconds
+          timeout_seconds,
+          greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait
 """,
 )
+
+# The attempt row each finishing statement inserts (``history.record``), by the job's new status.
+_RECORD_COMPLETED = record("CASE WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'completed' END")
+_RECORD_FAILED = record(
+    "CASE status WHEN 'CANCELLED' THEN 'cancelled' WHEN 'FAILED' THEN 'failed' ELSE 'retry' END"
+)
+_RECORD_RELEASED = record("CASE WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'released' END")
 
 # A cancellation requested while the job ran wins and discards the result.
 JOB_COMPLETE_MANY = statement(
     "job_complete_many",
-    """
-UPDATE __schema__.jobs j SET
-    status = (CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END)
-             ::__schema__.job_status,
-    result = CASE WHEN j.cancel_requested THEN NULL ELSE u.result::jsonb END,
-    finished_at = now(), updated_at = now(), lease_expires_at = NULL
-FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
-WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
-RETURNING j.id
+    f"""
+WITH upd AS (
+    UPDATE __schema__.jobs j SET
+        status = (CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END)
+                 ::__schema__.job_status,
+        result = CASE WHEN j.cancel_requested THEN NULL ELSE u.result::jsonb END,
+        finished_at = now(), updated_at = now(), lease_expires_at = NULL
+    FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
+    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    RETURNING {FINISHED}, NULL::text AS error
+), att AS (
+    {_RECORD_COMPLETED}
+)
+SELECT id FROM upd
 """,
 )
 
@@ -77,9 +91,11 @@ WITH u AS (
                       ELSE now() + make_interval(secs => u.delay) END,
         finished_at = CASE WHEN {_EXHAUSTED} OR j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
-    FROM u
-    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
-    RETURNING j.id, j.job_type, j.priority, j.status, j.attempts, u.delay, u.error
+    FROM u, __schema__.jobs o  -- o: the row before this update (its due time)
+    WHERE j.id = u.id AND o.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    RETURNING {FINISHED_BEFORE}, j.priority, u.delay, u.error
+), att AS (
+    {_RECORD_FAILED}
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
                                        error, attempt)
@@ -97,7 +113,7 @@ SELECT id, status::text AS status FROM upd
 # Hand a job back without consuming a retry (graceful shutdown that could not finish it).
 JOB_RELEASE_MANY = statement(
     "job_release_many",
-    """
+    f"""
 WITH upd AS (
     UPDATE __schema__.jobs j SET
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END)
@@ -106,7 +122,9 @@ WITH upd AS (
         lease_expires_at = NULL, updated_at = now()
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
     WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
-    RETURNING j.id, j.job_type, j.priority, j.status
+    RETURNING {FINISHED}, j.priority, NULL::text AS error
+), att AS (
+    {_RECORD_RELEASED}
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
     SELECT id, job_type, priority FROM upd WHERE status = 'PENDING'
@@ -170,6 +188,7 @@ class AttemptStatements(Statements):
                 retry_count=r["retry_count"],
                 max_retries=r["max_retries"],
                 timeout_seconds=r["timeout_seconds"],
+                wait_seconds=r["wait"],
             )
             for r in rows
         ]

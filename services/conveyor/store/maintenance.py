@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..core.jobs import PEN_LADDER, Status
 from .base import Connection, Statements, affected
+from .history import record
 from .registry import statement
 from .rows import JobStatus
 
@@ -33,12 +34,13 @@ SELECT count(*) FROM upd
 # period; otherwise it fails and is dead-lettered. A pending cancellation wins. ``retry_count``
 # counts retries performed: it never exceeds ``max_retries``.
 _HAS_RETRY = "j.retry_count < COALESCE(j.max_retries, $2)"
+_RECORD_EXPIRED = record("CASE WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'lease_expired' END")
 JOB_RECOVER_EXPIRED = statement(
     "job_recover_expired",
     f"""
 WITH exp AS (
     SELECT id, (SELECT COALESCE(min(p) FILTER (WHERE p >= d.secs), max(p))
-                FROM unnest($3::int4[]) p) AS delay
+                FROM unnest($3::int4[]) p) AS delay, COALESCE(run_at, created_at) AS due
     FROM __schema__.jobs jj,
          LATERAL (SELECT least(2.0 ^ (jj.retry_count + 1), 3600.0) * (0.5 + random() / 2)
                   AS secs) d
@@ -58,7 +60,10 @@ WITH exp AS (
         finished_at = CASE WHEN j.cancel_requested OR NOT {_HAS_RETRY} THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM exp WHERE j.id = exp.id
-    RETURNING j.id, j.job_type, j.priority, j.status, j.last_error, j.attempts, exp.delay
+    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, exp.due,
+              j.priority, j.last_error, j.last_error AS error, exp.delay
+), att AS (
+    {_RECORD_EXPIRED}
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
                                        error, attempt)
@@ -68,7 +73,7 @@ WITH exp AS (
            CASE WHEN status = 'FAILED' THEN attempts END
     FROM upd WHERE status IN ('RETRYING', 'FAILED')
 )
-SELECT id, status::text AS status FROM upd
+SELECT id, status::text AS status, job_type FROM upd
 """,
 )
 
@@ -114,6 +119,7 @@ JOB_RECONCILE_LOCK = statement(
     "SELECT pg_try_advisory_xact_lock(hashtextextended('__schema__:reconcile:' || $1, 0))",
 )
 
+# A job's attempts go with it (``job_attempts`` has no foreign key, see ``schema.py``).
 JOB_DELETE_EXPIRED = statement(
     "job_delete_expired",
     """
@@ -121,6 +127,8 @@ WITH d AS (
     SELECT id FROM __schema__.jobs WHERE status IN ('COMPLETED', 'CANCELLED')
       AND finished_at < now() - make_interval(secs => $1)
     LIMIT $2 FOR UPDATE SKIP LOCKED
+), a AS (
+    DELETE FROM __schema__.job_attempts a USING d WHERE a.job_id = d.id
 )
 DELETE FROM __schema__.jobs j USING d WHERE j.id = d.id
 """,
@@ -140,7 +148,7 @@ class MaintenanceStatements(Statements):
         rows = await conn.fetch(
             self.sql[JOB_RECOVER_EXPIRED], limit, default_max_retries, list(PEN_LADDER)
         )
-        return [JobStatus(r["id"], Status(r["status"])) for r in rows]
+        return [JobStatus(r["id"], Status(r["status"]), r["job_type"]) for r in rows]
 
     async def job_count_overdue(self, conn: Connection, *, after: float) -> dict[str, int]:
         """Per type, PENDING/RETRYING jobs untouched for ``after`` seconds with no outbox row."""

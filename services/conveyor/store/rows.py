@@ -93,6 +93,7 @@ class ClaimedJob:
     retry_count: int
     max_retries: int
     timeout_seconds: float | None
+    wait_seconds: float = 0.0  # due (run_at, or created_at) → this claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,7 @@ class Failure:
 class JobStatus:
     id: uuid.UUID
     status: Status
+    job_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +165,16 @@ class JobType:
     retry_delays: tuple[int, ...]
     first_seen: datetime
     last_seen: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One attempt of a job (``GET /jobs/{id}/attempts``); ``outcome`` None while it runs."""
+
+    attempt: int
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None
+    duration_seconds: float | None

@@ -138,3 +138,38 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
             "last_seen", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
     )
+    _define_attempts(metadata)
+
+
+ATTEMPT_OUTCOMES = ("completed", "retry", "failed", "cancelled", "released", "lease_expired")
+
+
+def _define_attempts(metadata: sa.MetaData) -> None:
+    """One row per finished attempt, inserted by the statement that finishes it (the running
+    attempt is read from its ``jobs`` row). No foreign key: its per-row check would cost every
+    finishing statement a trigger call; the retention statement deletes a job's attempts with
+    the job instead."""
+    outcomes = ", ".join(f"'{o}'" for o in ATTEMPT_OUTCOMES)
+    attempts = sa.Table(
+        "job_attempts",
+        metadata,
+        sa.Column("job_id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("attempt", sa.Integer(), primary_key=True),
+        sa.Column("job_type", sa.Text(), nullable=False),
+        sa.Column("worker_id", sa.Text(), nullable=True),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("outcome", sa.Text(), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("duration_seconds", sa.Float(), nullable=True),
+        # due (run_at, or created_at) → started: the queue wait of this attempt
+        sa.Column("wait_seconds", sa.Float(), nullable=True),
+        sa.CheckConstraint(f"outcome IN ({outcomes})", name="job_attempts_outcome_check"),
+    )
+    # Rows arrive in finishing order, so a BRIN index serves "the last hour" (views, dashboard)
+    # for almost nothing on the hot path.
+    sa.Index(
+        "job_attempts_finished_brin",
+        attempts.c.finished_at,
+        postgresql_using="brin",
+    )

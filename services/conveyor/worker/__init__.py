@@ -1,1 +1,5 @@
-"""The worker: consumes its types' queues and runs the handlers."""
+"""The worker: small parts composed by ``worker.Worker`` (see ``worker.py``)."""
+
+from .worker import Worker, WorkerStatus
+
+__all__ = ["Worker", "WorkerStatus"]

@@ -1,61 +1,161 @@
-"""Probes of a worker, designed to tell a wedged worker from a busy one.
+"""Probes of a worker, designed to tell a wedged worker from a busy one, served from a thread of
+their own so they can answer while the event loop is blocked.
 
-- liveness (``/healthz``): healthy while the event loop turns (the endpoint answers at all), the
-  worker's internal loops (claim, results, heartbeat) are alive, and its broker connection has
-  not stayed down longer than ``broker_grace``. A busy worker — every slot running a long job —
-  is healthy. Draining is healthy.
+- liveness (``/healthz``) fails when:
+  - the event loop has not turned for ``worker_loop_stall_limit`` seconds (an ``async def``
+    handler blocking it stops every heartbeat on the worker);
+  - an outcome has waited longer than ``worker_outcome_deadline`` to be written (the database
+    is unreachable, or a row lock holds the write), or a sync handler has waited that long for a
+    thread;
+  - more handler threads are abandoned (past their timeout, still running) than
+    ``worker_abandoned_thread_limit``;
+  - one of the worker's internal loops ended, or the broker connection stayed down longer than
+    ``broker_grace``.
+  A busy worker — every slot running a long job — is healthy. Draining is healthy.
 - readiness (``/readyz``): connected and consuming.
+
+The probe thread reads ``Worker.snapshot`` (a ``WorkerStatus`` refreshed on every turn of the
+loop) and the loop monitor's clock; it never touches the worker's private state.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..core.probes import DownTimer, serve_probes
-from .consumer import Worker
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..core.probes import DownTimer
+from .worker import Worker, WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    broker_grace: float = 60.0
+    loop_stall: float = 10.0
+    outcome_deadline: float = 60.0
+    abandoned_threads: int = 4
+
+
+def assess(
+    s: WorkerStatus, limits: Limits, *, now: float, blocked_for: float, broker_down_for: float
+) -> tuple[bool, dict[str, Any]]:
+    """Liveness from a status: (healthy, details with the reasons when not)."""
+    outcome_wait = 0.0 if s.completer.oldest_since is None else now - s.completer.oldest_since
+    since = s.executor.threads_waiting_since
+    thread_wait = 0.0 if since is None else now - since
+    reasons = []
+    if s.dead_parts:
+        reasons.append(f"internal loops ended: {', '.join(s.dead_parts)}")
+    if broker_down_for > limits.broker_grace:
+        reasons.append(f"broker connection down for {broker_down_for:.0f} s")
+    if blocked_for > limits.loop_stall:
+        reasons.append(f"event loop blocked for {blocked_for:.1f} s (a handler blocking it?)")
+    if outcome_wait > limits.outcome_deadline:
+        reasons.append(f"an outcome has waited {outcome_wait:.0f} s to be written")
+    if s.executor.threads_abandoned > limits.abandoned_threads:
+        reasons.append(f"{s.executor.threads_abandoned} handler threads abandoned past their "
+                       f"timeout (limit {limits.abandoned_threads})")  # fmt: skip
+    if thread_wait > limits.outcome_deadline:
+        reasons.append(f"a sync handler has waited {thread_wait:.0f} s for a thread")
+    healthy = s.stopping or not reasons
+    return healthy, {
+        "reasons": reasons,
+        "broker_connected": s.broker_connected,
+        "broker_down_seconds": round(broker_down_for, 1),
+        "dead_loops": s.dead_parts,
+        "loop_blocked_seconds": round(blocked_for, 2),
+        "loop_lag_max_seconds": round(s.loop.max_lag_seconds, 3),
+        "outcomes_waiting": s.completer.waiting,
+        "outcome_wait_seconds": round(outcome_wait, 1),
+        "outcomes_unwritable": s.completer.unwritable_total,
+        "threads_alive": s.executor.threads_alive,
+        "threads_abandoned": s.executor.threads_abandoned,
+        "threads_waiting": s.executor.threads_waiting,
+        "running": s.running,
+        "concurrency": s.concurrency,
+        "stopping": s.stopping,
+    }
 
 
 class WorkerHealth:
     def __init__(self, worker: Worker, *, broker_grace: float = 60.0) -> None:
         self.worker = worker
-        self.broker_grace = broker_grace
+        st = worker.settings
+        self.limits = Limits(
+            broker_grace,
+            st.worker_loop_stall_limit,
+            st.worker_outcome_deadline,
+            st.worker_abandoned_thread_limit,
+        )
         self._down = DownTimer()
 
-    def broker_connected(self) -> bool:
-        conn, channel = self.worker.connection, self.worker.channel
-        return (
-            conn is not None
-            and not conn.is_closed
-            and channel is not None
-            and (not channel.is_closed)
-        )
+    def _status(self) -> WorkerStatus:
+        return self.worker.snapshot or self.worker.status()
 
     def check(self) -> tuple[bool, dict[str, Any]]:
-        connected = self.broker_connected()
-        down_for = self._down.update(connected)
-        dead_loops = [t.get_name() for t in self.worker._tasks if t.done()]
-        healthy = self.worker._stopping or (not dead_loops and down_for <= self.broker_grace)
-        return healthy, {
-            "broker_connected": connected,
-            "broker_down_seconds": round(down_for, 1),
-            "dead_loops": dead_loops,
-            "running": len(self.worker.running),
-            "concurrency": self.worker.concurrency,
-        }
+        s = self._status()
+        return assess(
+            s, self.limits, now=self.worker.clock(),
+            blocked_for=self.worker.monitor.blocked_for(),
+            broker_down_for=self._down.update(s.broker_connected),
+        )  # fmt: skip
 
     def ready(self) -> bool:
-        return (
-            self.broker_connected()
-            and bool(self.worker.consumer_tags)
-            and not self.worker._stopping
-        )
+        s = self._status()
+        return s.broker_connected and s.consuming and not s.stopping
+
+
+class ProbeServer:
+    """``/healthz``, ``/readyz`` and ``/metrics`` over HTTP/1.0, in a daemon thread."""
+
+    def __init__(self, health: WorkerHealth, host: str, port: int) -> None:
+        registry = health.worker.metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                ctype = "application/json"
+                if self.path == "/healthz":
+                    ok, details = health.check()
+                    status, body = (200 if ok else 503), orjson.dumps(details)
+                elif self.path == "/readyz":
+                    ok = health.ready()
+                    status, body = (200 if ok else 503), orjson.dumps({"ready": ok})
+                elif self.path == "/metrics":
+                    status, body, ctype = 200, generate_latest(registry), CONTENT_TYPE_LATEST
+                else:
+                    status, body = 404, b'{"error": "not found"}'
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+            name="conveyor-probes", daemon=True,
+        )  # fmt: skip
+        self.thread.start()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.server.shutdown()
+            self.server.server_close()
 
 
 async def serve_health(
     worker: Worker, host: str, port: int, *, broker_grace: float = 60.0
-) -> asyncio.Server:
-    health = WorkerHealth(worker, broker_grace=broker_grace)
-    return await serve_probes(
-        host, port, live=health.check, ready=health.ready, registry=worker.metrics.registry
-    )
+) -> ProbeServer:
+    return ProbeServer(WorkerHealth(worker, broker_grace=broker_grace), host, port)
+
+
+__all__ = ["Limits", "ProbeServer", "WorkerHealth", "assess", "serve_health"]

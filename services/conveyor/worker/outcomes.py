@@ -23,6 +23,9 @@ from ..core.jobs import backoff_delay, snap_to_pen
 from ..router import HandlerSpec
 
 MAX_ERROR_CHARS = 4000
+# ``Retry(delay)`` below this waits this long: a handler that always raises ``Retry(0)`` must not
+# become a hot loop through the outbox and the broker. One second is the shortest holding pen.
+RETRY_FLOOR_SECONDS = 1
 
 
 class Kind(Enum):
@@ -41,9 +44,25 @@ class Outcome:
 
     @property
     def label(self) -> str:
+        """The attempt's outcome as SPEC §9 names it (``conveyor_jobs_finished_total``)."""
         if self.kind is Kind.FAIL:
             return "failed" if self.delay is None else "retry"
-        return str(self.kind.value)
+        return "completed" if self.kind is Kind.COMPLETE else "released"
+
+
+def clean_text(text: str, limit: int = 2 * MAX_ERROR_CHARS) -> str:
+    """Text PostgreSQL accepts: no NUL characters, no lone surrogates, bounded length. Every
+    error text is cleaned before it is written."""
+    text = text.replace("\x00", "")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return "<the exception's str() failed>"
 
 
 def completed(result: Any) -> Outcome:
@@ -53,15 +72,20 @@ def completed(result: Any) -> Outcome:
         text: str = orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS).decode()
         return Outcome(Kind.COMPLETE, text)
     except TypeError as exc:
-        return Outcome(Kind.FAIL, error=f"result is not JSON-serialisable: {exc}")
+        return Outcome(Kind.FAIL, error=clean_text(f"result is not JSON-serialisable: {exc}"))
 
 
 def describe(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc))
-    head = f"{type(exc).__name__}: {exc}"
+    """The exception's name and message, then its traceback (cleaned; never raises, even when
+    the exception's ``__str__`` does)."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        text = ""
+    head = f"{type(exc).__name__}: {_safe_str(exc)}"
     if len(text) > MAX_ERROR_CHARS:
         text = text[-MAX_ERROR_CHARS:]
-    return head + "\n" + text if head not in text[:200] else text
+    return clean_text(head + "\n" + text if head not in text[:200] else text)
 
 
 def failed(
@@ -78,7 +102,8 @@ def failed(
     consumes one.
     """
     if isinstance(exc, Retry):
-        return Outcome(Kind.FAIL, error=f"Retry: {exc.reason}", delay=snap_to_pen(exc.delay),
+        delay = snap_to_pen(max(exc.delay, RETRY_FLOOR_SECONDS))
+        return Outcome(Kind.FAIL, error=clean_text(f"Retry: {exc.reason}"), delay=delay,
                        consume=False)  # fmt: skip
     return failure(
         describe(exc), retry_count=retry_count, max_retries=max_retries, spec=spec, rng=rng
@@ -93,6 +118,7 @@ def failure(
     spec: HandlerSpec | None,
     rng: random.Random | None = None,
 ) -> Outcome:
+    error = clean_text(error)
     if retry_count >= max_retries:
         return Outcome(Kind.FAIL, error=error, delay=None)
     delays = spec.retry_delays if spec else None

@@ -1,0 +1,215 @@
+"""The dashboard's routes: overview (live), jobs (filters, keyset pages), one job (cancel,
+retry), dead letters (bulk redrive and purge by type and error, after a confirmation page).
+Actions are HTML form POSTs answered by a redirect; a POST from another origin is refused."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from ...core.jobs import Status
+from ..attempts import HasConnection
+from . import render as r
+
+STATIC = Path(__file__).parent / "static"
+PAGE = 50
+BULK_LIMIT = 10_000
+
+
+def uuid7_floor(t: datetime) -> uuid.UUID:
+    """The smallest UUIDv7 of instant ``t``: a creation-time bound on the ``id`` index."""
+    return uuid.UUID(int=int(t.timestamp() * 1000) << 80)
+
+
+def _html(body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def _same_origin(request: Request) -> bool:
+    """CSRF: browsers send Origin (and Sec-Fetch-Site) on form POSTs; refuse another site's."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+
+
+async def _form(request: Request) -> dict[str, str]:
+    data = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+    # browsers submit a field's newlines as CRLF: an error text from a traceback has LF
+    return {k: v[0].replace("\r\n", "\n") for k, v in data.items()}
+
+
+def add_ui(app: FastAPI, api: HasConnection) -> None:
+    app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
+
+    async def overview_fragment() -> str:
+        async with api.connection() as conn:
+            backlog = await api.store.job_backlog(conn)
+            hour = await api.store.job_overview_hour(conn)
+        counts: dict[str, dict[str, tuple[int, datetime]]] = {}
+        for b in backlog:
+            counts.setdefault(b.job_type, {})[b.status] = (b.count, b.oldest)
+        return r.overview_table(counts, {h["type"]: h for h in hour}, datetime.now(UTC))
+
+    @app.get("/ui", include_in_schema=False)
+    async def ui_overview() -> Response:
+        body = (
+            f'<div id="live" data-refresh="/ui/fragment/overview">{await overview_fragment()}'
+            '</div><p class="muted">Counts of finished jobs and waits cover the last hour; '
+            "refreshed every 5 s.</p>"
+        )
+        return _html(r.page("Overview", body))
+
+    @app.get("/ui/fragment/overview", include_in_schema=False)
+    async def ui_overview_fragment() -> Response:
+        return _html(await overview_fragment())
+
+    @app.get("/ui/jobs", include_in_schema=False)
+    async def ui_jobs(
+        type: str | None = None,
+        status: str | None = None,
+        since: str | None = None,
+        before: str | None = None,
+        id: str | None = None,
+    ) -> Response:
+        if id:
+            try:
+                return RedirectResponse(f"/ui/jobs/{uuid.UUID(id.strip())}", status_code=303)
+            except ValueError:
+                return _html(r.page("Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>'), 400)
+        try:
+            st = Status(status).value if status else None
+            cursor = uuid.UUID(before) if before else None
+            floor = datetime.fromisoformat(since).replace(tzinfo=UTC) if since else None
+        except ValueError as exc:
+            return _html(r.page("Jobs", f'<p class="notice">Bad filter: {r.e(exc)}</p>'), 400)
+        async with api.connection() as conn:
+            rows = await api.store.job_page(
+                conn,
+                job_type=type or None,
+                status=st,
+                before=cursor,
+                since=uuid7_floor(floor) if floor else None,
+                limit=PAGE + 1,
+            )
+        more, rows = len(rows) > PAGE, rows[:PAGE]
+        options = "".join(
+            f'<option value="{s.value}"{" selected" if s.value == st else ""}>{s.value}</option>'
+            for s in Status
+        )
+        filters = (
+            '<form class="filters" method="get" action="/ui/jobs">'
+            f'<input name="type" placeholder="type" value="{r.e(type)}">'
+            f'<select name="status"><option value="">any status</option>{options}</select>'
+            f'<label>created since <input type="datetime-local" name="since" value="{r.e(since)}">'
+            '</label> <button type="submit">Filter</button></form>'
+            '<form class="filters" method="get" action="/ui/jobs">'
+            '<input name="id" placeholder="find by id" size="40"> <button>Find</button></form>'
+        )
+        nxt = (
+            r.link("/ui/jobs", "Older →", type=type, status=st, since=since, before=rows[-1].id)
+            if more and rows
+            else ""
+        )
+        body = filters + (r.jobs_table(rows) if rows else "<p>No jobs match.</p>") + nxt
+        return _html(r.page("Jobs", body))
+
+    @app.get("/ui/jobs/{job_id}", include_in_schema=False)
+    async def ui_job(job_id: uuid.UUID) -> Response:
+        async with api.connection() as conn:
+            row = await api.store.job_get(conn, job_id)
+            attempts = await api.store.job_attempt_list(conn, job_id) or []
+        if row is None:
+            return _html(r.page("Job not found", f"<p>No job {r.e(job_id)}.</p>"), 404)
+        return _html(r.page(f"Job {job_id}", r.job_detail(row, attempts)))
+
+    @app.post("/ui/jobs/{job_id}/{action}", include_in_schema=False)
+    async def ui_job_action(job_id: uuid.UUID, action: str, request: Request) -> Response:
+        if not _same_origin(request) or action not in ("cancel", "retry"):
+            return _html(r.page("Refused", "<p>Refused.</p>"), 403)
+        async with api.connection() as conn, conn.transaction():
+            if action == "cancel":
+                await api.store.job_cancel(conn, job_id)
+            else:
+                await api.store.job_redrive(conn, [job_id])
+                await api.store.outbox_notify(conn)
+        return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+
+    @app.get("/ui/dead", include_in_schema=False)
+    async def ui_dead(done: str | None = None) -> Response:
+        async with api.connection() as conn:
+            groups = await api.store.job_dead_groups(conn)
+        rows = [
+            [
+                r.link("/ui/jobs", g["type"], type=g["type"], status="FAILED"),
+                f"<pre>{r.e(g['error'])}</pre>",
+                r.e(g["count"]),
+                r.e(r.when(g["last_failed"])),
+                r.link(
+                    "/ui/dead/confirm",
+                    "Redrive…",
+                    action="redrive",
+                    type=g["type"],
+                    error=g["error"],
+                )
+                + " "
+                + r.link(
+                    "/ui/dead/confirm", "Purge…", action="purge", type=g["type"], error=g["error"]
+                ),
+            ]
+            for g in groups
+        ]
+        notice = f'<p class="notice" id="done">{r.e(done)}</p>' if done else ""
+        body = notice + (
+            r.table(["type", "error", "jobs", "last failed", ""], rows, id_="dead")
+            if rows
+            else "<p>No dead letters.</p>"
+        )
+        return _html(r.page("Dead letters (FAILED jobs)", body))
+
+    @app.get("/ui/dead/confirm", include_in_schema=False)
+    async def ui_dead_confirm(action: str, type: str, error: str | None = None) -> Response:
+        if action not in ("redrive", "purge"):
+            return _html(r.page("Dead letters", "<p>Unknown action.</p>"), 400)
+        async with api.connection() as conn:
+            n = await api.store.job_dead_count(conn, type, error)
+        what = "back to PENDING with fresh retries" if action == "redrive" else "deleted for good"
+        body = (
+            f'<p id="confirm-text">{r.e(n)} FAILED job(s) of type <b>{r.e(type)}</b> with '
+            f"error <code>{r.e(error)}</code> will be {what}.</p>"
+            + r.button(
+                f"/ui/dead/{action}",
+                f"Yes, {action} {n} job(s)",
+                type=type,
+                error=error or "",
+                confirm="yes",
+            )
+            + r.link("/ui/dead", "Cancel")
+        )
+        return _html(r.page(f"Confirm {action}", body))
+
+    @app.post("/ui/dead/{action}", include_in_schema=False)
+    async def ui_dead_action(action: str, request: Request) -> Response:
+        form = await _form(request)
+        if (
+            not _same_origin(request)
+            or action not in ("redrive", "purge")
+            or form.get("confirm") != "yes"
+            or not form.get("type")
+        ):
+            return _html(r.page("Refused", "<p>Refused: confirm the action first.</p>"), 403)
+        error = form.get("error") or None
+        async with api.connection() as conn, conn.transaction():
+            if action == "redrive":
+                n = await api.store.job_redrive_dead(conn, form["type"], error, limit=BULK_LIMIT)
+                await api.store.outbox_notify(conn)
+            else:
+                n = await api.store.job_purge_dead(conn, form["type"], error, limit=BULK_LIMIT)
+        done = f"{action}: {n} job(s)"
+        return RedirectResponse("/ui/dead?" + urlencode({"done": done}), status_code=303)

@@ -1,0 +1,85 @@
+"""Attempt history: the fragment every finishing statement appends (one INSERT into
+``job_attempts`` in the same statement, so the hot path takes no extra round trip) and the
+reads of one job's attempts.
+
+A finishing statement's ``upd`` CTE returns ``FINISHED`` (or ``FINISHED_BEFORE`` when it
+rewrites ``run_at`` and joins the row before the update as ``o``) plus ``error``; ``record``
+turns those rows into attempt rows. The attempt still running is not in ``job_attempts``: it
+is read from its ``jobs`` row (attempt number, worker, start), which the claim already wrote."""
+
+from __future__ import annotations
+
+import uuid
+
+from .base import Connection, Statements
+from .registry import statement
+from .rows import AttemptRow
+
+# Columns of the updated job (``j``) that an attempt row needs. ``due``: when the attempt could
+# have started (``run_at`` for scheduled and retried jobs, else ``created_at``).
+FINISHED = (
+    "j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, "
+    "COALESCE(j.run_at, j.created_at) AS due"
+)
+FINISHED_BEFORE = (
+    "j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, "
+    "COALESCE(o.run_at, o.created_at) AS due"
+)
+
+
+def record(outcome_sql: str) -> str:
+    """The INSERT of one attempt row per row of ``upd``; ``outcome_sql`` maps the job's new
+    ``status`` to the attempt's outcome. No ``ON CONFLICT`` (a speculative insertion costs more):
+    every write after a claim is fenced by (job, attempt) and moves the job out of IN_PROGRESS,
+    so an attempt finishes at most once."""
+    return f"""INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
+        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
+    SELECT id, attempts, job_type, worker_id, started_at, now(), {outcome_sql}, error,
+           extract(epoch FROM now() - started_at)::float8,
+           greatest(0, extract(epoch FROM started_at - due))::float8
+    FROM upd"""
+
+
+# Oldest first. One row with a NULL attempt: the job exists but never ran; no row: no such job.
+JOB_ATTEMPT_LIST = statement(
+    "job_attempt_list",
+    """
+WITH j AS (
+    SELECT id, status, attempts, worker_id, started_at FROM __schema__.jobs WHERE id = $1
+)
+SELECT a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome, a.error,
+       a.duration_seconds
+FROM j LEFT JOIN LATERAL (
+    SELECT attempt, worker_id, started_at, finished_at, outcome, error, duration_seconds
+    FROM __schema__.job_attempts WHERE job_id = j.id
+    UNION ALL
+    SELECT j.attempts, j.worker_id, j.started_at, NULL, NULL, NULL, NULL
+    WHERE j.status = 'IN_PROGRESS'
+) a ON true
+ORDER BY a.attempt
+""",
+)
+
+
+class HistoryStatements(Statements):
+    async def job_attempt_list(
+        self, conn: Connection, job_id: uuid.UUID
+    ) -> list[AttemptRow] | None:
+        """Every attempt of a job, oldest first (the running one with ``outcome`` None); None
+        when there is no such job."""
+        rows = await conn.fetch(self.sql[JOB_ATTEMPT_LIST], job_id)
+        if not rows:
+            return None
+        return [
+            AttemptRow(
+                attempt=r["attempt"],
+                worker_id=r["worker_id"],
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+                outcome=r["outcome"],
+                error=r["error"],
+                duration_seconds=r["duration_seconds"],
+            )
+            for r in rows
+            if r["attempt"] is not None
+        ]

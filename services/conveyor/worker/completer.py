@@ -1,0 +1,252 @@
+"""Writing outcomes: batched, fenced, and never stuck on an outcome PostgreSQL refuses.
+
+Outcomes ready at the same moment are written in one transaction (fenced by job id and attempt,
+so a worker whose lease was taken over changes nothing). Two kinds of write errors:
+
+- an *outage* (connection lost, timeout, server restarting): retrying cures it; the batch is
+  retried with a backoff, for as long as it takes. ``status().oldest_since`` shows how long
+  outcomes have waited, and the worker's liveness fails past ``worker_outcome_deadline``.
+- a *data error* (SQLSTATE class 22 — NUL in text, ``\\u0000`` in jsonb, invalid JSON, value too
+  long —, 23 integrity, 54 program limit; or text that cannot be encoded): retrying never cures
+  it. The batch is split in halves until the refused outcome stands alone (the others commit),
+  and that one becomes a failure of its job ("... could not be stored: ..."), which consumes a
+  retry like any failure. If even that cannot be written, the outcome is dropped with a log line:
+  the job's lease expires and the sweeper recovers it. Never an endless retry.
+
+Error texts are always cleaned (no NUL, no lone surrogates) before they are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.backoff import Backoff
+from ..core.logging import event
+from ..core.metrics import Metrics
+from ..store import Attempt, Completion, Failure, Store
+from . import outcomes
+from .outcomes import Kind, Outcome
+from .running import Running
+
+log = logging.getLogger("conveyor.worker")
+
+_PERMANENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
+# A result longer than this is written in a transaction of its own, beside the batch.
+LARGE_RESULT_CHARS = 256 * 1024
+
+
+def _large(outcome: Outcome) -> bool:
+    return outcome.result_json is not None and len(outcome.result_json) > LARGE_RESULT_CHARS
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """True when writing the same values again cannot succeed."""
+    if isinstance(exc, UnicodeError):
+        return True
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and state[:2] in _PERMANENT_SQLSTATE_CLASSES
+
+
+@dataclass(eq=False, slots=True)
+class Pending:
+    running: Running
+    outcome: Outcome
+    queued_at: float
+    written: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CompleterStatus:
+    waiting: int  # outcomes not yet committed (queued and being written)
+    oldest_since: float | None  # clock time the oldest of them was queued
+    failing_since: float | None  # clock time writes began to fail (outage), None when fine
+    written_total: int
+    unwritable_total: int  # outcomes PostgreSQL refused, turned into failures or dropped
+
+
+@dataclass
+class _Counters:
+    written: int = 0
+    unwritable: int = 0
+    failing_since: float | None = None
+    in_flight: set[Pending] = field(default_factory=set)
+
+
+Done = Callable[[list[Pending]], Awaitable[None]]
+
+
+class Completer:
+    def __init__(
+        self,
+        pool: Any,
+        store: Store,
+        metrics: Metrics,
+        *,
+        done: Done,
+        clock: Callable[[], float] = time.monotonic,
+        max_batch: int = 1000,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.metrics = metrics
+        self.done = done
+        self.clock = clock
+        self.max_batch = max_batch
+        self._queue: collections.deque[Pending] = collections.deque()
+        self._wake = asyncio.Event()
+        self._c = _Counters()
+        self._tasks: set[asyncio.Task[None]] = set()  # outcomes being written alone
+
+    def put(self, running: Running, outcome: Outcome) -> None:
+        self._queue.append(Pending(running, outcome, self.clock()))
+        self._wake.set()
+
+    def status(self) -> CompleterStatus:
+        c = self._c
+        waiting = len(self._queue) + len(c.in_flight)
+        oldest = min((p.queued_at for p in c.in_flight), default=None)
+        if self._queue and (oldest is None or self._queue[0].queued_at < oldest):
+            oldest = self._queue[0].queued_at
+        return CompleterStatus(waiting, oldest, c.failing_since, c.written, c.unwritable)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and not self._c.in_flight
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                await self.flush_once()
+
+    async def flush_once(self) -> int:
+        """One step: write what is queued (up to ``max_batch``), then hand it to ``done``.
+        Outcomes with a large result are written alone, beside the batch (a task each), so a
+        10 MB result does not hold back every other outcome of the worker while PostgreSQL
+        parses it. Returns how many outcomes it took."""
+        batch: list[Pending] = []
+        alone = 0
+        while self._queue and len(batch) < self.max_batch:
+            p = self._queue.popleft()
+            if _large(p.outcome):
+                alone += 1
+                task = asyncio.create_task(self._write_batch([p]))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                batch.append(p)
+        if batch:
+            await self._write_batch(batch)
+        return len(batch) + alone
+
+    async def _write_batch(self, batch: list[Pending]) -> None:
+        self._c.in_flight.update(batch)
+        try:
+            written = await self._commit_isolating(batch)
+            for p in batch:
+                p.written = p.running.job.id in written
+            self._record(batch)
+        finally:
+            self._c.in_flight.difference_update(batch)
+        await self.done(batch)
+
+    async def _commit_isolating(self, batch: list[Pending]) -> set[uuid.UUID]:
+        try:
+            return await self._commit(batch)
+        except Exception as exc:  # _commit raises only data errors
+            if len(batch) > 1:
+                mid = len(batch) // 2
+                return await self._commit_isolating(batch[:mid]) | (
+                    await self._commit_isolating(batch[mid:])
+                )
+            return await self._unwritable(batch[0], exc)
+
+    async def _unwritable(self, p: Pending, exc: Exception) -> set[uuid.UUID]:
+        job = p.running.job
+        self._c.unwritable += 1
+        what = "result" if p.outcome.kind is Kind.COMPLETE else "outcome"
+        event(log, "job_outcome_unwritable", logging.ERROR, job_id=str(job.id),
+              attempt=job.attempt, error=repr(exc)[:300])  # fmt: skip
+        texts = (
+            f"the attempt's {what} could not be stored: {type(exc).__name__}: {exc}",
+            f"the attempt's {what} could not be stored ({type(exc).__name__})",
+        )
+        for text in texts:
+            p.outcome = outcomes.failure(
+                text, retry_count=job.retry_count, max_retries=job.max_retries, spec=p.running.spec
+            )
+            try:
+                return await self._commit([p])
+            except Exception as again:
+                exc = again
+        event(log, "job_outcome_dropped", logging.ERROR, job_id=str(job.id),
+              attempt=job.attempt, error=repr(exc)[:300])  # fmt: skip
+        return set()  # the lease expires; the sweeper recovers the job
+
+    async def _commit(self, batch: list[Pending]) -> set[uuid.UUID]:
+        """Write ``batch`` in one transaction; retry outages for as long as it takes."""
+        backoff = Backoff(cap=2.0)
+        while True:
+            try:
+                written = await self._write(batch)
+                self._c.failing_since = None
+                return written
+            except Exception as exc:
+                if is_data_error(exc):
+                    raise
+                if self._c.failing_since is None:
+                    self._c.failing_since = self.clock()
+                delay = backoff.next()
+                event(log, "outcome_write_failed", logging.WARNING, error=repr(exc),
+                      retry_in=round(delay, 2), count=len(batch))  # fmt: skip
+                await asyncio.sleep(delay)
+
+    async def _write(self, batch: list[Pending]) -> set[uuid.UUID]:
+        done = [p for p in batch if p.outcome.kind is Kind.COMPLETE]
+        fail = [p for p in batch if p.outcome.kind is Kind.FAIL]
+        release = [p for p in batch if p.outcome.kind is Kind.RELEASE]
+        written: set[uuid.UUID] = set()
+        async with self.pool.acquire() as conn, conn.transaction():
+            if done:
+                written |= await self.store.job_complete_many(
+                    conn,
+                    [Completion(p.running.job.id, p.running.job.attempt, p.outcome.result_json)
+                     for p in done],
+                )  # fmt: skip
+            if fail:
+                failed = await self.store.job_fail_many(
+                    conn,
+                    [Failure(p.running.job.id, p.running.job.attempt, p.outcome.error,
+                             p.outcome.delay, p.outcome.consume) for p in fail],
+                )  # fmt: skip
+                written.update(failed)
+            if release:
+                written |= await self.store.job_release_many(
+                    conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
+                )
+            if fail or release:  # retries, dead letters, hand-backs: outbox rows
+                await self.store.outbox_notify(conn)
+        return written
+
+    def _record(self, batch: list[Pending]) -> None:
+        for p in batch:
+            job, outcome = p.running.job, p.outcome
+            if p.written:
+                self._c.written += 1
+                self.metrics.jobs_finished.labels(job.type, outcome.label).inc()
+                if outcome.kind is Kind.FAIL:
+                    event(log, "job_attempt_failed", logging.WARNING, job_id=str(job.id),
+                          type=job.type, attempt=job.attempt, outcome=outcome.label,
+                          delay=outcome.delay, error=(outcome.error or "")[:300])  # fmt: skip
+            else:
+                self.metrics.fenced_writes.inc()
+                event(log, "job_write_fenced", logging.WARNING, job_id=str(job.id),
+                      attempt=job.attempt, outcome=outcome.label)  # fmt: skip

@@ -1,0 +1,134 @@
+"""Running handlers: every attempt ends in exactly one ``Outcome``, whatever the handler does.
+
+Async handlers run in a task each, under ``asyncio.timeout``; sync handlers in threads (see
+``threads.py``: the timeout counts from the thread's start). What a handler raises is a failure
+that consumes a retry — ``CancelledError`` that nobody asked for, ``SystemExit``,
+``KeyboardInterrupt`` and ``GeneratorExit`` included — except ``Retry`` (another attempt, no retry
+consumed) and a cancellation by the drain (the job is handed back). An exception whose ``__str__``
+raises is still described.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..core.metrics import Metrics
+from . import outcomes
+from .outcomes import Outcome
+from .running import Running
+from .threads import HandlerThreads, HandlerTimeout
+
+Report = Callable[[Running, Outcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorStatus:
+    running: int  # attempts whose handler has not returned
+    threads_alive: int
+    threads_abandoned: int
+    threads_waiting: int
+    threads_waiting_since: float | None
+    thread_limit: int
+
+
+class Executor:
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        concurrency: int,
+        abandoned_limit: int,
+        report: Report,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.metrics = metrics
+        self.report = report
+        self.clock = clock
+        self.threads = HandlerThreads(concurrency, abandoned_limit, clock=clock)
+        self.tasks: dict[asyncio.Task[Outcome], Running] = {}
+
+    def status(self) -> ExecutorStatus:
+        t = self.threads.status()
+        return ExecutorStatus(len(self.tasks), t.alive, t.abandoned, t.waiting, t.waiting_since,
+                              t.limit)  # fmt: skip
+
+    def start(self, running: Running) -> None:
+        """Run ``running``'s handler in a task of its own; its outcome goes to ``report``."""
+        task = asyncio.create_task(self.run_one(running))
+        running.task = task
+        self.tasks[task] = running
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[Outcome]) -> None:
+        self.tasks.pop(task, None)
+
+    async def run_one(self, running: Running) -> Outcome:
+        """One step: run the handler to its outcome and report it."""
+        started = self.clock()
+        outcome = await self.attempt(running)
+        self.metrics.job_duration.labels(running.job.type).observe(self.clock() - started)
+        self.report(running, outcome)
+        return outcome
+
+    async def attempt(self, running: Running) -> Outcome:
+        """The outcome of one attempt. Never raises."""
+        try:
+            return await self._attempt(running)
+        except BaseException as exc:  # computing the outcome failed: still an outcome
+            return outcomes.failure(
+                f"{type(exc).__name__} while recording the attempt's outcome",
+                retry_count=running.job.retry_count, max_retries=running.job.max_retries,
+                spec=running.spec,
+            )  # fmt: skip
+
+    async def _attempt(self, running: Running) -> Outcome:
+        job, spec, timeout = running.job, running.spec, running.timeout
+        deadline: asyncio.Timeout | None = None
+        try:
+            if spec is None:
+                raise LookupError(f"no handler registered for job type {job.type!r}")
+            if spec.is_async:
+                async with asyncio.timeout(timeout) as deadline:
+                    result = await spec.func(job)
+            else:
+                result = await self.threads.call(spec.func, job, timeout)
+            return outcomes.completed(result)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if running.releasing or (task is not None and task.cancelling()):
+                return outcomes.RELEASE  # the drain: hand the job back
+            return self._failed(running, exc)  # raised by the handler itself
+        except HandlerTimeout as exc:
+            job._cancel.set()  # a cooperative handler may still stop
+            return self._failed(running, exc, text=f"TimeoutError: {exc}")
+        except TimeoutError as exc:
+            if deadline is not None and deadline.expired():
+                text = f"TimeoutError: attempt exceeded its timeout of {timeout} s"
+                return self._failed(running, exc, text=text)
+            return self._failed(running, exc)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit too
+            return self._failed(running, exc)
+
+    @staticmethod
+    def _failed(running: Running, exc: BaseException, *, text: str | None = None) -> Outcome:
+        job = running.job
+        if text is not None:
+            return outcomes.failure(text, retry_count=job.retry_count,
+                                    max_retries=job.max_retries, spec=running.spec)  # fmt: skip
+        return outcomes.failed(
+            exc, retry_count=job.retry_count, max_retries=job.max_retries, spec=running.spec
+        )
+
+    def hand_back_all(self) -> int:
+        """The drain's last resort: cancel every handler still running (their jobs are handed
+        back, no retry consumed). Returns how many."""
+        n = 0
+        for task, running in list(self.tasks.items()):
+            if not task.done():
+                running.releasing = True
+                task.cancel()
+                n += 1
+        return n

@@ -1,0 +1,24 @@
+"""What the worker's parts share about one claimed attempt."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..broker.consume import Delivery
+from ..router import HandlerSpec, Job
+
+
+@dataclass(eq=False)
+class Running:
+    """One claimed attempt, from the claim until its outcome is written."""
+
+    job: Job
+    spec: HandlerSpec | None
+    timeout: float | None
+    started: float  # the worker's clock at the claim
+    delivery: Delivery | None = None  # unacked while the job runs (None once acked early)
+    task: asyncio.Task[Any] | None = field(default=None, repr=False)
+    lease_lost: bool = False
+    releasing: bool = False  # the drain cancelled it: hand it back, no retry consumed

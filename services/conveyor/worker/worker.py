@@ -1,0 +1,269 @@
+"""The worker process, composed of small parts with one job each:
+
+- ``Subscription`` (``broker/consume.py``): the channel, its work queues, deliveries;
+- ``Consumer`` (``consumer.py``): deliveries → claims, one batch at a time;
+- ``Executor`` (``executor.py``): runs handlers (sync ones in threads, see ``threads.py``);
+- ``Completer`` (``completer.py``): writes outcomes in batches, never stuck on a data error;
+- ``Heartbeater`` (``heartbeater.py``): leases, cancellations, early acks;
+- ``Drain`` (``drain.py``): SIGTERM;
+- ``LoopMonitor`` (``loop.py``): event-loop lag, and the status snapshot the probe thread reads.
+
+Each part has a one-step method for tests, an injectable clock and a small public status;
+``Worker.status()`` gathers them for ``health.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from ..broker.acks import Acks, AckStatus
+from ..broker.consume import Delivery, Subscription
+from ..core.config import Settings
+from ..core.logging import event
+from ..core.metrics import Metrics
+from ..job_types import router_types
+from ..router import Job, JobRouter
+from ..store import ClaimedJob, for_schema
+from ..store.connect import create_pool
+from .completer import Completer, CompleterStatus, Pending
+from .consumer import Consumer, ConsumerStatus
+from .drain import Drain, DrainStatus, _quietly
+from .executor import Executor, ExecutorStatus
+from .heartbeater import Heartbeater, HeartbeatStatus, take_deliveries
+from .loop import LoopMonitor, LoopStatus
+from .running import Running
+
+log = logging.getLogger("conveyor.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    worker_id: str
+    concurrency: int
+    running: int
+    stopping: bool
+    broker_connected: bool
+    consuming: bool
+    dead_parts: list[str]  # internal loops that ended: a wedged worker
+    consumer: ConsumerStatus
+    executor: ExecutorStatus
+    completer: CompleterStatus
+    heartbeat: HeartbeatStatus
+    loop: LoopStatus
+    acks: AckStatus
+    drain: DrainStatus
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        router: JobRouter,
+        *,
+        types: list[str] | None = None,
+        concurrency: int = 16,
+        metrics: Metrics | None = None,
+        worker_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.settings = settings
+        self.router = router
+        self.types = sorted(types) if types else router.types
+        unknown = [t for t in self.types if t not in router.handlers]
+        if unknown:
+            raise ValueError(f"no handler registered for {', '.join(unknown)}")
+        if not self.types:
+            raise ValueError("the router has no handlers")
+        self.concurrency = concurrency
+        self.metrics = metrics or Metrics()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.clock = clock
+        self.pool: Any = None
+        self.running: dict[uuid.UUID, Running] = {}
+        self.slots = asyncio.Semaphore(concurrency)
+        self.acks = Acks()
+        self.subscription = Subscription(
+            settings.amqp_url, settings.namespace,
+            name=f"conveyor-worker {self.worker_id}", prefetch=concurrency,
+        )  # fmt: skip
+        self.store = for_schema(settings.db_schema)
+        defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
+        self.consumer = Consumer(
+            None, self.store, self.metrics, slots=self.slots, acks=self.acks, start=self._start,
+            worker_id=self.worker_id, types=self.types,
+            handler_defaults=defaults,
+            visibility_timeout=settings.visibility_timeout,
+            default_max_retries=settings.default_max_retries,
+            early_acked=lambda: bool(self.heartbeater.acked_early), clock=clock,
+        )  # fmt: skip
+        self.executor = Executor(
+            self.metrics, concurrency=concurrency,
+            abandoned_limit=settings.worker_abandoned_thread_limit,
+            report=self._report, clock=clock,
+        )  # fmt: skip
+        self.completer = Completer(None, self.store, self.metrics, done=self._done, clock=clock)
+        self.heartbeater = Heartbeater(
+            None, self.store, running=self.running, acks=self.acks,
+            touch_waiting=self.consumer.touch_waiting,
+            visibility_timeout=settings.visibility_timeout,
+            early_ack_after=settings.early_ack_after, clock=clock,
+        )  # fmt: skip
+        self.drain = Drain(self, clock=clock)
+        self.monitor = LoopMonitor(self.metrics.registry, on_tick=self._snapshot, clock=clock)
+        self.loops: dict[str, asyncio.Task[None]] = {}
+        self.snapshot: WorkerStatus | None = None  # refreshed on every loop tick
+        self.stopping = False
+        self.idle = asyncio.Event()  # set when the last running job's outcome is written
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.pool = await create_pool(
+            self.settings.database_url,
+            application_name="conveyor-worker",
+            max_size=4,
+            command_timeout=30,
+        )
+        self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
+        async with self.pool.acquire() as conn:  # the API accepts these types from now on
+            await self.store.job_type_register_many(conn, router_types(self.router, self.types))
+        await self.subscription.open(self.types)
+        for t in self.types:
+            self.metrics.queue_messages.labels(
+                self.subscription.topology.work_queue(t), "unacked"
+            ).set_function(
+                lambda t=t: self._unacked(t)  # type: ignore[misc]
+            )
+        self.loops = {
+            "consumer": self._loop("consumer", self.consumer.run()),
+            "completer": self._loop("completer", self.completer.run()),
+            "heartbeater": self._loop("heartbeater", self.heartbeater.run()),
+            "loop_monitor": self._loop("loop_monitor", self.monitor.run()),
+        }
+        await self.subscription.consume(self.consumer.offer)
+        self._snapshot()
+        event(log, "worker_started", worker_id=self.worker_id, types=self.types,
+              concurrency=self.concurrency)  # fmt: skip
+
+    @staticmethod
+    def _loop(name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(_report_death)
+        return task
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        await stop.wait()
+        await self.stop()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain (see ``drain.py``), then close."""
+        grace = self.settings.shutdown_grace if grace is None else grace
+        self.stopping = True
+        event(log, "worker_draining", running=len(self.running), grace=grace)
+        await self.drain.run(grace)
+        for task in self.loops.values():
+            task.cancel()
+        await asyncio.gather(*self.loops.values(), return_exceptions=True)
+        await _quietly(self.subscription.close())
+        if self.pool is not None:
+            await _quietly(self.pool.close())
+        self._snapshot()
+        event(log, "worker_stopped", worker_id=self.worker_id, abandoned=len(self.running),
+              threads_alive=self.executor.threads.status().alive)  # fmt: skip
+
+    # ------------------------------------------------------------------ one-step methods
+
+    async def process_batch(self, batch: list[Delivery]) -> None:
+        """Claim a batch of deliveries (each holding one slot) and start their handlers."""
+        await self.consumer.process_batch(batch)
+
+    async def write_outcomes(self) -> int:
+        """Write every outcome that is ready; returns how many."""
+        n = 0
+        while (k := await self.completer.flush_once()) > 0:
+            n += k
+        return n
+
+    async def heartbeat_once(self) -> None:
+        await self.heartbeater.beat_once()
+
+    # ------------------------------------------------------------------ the parts' seams
+
+    def _start(self, row: ClaimedJob, delivery: Delivery) -> None:
+        job = Job(
+            id=row.id,
+            type=row.job_type,
+            payload=row.payload,
+            attempt=row.attempts,
+            priority=row.priority,
+            retry_count=row.retry_count,
+            max_retries=row.max_retries,
+        )
+        spec = self.router.handlers.get(job.type)
+        self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
+        running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
+        self.running[job.id] = running
+        self.executor.start(running)
+
+    def _unacked(self, job_type: str) -> int:
+        """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
+        return sum(
+            1 for r in list(self.running.values())
+            if r.job.type == job_type and r.delivery is not None
+        )  # fmt: skip
+
+    def _report(self, running: Running, outcome: Any) -> None:
+        self.completer.put(running, outcome)
+
+    async def _done(self, batch: list[Pending]) -> None:
+        """Outcomes committed (or fenced): free their slots, ack their deliveries."""
+        for p in batch:
+            job_id = p.running.job.id
+            if self.running.get(job_id) is p.running:
+                del self.running[job_id]
+                self.heartbeater.acked_early.discard(job_id)
+            self.slots.release()
+        if not self.running:
+            self.idle.set()
+        await self.acks.ack(take_deliveries([p.running for p in batch]))
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> WorkerStatus:
+        dead = [name for name, t in self.loops.items() if t.done()]
+        return WorkerStatus(
+            worker_id=self.worker_id,
+            concurrency=self.concurrency,
+            running=len(self.running),
+            stopping=self.stopping,
+            broker_connected=self.subscription.connected,
+            consuming=self.subscription.consuming,
+            dead_parts=[] if self.stopping else dead,
+            consumer=self.consumer.status(),
+            executor=self.executor.status(),
+            completer=self.completer.status(),
+            heartbeat=self.heartbeater.status(),
+            loop=self.monitor.status(),
+            acks=self.acks.status(),
+            drain=self.drain.status(),
+        )
+
+    def _snapshot(self) -> None:
+        self.snapshot = self.status()
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    """A part's loop ended on its own: say why (liveness reports it as a dead part)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        event(log, "worker_part_died", logging.ERROR, part=task.get_name(), error=repr(exc))

@@ -1,0 +1,129 @@
+"""The dashboard in a real browser (Debian's Chromium driven by Playwright): each page loads,
+cancel / retry / bulk redrive act on the database, text from jobs is escaped, the overview
+refreshes itself. Screenshots go to $CONVEYOR_UI_SCREENSHOTS (docs/img for the README)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from conveyor.core.config import Settings
+
+from .. import apps
+from ..stack import Stack, running_stack, wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]  # fmt: skip
+XSS = "<script>window.pwned = 1</script><img src=x onerror='window.pwned = 2'>"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+async def browser_page(tmp_path: Path) -> AsyncIterator[object]:
+    playwright = pytest.importorskip("playwright.async_api")
+    if not shutil.which(CHROMIUM):
+        pytest.fail("chromium missing: apt-get install chromium chromium-driver (.ci/run does)")
+    async with playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = await browser.new_page(viewport={"width": 1280, "height": 800})
+        yield page
+        await browser.close()
+
+
+def _shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("CONVEYOR_UI_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+async def _attempts(db: asyncpg.Connection, job_id: str) -> int:
+    return int(await db.fetchval("SELECT attempts FROM jobs WHERE id = $1", uuid.UUID(job_id)))
+
+
+async def test_dashboard_drives_a_job_life_and_a_bulk_redrive(
+    settings: Settings, db_url: str, db: asyncpg.Connection, browser_page: object,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    page: object = browser_page
+    shots = _shots(tmp_path)
+    apps.reset()
+    async with running_stack(settings, apps.router, concurrency=8) as stack:
+        base = str(stack.client.base_url)
+        echo = await stack.submit("echo", {"note": XSS})
+        failed = [await stack.submit("always_fails", {"n": i}, max_retries=0) for i in range(3)]
+        slow = await stack.submit("slow", {"seconds": 60, "observe_cancel": True})
+        await wait_for(db_url, [echo, *failed], timeout=30)
+        await wait_for(db_url, [slow], statuses=["IN_PROGRESS"], timeout=30)
+        await _drive(page, base, stack, db, db_url, shots, echo, failed, slow)
+
+
+async def _drive(
+    page: object, base: str, stack: Stack, db: asyncpg.Connection, db_url: str, shots: Path,
+    echo: str, failed: list[str], slow: str,
+) -> None:  # fmt: skip
+    p: object = page
+    goto, text = p.goto, p.inner_text  # type: ignore[attr-defined]
+
+    # overview: one row per type, live refresh replaces the table
+    await goto(f"{base}/ui")
+    overview = await text("#overview")
+    assert "always_fails" in overview and "echo" in overview
+    await p.wait_for_function(  # type: ignore[attr-defined]
+        "document.getElementById('live').dataset.refreshed >= '1'", timeout=15000
+    )
+    await p.screenshot(path=str(shots / "overview.png"), full_page=True)  # type: ignore[attr-defined]
+
+    # jobs: filter by type, find by id
+    await goto(f"{base}/ui/jobs?type=always_fails")
+    rows = await text("#jobs")
+    assert all(f in rows for f in failed) and echo not in rows
+    await p.screenshot(path=str(shots / "jobs.png"), full_page=True)  # type: ignore[attr-defined]
+    await p.fill("input[name=id]", echo)  # type: ignore[attr-defined]
+    await p.click("text=Find")  # type: ignore[attr-defined]
+    await p.wait_for_url(f"**/ui/jobs/{echo}")  # type: ignore[attr-defined]
+
+    # one job: the payload's markup is shown as text and never runs
+    assert XSS in await text("#payload") and XSS in await text("#result")
+    assert await p.evaluate("window.pwned === undefined")  # type: ignore[attr-defined]
+    assert "completed" in await text("#attempts")
+    await p.screenshot(path=str(shots / "job.png"), full_page=True)  # type: ignore[attr-defined]
+
+    # cancel a running job
+    await goto(f"{base}/ui/jobs/{slow}")
+    await p.click("button:has-text('Cancel')")  # type: ignore[attr-defined]
+    assert (await wait_for(db_url, [slow], timeout=30))[uuid.UUID(slow)] == "CANCELLED"
+
+    # retry a failed job: a second attempt runs (and fails again)
+    await goto(f"{base}/ui/jobs/{failed[0]}")
+    await p.click("button:has-text('Retry')")  # type: ignore[attr-defined]
+    for _ in range(200):
+        if await _attempts(db, failed[0]) == 2:
+            break
+        await p.wait_for_timeout(50)  # type: ignore[attr-defined]
+    await wait_for(db_url, [failed[0]], statuses=["FAILED"], timeout=30)
+    assert await _attempts(db, failed[0]) == 2
+
+    # dead letters: grouped by type and error; bulk redrive after a confirmation
+    await goto(f"{base}/ui/dead")
+    dead = await text("#dead")
+    assert "always_fails" in dead and "ValueError" in dead
+    await p.screenshot(path=str(shots / "dead-letters.png"), full_page=True)  # type: ignore[attr-defined]
+    await p.click("#dead >> text=Redrive…")  # type: ignore[attr-defined]
+    # largest group first: the two jobs whose only attempt failed with the same error
+    confirm = await text("#confirm-text")
+    assert "2 FAILED job(s)" in confirm and "always fails (attempt 1)" in confirm
+    await p.screenshot(path=str(shots / "confirm.png"), full_page=True)  # type: ignore[attr-defined]
+    await p.click("button:has-text('Yes, redrive')")  # type: ignore[attr-defined]
+    assert "redrive: 2 job(s)" in await text("#done")
+    await wait_for(db_url, failed, statuses=["FAILED"], timeout=30)  # ran again, failed again
+    assert [await _attempts(db, j) for j in failed] == [2, 2, 2]

@@ -1,0 +1,122 @@
+"""The completer's one step against the real store: a batch with one outcome PostgreSQL refuses
+commits the others, and the refused one becomes a recorded failure (issue 8 item 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import asyncpg
+
+from conveyor import enqueue
+from conveyor.core.metrics import Metrics
+from conveyor.router import Job
+from conveyor.store import for_schema
+from conveyor.store.connect import create_pool
+from conveyor.worker import outcomes
+from conveyor.worker.completer import LARGE_RESULT_CHARS, Completer, Pending, is_data_error
+from conveyor.worker.running import Running
+
+from .. import db as tdb
+
+
+async def _claimed(db: asyncpg.Connection, n: int) -> list[Running]:
+    ids = [await enqueue(db, "t", {"i": i}, max_retries=0) for i in range(n)]
+    rows = await for_schema().job_claim_many(
+        db, ids, lease_seconds=30.0, worker_id="test-worker", types=["t"],
+        handler_defaults={}, default_max_retries=3,
+    )  # fmt: skip
+    by_id = {r.id: r for r in rows}
+    return [
+        Running(Job(i, "t", {}, by_id[i].attempts, 5, 0, 0), None, None, time.monotonic())
+        for i in ids
+    ]
+
+
+async def test_one_refused_outcome_does_not_hold_back_its_batch(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    pool = await create_pool(db_url, application_name="test-completer", max_size=2)
+    done: list[Pending] = []
+
+    async def record(batch: list[Pending]) -> None:
+        done.extend(batch)
+
+    completer = Completer(pool, for_schema(), Metrics(), done=record)
+    try:
+        runs = await _claimed(db, 5)
+        results: list[Any] = [{"ok": 0}, {"ok": 1}, {"text": "a\x00b"}, {"ok": 3}, "four"]
+        for r, result in zip(runs, results, strict=True):
+            completer.put(r, outcomes.completed(result))
+        assert completer.status().waiting == 5
+        assert await completer.flush_once() == 5
+    finally:
+        await pool.close()
+    rows = {
+        r["id"]: r
+        for r in await db.fetch(
+            "SELECT id, status::text AS status, result::text AS result, last_error FROM jobs"
+        )
+    }
+    statuses = [rows[r.job.id]["status"] for r in runs]
+    assert statuses == ["COMPLETED", "COMPLETED", "FAILED", "COMPLETED", "COMPLETED"], statuses
+    bad = rows[runs[2].job.id]
+    assert bad["result"] is None and "result could not be stored" in bad["last_error"]
+    assert all(p.written for p in done) and len(done) == 5
+    status = completer.status()
+    assert (status.waiting, status.unwritable_total, status.written_total) == (0, 1, 5)
+
+
+def test_data_errors_and_outages_are_told_apart() -> None:
+    assert is_data_error(asyncpg.exceptions.UntranslatableCharacterError("x"))
+    assert is_data_error(asyncpg.exceptions.CharacterNotInRepertoireError("x"))
+    assert is_data_error(asyncpg.exceptions.StringDataRightTruncationError("x"))
+    assert is_data_error(asyncpg.exceptions.InvalidTextRepresentationError("x"))
+    assert is_data_error(asyncpg.exceptions.ProgramLimitExceededError("x"))
+    assert is_data_error(UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"))
+    assert not is_data_error(ConnectionResetError())
+    assert not is_data_error(TimeoutError())
+    assert not is_data_error(asyncpg.exceptions.AdminShutdownError("x"))
+    assert not is_data_error(asyncpg.exceptions.CannotConnectNowError("x"))
+    assert not is_data_error(asyncpg.exceptions.InterfaceError("x"))
+    assert not is_data_error(OSError())
+
+
+# Regression test (found by the adversarial harness: "a 10 MB result stalls every other outcome
+# write of its worker for seconds"): a large result is written in a transaction of its own, so
+# the other outcomes do not wait for PostgreSQL to parse it. Here the large one's write is held
+# by a row lock: before the fix flush_once waited for it, with the small ones uncommitted.
+
+
+async def test_a_large_result_does_not_hold_back_the_other_outcomes(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    pool = await create_pool(db_url, application_name="test-completer", max_size=3)
+    done: list[Pending] = []
+
+    async def record(batch: list[Pending]) -> None:
+        done.extend(batch)
+
+    completer = Completer(pool, for_schema(), Metrics(), done=record)
+    locker = await tdb.connect(db_url)
+    try:
+        runs = await _claimed(db, 3)
+        big = {"blob": "x" * (LARGE_RESULT_CHARS + 1)}
+        async with locker.transaction():
+            await locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", runs[1].job.id)
+            for r, result in zip(runs, [{"ok": 0}, big, {"ok": 2}], strict=True):
+                completer.put(r, outcomes.completed(result))
+            assert await asyncio.wait_for(completer.flush_once(), 10) == 3
+            assert {p.running.job.id for p in done} == {runs[0].job.id, runs[2].job.id}
+            assert completer.status().waiting == 1  # the large one, waiting for the lock
+        deadline = time.monotonic() + 10
+        while completer.status().waiting:
+            assert time.monotonic() < deadline, completer.status()
+            await asyncio.sleep(0.02)
+    finally:
+        await locker.close()
+        await pool.close()
+    statuses = await db.fetch("SELECT status::text FROM jobs ORDER BY id")
+    assert [r["status"] for r in statuses] == ["COMPLETED"] * 3
+    assert len(done) == 3 and all(p.written for p in done)

@@ -1,0 +1,58 @@
+"""Gauges refreshed from the database and the broker in one step (no scrape-time queries)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from conveyor import JobSpec, enqueue_many
+from conveyor.core.config import Settings
+from conveyor.core.metrics import Metrics
+from conveyor.maintenance.gauges import Gauges
+from conveyor.maintenance.sweeper import Sweeper
+from conveyor.publisher.relay import Relay
+
+
+@pytest.fixture
+async def parts(settings: Settings) -> AsyncIterator[tuple[Metrics, Sweeper, Relay]]:
+    metrics = Metrics()
+    sweeper = Sweeper(settings, metrics)
+    relay = Relay(settings, metrics)
+    await sweeper.start()
+    await relay.start()
+    yield metrics, sweeper, relay
+    await relay.close()
+    await sweeper.close()
+
+
+def _value(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+async def test_jobs_outbox_and_queue_gauges(
+    db: asyncpg.Connection, parts: tuple[Metrics, Sweeper, Relay]
+) -> None:
+    metrics, sweeper, relay = parts
+    gauges = Gauges(metrics, sweeper.store, sweeper.pool, sweeper.topology,
+                    queue_depth=sweeper._queue_depth)  # fmt: skip
+    await enqueue_many(db, [JobSpec("a")] * 3 + [JobSpec("b", delay_seconds=600)])
+    await db.execute("UPDATE job_outbox SET created_at = now() - interval '42 s'")
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_jobs", type="a", status="PENDING") == 3
+    assert _value(metrics, "conveyor_jobs", type="b", status="SCHEDULED") == 1
+    assert _value(metrics, "conveyor_outbox_rows") == 3
+    lag = _value(metrics, "conveyor_outbox_lag_seconds")
+    assert lag is not None and 42 <= lag < 60
+
+    assert await relay.run_once() == 3
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_outbox_rows") == 0
+    assert _value(metrics, "conveyor_outbox_lag_seconds") == 0
+    queue = sweeper.topology.work_queue("a")
+    assert _value(metrics, "conveyor_queue_messages", queue=queue, state="ready") == 3
+
+    await db.execute("UPDATE jobs SET status = 'CANCELLED' WHERE job_type = 'a'")
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_jobs", type="a", status="PENDING") == 0  # not frozen

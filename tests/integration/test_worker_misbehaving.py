@@ -1,0 +1,137 @@
+"""What a misbehaving handler can and cannot do to a worker (issue 8 items 2, 3, 4 and 8).
+
+Each test ends with a well-behaved job completing on the same worker: a misbehaving handler may
+fail its own job, never the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import pytest
+
+from conveyor.core.config import Settings
+
+from .. import db as tdb
+from ..stack import running_stack, wait_for
+from . import worker_apps
+from .worker_apps import router
+
+
+async def _row(db_url: str, job_id: str) -> asyncpg.Record:
+    conn = await tdb.connect(db_url)
+    try:
+        row = await conn.fetchrow(
+            "SELECT status::text AS status, attempts, retry_count, last_error, result::text,"
+            " run_at - updated_at AS wait FROM jobs WHERE id = $1",
+            uuid.UUID(job_id),
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    return row
+
+
+# Regression test (issue 8.2): a result or an error text PostgreSQL refuses made the outcome
+# write fail for ever; the job stayed IN_PROGRESS (heartbeats kept its lease) and no later job on
+# that worker completed. Failed before the fix: the jobs were still IN_PROGRESS after 20 s.
+
+
+async def test_an_unwritable_outcome_fails_its_job_and_the_worker_goes_on(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_stack(settings, router, concurrency=4) as stack:
+        bad_result = await stack.submit("nul_result")
+        bad_error = await stack.submit("nul_error")
+        statuses = await wait_for(db_url, [bad_result, bad_error], timeout=20)
+        assert set(statuses.values()) == {"FAILED"}, statuses
+        later = await stack.submit("echo", {"after": "the bad ones"})
+        assert (await wait_for(db_url, [later], timeout=20)) == {uuid.UUID(later): "COMPLETED"}
+    r = await _row(db_url, bad_result)
+    assert "could not be stored" in r["last_error"] and "\x00" not in r["last_error"]
+    assert r["result"] is None
+    e = await _row(db_url, bad_error)
+    assert "bad byte  here" in e["last_error"], e["last_error"]  # the NUL removed, text kept
+
+
+# Regression test (issue 8.3): CancelledError raised by a handler (nobody cancelled it) was taken
+# for a shutdown: handed back as PENDING without consuming a retry, thousands of attempts a
+# minute. Failed before the fix: still not terminal after 20 s, with hundreds of attempts.
+
+
+async def test_a_handler_raising_cancelled_error_consumes_its_retries(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_stack(settings, router, concurrency=2) as stack:
+        job = await stack.submit("cancels_itself")
+        assert (await wait_for(db_url, [job], timeout=20)) == {uuid.UUID(job): "FAILED"}
+        later = await stack.submit("echo")
+        await wait_for(db_url, [later], statuses=["COMPLETED"], timeout=20)
+    r = await _row(db_url, job)
+    assert r["attempts"] == 2, dict(r)  # max_retries=1: two attempts, then FAILED
+    assert "CancelledError" in r["last_error"]
+
+
+# Regression test: an exception whose __str__ raises broke the outcome computation; the handler's
+# task died without an outcome and the job held its slot for ever (found while writing these
+# tests). Failed before the fix: still IN_PROGRESS after 20 s.
+
+
+async def test_an_exception_that_cannot_be_printed_is_still_a_failure(
+    settings: Settings, db_url: str
+) -> None:
+    async with running_stack(settings, router, concurrency=2) as stack:
+        job = await stack.submit("unprintable_error")
+        assert (await wait_for(db_url, [job], timeout=20)) == {uuid.UUID(job): "FAILED"}
+    assert "Unprintable" in (await _row(db_url, job))["last_error"]
+
+
+# Regression test (issue 8.4): two sync handlers past their timeout kept both pool threads; every
+# later sync job timed out inside the executor's queue without starting and ended FAILED. Failed
+# before the fix: quick_sync ended FAILED with "TimeoutError".
+
+
+async def test_timed_out_sync_handlers_do_not_starve_later_sync_jobs(
+    settings: Settings, db_url: str
+) -> None:
+    worker_apps.RELEASE_THREADS.clear()
+    try:
+        async with running_stack(settings, router, concurrency=2) as stack:
+            stuck = [await stack.submit("stuck_sync") for _ in range(2)]
+            await wait_for(db_url, stuck, timeout=20)
+            quick = [await stack.submit("quick_sync") for _ in range(4)]
+            statuses = await wait_for(db_url, quick, timeout=20)
+            assert set(statuses.values()) == {"COMPLETED"}, statuses
+            status = stack.workers[0].status()
+            assert status.executor.threads_abandoned == 2, status.executor
+    finally:
+        worker_apps.RELEASE_THREADS.set()
+    for job in stuck:
+        assert "TimeoutError" in (await _row(db_url, job))["last_error"]
+
+
+# Regression test (issue 8.8, Retry(delay=0) has no floor): a handler raising Retry(0) went
+# straight back to its queue, a hot loop through the outbox. Failed before the fix: run_at was
+# the time of the failure itself.
+
+
+async def test_retry_with_no_delay_waits_the_floor(settings: Settings, db_url: str) -> None:
+    async with running_stack(settings, router, concurrency=2) as stack:
+        job = await stack.submit("retry_now")
+        await wait_for(db_url, [job], statuses=["RETRYING"], timeout=20)
+        r = await _row(db_url, job)
+    assert r["wait"].total_seconds() >= 1.0, dict(r)
+
+
+@pytest.mark.parametrize("job_type", ["nul_result", "cancels_itself", "unprintable_error"])
+async def test_the_worker_reports_no_dead_part_after_a_misbehaving_handler(
+    settings: Settings, db_url: str, job_type: str
+) -> None:
+    async with running_stack(settings, router, concurrency=2) as stack:
+        job = await stack.submit(job_type)
+        await wait_for(db_url, [job], timeout=20)
+        status = stack.workers[0].status()
+        assert status.dead_parts == [], status
+        assert status.executor.running == 0, status.executor
+        await asyncio.sleep(0)

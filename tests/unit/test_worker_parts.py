@@ -1,0 +1,171 @@
+"""The worker's parts, one step at a time, without services: the executor's outcomes for
+handlers that misbehave, sync timeouts measured from the thread's start, the loop monitor, and
+liveness as a pure function of a status."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from conveyor import Job, JobRouter, Retry
+from conveyor.core.metrics import Metrics
+from conveyor.worker.executor import Executor
+from conveyor.worker.health import Limits, assess
+from conveyor.worker.loop import LoopMonitor
+from conveyor.worker.outcomes import Kind, Outcome
+from conveyor.worker.running import Running
+from conveyor.worker.threads import HandlerThreads, HandlerTimeout
+
+
+def _running(func: Any, *, timeout: float | None = None, max_retries: int = 0) -> Running:
+    router = JobRouter()
+    router.job("t", max_retries=max_retries)(func)
+    job = Job(uuid.uuid4(), "t", {}, 1, 5, 0, max_retries)
+    return Running(job, router.handlers["t"], timeout, time.monotonic())
+
+
+def _executor(reported: list[Outcome] | None = None) -> Executor:
+    out = reported if reported is not None else []
+    return Executor(Metrics(), concurrency=2, abandoned_limit=1,
+                    report=lambda r, o: out.append(o))  # fmt: skip
+
+
+async def _cancels(job: Job) -> None:
+    raise asyncio.CancelledError
+
+
+async def _exits(job: Job) -> None:
+    raise SystemExit(2)
+
+
+async def _interrupts(job: Job) -> None:
+    raise KeyboardInterrupt
+
+
+async def _generator_exit(job: Job) -> None:
+    raise GeneratorExit
+
+
+def _sync_exits(job: Job) -> None:
+    raise SystemExit(5)
+
+
+async def _retry_now(job: Job) -> None:
+    raise Retry(0)
+
+
+async def _own_timeout(job: Job) -> None:
+    raise TimeoutError("the handler's own network timeout")
+
+
+async def _sleeps(job: Job) -> None:
+    await asyncio.sleep(5)
+
+
+@pytest.mark.parametrize(
+    ("func", "timeout", "kind", "delay", "text"),
+    [
+        (_cancels, None, Kind.FAIL, None, "CancelledError"),
+        (_exits, None, Kind.FAIL, None, "SystemExit"),
+        (_interrupts, None, Kind.FAIL, None, "KeyboardInterrupt"),
+        (_generator_exit, None, Kind.FAIL, None, "GeneratorExit"),
+        (_sync_exits, None, Kind.FAIL, None, "SystemExit"),
+        (_retry_now, None, Kind.FAIL, 1, "Retry"),
+        (_own_timeout, 5, Kind.FAIL, None, "the handler's own network timeout"),
+        (_sleeps, 0.05, Kind.FAIL, None, "exceeded its timeout of 0.05 s"),
+    ],
+)
+async def test_every_attempt_ends_in_one_outcome(
+    func: Any, timeout: float | None, kind: Kind, delay: int | None, text: str
+) -> None:
+    reported: list[Outcome] = []
+    outcome = await _executor(reported).run_one(_running(func, timeout=timeout))
+    assert (outcome.kind, outcome.delay) == (kind, delay)
+    assert text in (outcome.error or ""), outcome.error
+    assert reported == [outcome]
+
+
+async def test_a_drain_cancellation_hands_the_job_back() -> None:
+    reported: list[Outcome] = []
+    ex = _executor(reported)
+    running = _running(_sleeps)
+    ex.start(running)
+    await asyncio.sleep(0)
+    assert ex.status().running == 1
+    assert ex.hand_back_all() == 1
+    assert running.task is not None
+    await running.task
+    assert [o.kind for o in reported] == [Kind.RELEASE]
+    assert ex.status().running == 0
+
+
+async def test_a_sync_timeout_counts_from_the_thread_start() -> None:
+    """One thread at most (size 1, no room for abandoned ones): the second call waits for the
+    first's thread to end, and its timeout only starts once its own thread runs."""
+    threads = HandlerThreads(1, 0)
+    release = threading.Event()
+    with pytest.raises(HandlerTimeout):
+        await threads.call(lambda _: release.wait(5), None, 0.05)
+    assert threads.status().abandoned == 1
+    second = asyncio.create_task(threads.call(lambda _: time.sleep(0.05) or "ran", None, 0.5))
+    await asyncio.sleep(0.3)  # longer than the second call's work, shorter than its timeout
+    assert threads.status().waiting == 1 and not second.done()
+    release.set()
+    assert await second == "ran"
+    status = threads.status()
+    assert (status.alive, status.abandoned, status.waiting) == (0, 0, 0)
+
+
+async def test_base_exceptions_from_threads_reach_the_caller() -> None:
+    threads = HandlerThreads(1, 1)
+    with pytest.raises(SystemExit):
+        await threads.call(_sync_exits, None, None)
+    assert threads.status().alive == 0
+
+
+def test_the_loop_monitor_measures_lag_with_its_clock() -> None:
+    now = [100.0]
+    m = LoopMonitor(CollectorRegistry(), interval=0.25, clock=lambda: now[0])
+    now[0] = 100.3
+    assert m.tick(expected=100.25) == pytest.approx(0.05)
+    now[0] = 112.3  # the loop has not turned for 12 s
+    assert m.blocked_for() == pytest.approx(11.75)
+    m.tick(expected=100.55)
+    assert m.status().max_lag_seconds == pytest.approx(11.75) and m.blocked_for() == 0
+
+
+async def test_liveness_is_a_function_of_the_status() -> None:
+    from conveyor.core.config import Settings
+    from conveyor.worker import Worker
+
+    router = JobRouter()
+    router.job("t")(_sleeps)
+    base = Worker(Settings(), router, concurrency=2).status()
+    limits = Limits(broker_grace=60, loop_stall=10, outcome_deadline=60, abandoned_threads=1)
+
+    def live(s: Any, blocked: float = 0.0, down: float = 0.0) -> bool:
+        return assess(s, limits, now=1000.0, blocked_for=blocked, broker_down_for=down)[0]
+
+    ex, co = base.executor, base.completer
+    assert live(base)
+    assert not live(base, blocked=11)
+    assert not live(base, down=61)
+    assert not live(dataclasses.replace(base, dead_parts=["completer"]))
+    assert not live(
+        dataclasses.replace(base, completer=dataclasses.replace(co, oldest_since=900.0))
+    )
+    assert live(dataclasses.replace(base, completer=dataclasses.replace(co, oldest_since=990.0)))
+    assert live(dataclasses.replace(base, executor=dataclasses.replace(ex, threads_abandoned=1)))
+    assert not live(
+        dataclasses.replace(base, executor=dataclasses.replace(ex, threads_abandoned=2))
+    )
+    waiting = dataclasses.replace(ex, threads_waiting=1, threads_waiting_since=900.0)
+    assert not live(dataclasses.replace(base, executor=waiting))
+    assert live(dataclasses.replace(base, stopping=True), blocked=30)  # draining is healthy
