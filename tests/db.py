@@ -24,6 +24,8 @@ AD_HOC_TYPES = (
     "t", "work", "a", "b", "c", "x", "m", "ok", "send_email", "alpha", "beta", "gamma", "delta",
     "eps", "lost", "deep", "kind_a", "kind_b", "hello", "charge", "resize_image",
     "poll_upstream", "sync_work",
+    # broker tests (test_relay, test_sweeper_broker, test_retry_pens, test_deadletters)
+    "broken", "fine", "pens", "held", "vanished", "twice", "later", "hour", "doomed",
 )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ import contextlib
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -17,7 +17,7 @@ import httpx
 from conveyor import JobRouter
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
-from conveyor.publisher.relay import FaultHook, Relay
+from conveyor.publisher.relay import Relay
 from conveyor.services import api_server, serve_api
 from conveyor.worker import Worker
 
@@ -99,18 +99,21 @@ async def running_stack(
     workers: int = 1,
     maintenance: bool = True,
     relays: int = 1,
-    relay_hook: FaultHook | None = None,
+    relay_setup: Callable[[Relay], Any] | None = None,
     stack_class: type[S] = Stack,  # type: ignore[assignment]
 ) -> AsyncIterator[S]:
-    """The API (uvicorn on a free port), ``relays`` relays (with ``relay_hook``), the sweeper
-    (``maintenance``) and ``workers`` workers for ``router`` plus one per ``routers``."""
+    """The API (uvicorn on a free port), ``relays`` relays (each passed to ``relay_setup``, where
+    a test injects faults from outside), the sweeper (``maintenance``) and ``workers`` workers
+    for ``router`` plus one per ``routers``."""
     stop = asyncio.Event()
     port = free_port()
     server = api_server(settings, "127.0.0.1", port)
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(serve_api(server, stop))]
     started_relays: list[Relay] = []
     for _ in range(relays):
-        relay = Relay(settings, fault_hook=relay_hook)
+        relay = Relay(settings)
+        if relay_setup is not None:
+            relay_setup(relay)
         await relay.start()
         started_relays.append(relay)
         tasks.append(asyncio.create_task(relay.run(stop)))

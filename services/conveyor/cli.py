@@ -75,7 +75,7 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     from . import services
 
     settings = _settings()
-    services.run(lambda stop: services.run_sweeper(settings, stop))
+    services.run(lambda stop: services.run_sweeper(settings, stop, health_port=args.health_port))
     return 0
 
 
@@ -241,49 +241,6 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return 2
 
 
-def cmd_dlq(args: argparse.Namespace) -> int:
-    from .core.amqp.topology import Topology, connect
-    from .maintenance import deadletters as dl
-    from .store import for_schema
-    from .store.connect import create_pool
-
-    settings = _settings()
-    ids = {uuid.UUID(i) for i in (args.id or [])} if args.action != "list" else set()
-    if args.action != "list" and not (ids or args.type or args.all):
-        print(
-            "conveyor dlq: say which: --id ID (repeatable), --type TYPE or --all", file=sys.stderr
-        )
-        return 2
-
-    async def go() -> int:
-        connection = await connect(settings.amqp_url, name="conveyor-dlq")
-        pool = await create_pool(settings.database_url, application_name="conveyor-dlq", max_size=2)
-        try:
-            topology = Topology(settings.namespace)
-            store = for_schema(settings.db_schema)
-            if args.action == "list":
-                seen = await dl.scan(
-                    connection, pool, store, topology, lambda _: "keep", limit=args.limit
-                )
-                _print([d.as_dict() for d, _ in seen])
-                return 0
-            match = dl.selector(ids, args.type, args.all)
-            decide = (
-                dl.redrive_decision(match) if args.action == "redrive" else dl.purge_decision(match)
-            )
-            seen = await dl.scan(connection, pool, store, topology, decide)
-            summary: dict[str, int] = {}
-            for _, decision in seen:
-                summary[decision] = summary.get(decision, 0) + 1
-            _print({"scanned": len(seen), **summary})
-            return 0
-        finally:
-            await connection.close()
-            await pool.close()
-
-    return asyncio.run(go())
-
-
 # ---------------------------------------------------------------------------- parser
 
 
@@ -316,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_publisher)
 
     s = sub.add_parser("sweeper", help="run only the maintenance duties")
+    s.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /healthz (503 when a duty has not completed a pass within its interval "
+        "plus CONVEYOR_MAINTENANCE_DEADLINE), /readyz and /metrics",
+    )
     s.set_defaults(func=cmd_sweeper)
 
     s = sub.add_parser("worker", help="run the handlers registered on a JobRouter")
@@ -351,17 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--limit", type=int, default=50)
     s.set_defaults(func=cmd_jobs)
 
-    s = sub.add_parser("dlq", help="list, redrive or purge the dead-letter queue")
-    dlq = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    d = dlq.add_parser("list", help="print dead letters (they stay in the queue)")
-    d.add_argument("--limit", type=int, default=100)
-    for name, help_ in (("redrive", "re-queue the jobs of matching dead letters"),
-                        ("purge", "delete matching dead letters (jobs stay FAILED)")):  # fmt: skip
-        d = dlq.add_parser(name, help=help_)
-        d.add_argument("--id", action="append", help="a job id (repeatable)")
-        d.add_argument("--type", help="every dead letter of this job type")
-        d.add_argument("--all", action="store_true", help="every dead letter")
-    s.set_defaults(func=cmd_dlq)
+    from .cli_dlq import add_parser as add_dlq
+
+    add_dlq(sub)
 
     from .cli_types import add_parser as add_types
 
@@ -372,12 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from pydantic import ValidationError
 
+    from .broker import LIBRARY_LOGGERS
+
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()
-        configure(settings.log_level, settings.log_format)
+        configure(settings.log_level, settings.log_format, quiet=(*LIBRARY_LOGGERS, "alembic"))
     except ValidationError:  # reported below, when the command reads its settings
-        configure()
+        configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
     try:
         return int(args.func(args))
     except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback

@@ -122,7 +122,8 @@ async def run_publisher(
                             queue_depth=sweeper._queue_depth)  # fmt: skip
             loops.append(asyncio.create_task(gauges.run(stop), name="gauges"))
         if health_port is not None:
-            live, ready = probes(relay, loops[0])
+            relay_live, ready = probes(relay, loops[0])
+            live = relay_live if sweeper is None else _both(relay_live, sweeper.live)
             server = await serve_probes(
                 "0.0.0.0", health_port, live=live, ready=ready, registry=relay.metrics.registry
             )
@@ -136,15 +137,39 @@ async def run_publisher(
         event(log, "publisher_stopped")
 
 
-async def run_sweeper(settings: Settings, stop: asyncio.Event) -> None:
+async def run_sweeper(
+    settings: Settings, stop: asyncio.Event, *, health_port: int | None = None
+) -> None:
+    from .core.probes import serve_probes
     from .maintenance.sweeper import Sweeper
 
     sweeper = Sweeper(settings)
     await _start_with_retry(sweeper.start, stop, "sweeper")
+    server = None
     try:
+        if health_port is not None:
+            server = await serve_probes(
+                "0.0.0.0", health_port, live=sweeper.live, ready=lambda: True,
+                registry=sweeper.metrics.registry,
+            )  # fmt: skip
+        event(log, "sweeper_started")
         await sweeper.run(stop)
     finally:
+        if server is not None:
+            server.close()
         await sweeper.close()
+
+
+def _both(
+    a: Callable[[], tuple[bool, dict[str, Any]]], b: Callable[[], tuple[bool, dict[str, Any]]]
+) -> Callable[[], tuple[bool, dict[str, Any]]]:
+    """One liveness from two: live when both are; both details."""
+
+    def live() -> tuple[bool, dict[str, Any]]:
+        (ok_a, da), (ok_b, db) = a(), b()
+        return ok_a and ok_b, {**da, "maintenance": db}
+
+    return live
 
 
 async def _start_with_retry(
@@ -176,8 +201,7 @@ async def _start_with_retry(
 
 async def preflight(settings: Settings) -> str | None:
     """One clear line when PostgreSQL or RabbitMQ cannot be reached, else None."""
-    import aio_pika
-
+    from .broker.topology import reachable
     from .store.connect import check_server
 
     try:  # the server, not the database: `conveyor migrate` creates that
@@ -189,8 +213,7 @@ async def preflight(settings: Settings) -> str | None:
             "or `docker compose up -d postgres rabbitmq` (URLs in .env.example)."
         )
     try:
-        connection = await aio_pika.connect(settings.amqp_url, timeout=3)
-        await connection.close()
+        await reachable(settings.amqp_url, timeout=3)
     except Exception as exc:
         return (
             f"Cannot reach RabbitMQ at {_safe(settings.amqp_url)} ({type(exc).__name__}). "

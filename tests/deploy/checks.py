@@ -18,7 +18,7 @@ from conveyor.cli import build_parser
 from conveyor.core.config import Settings
 from conveyor.services import load_router
 
-from .kustomize import KUSTOMIZATION, Doc, containers, pod_spec, referenced_paths
+from .manifests import KUSTOMIZATION, Doc, containers, pod_spec, referenced_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"

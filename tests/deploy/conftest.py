@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from .checks import K8S, OVERLAY
-from .kustomize import Doc, render
+from .manifests import Doc, render
 
 VARIANTS = ("base", "overlay", "overlay+postgresql")
 COMMENTED_COMPONENT = "# components:\n#   - ../../components/keda-postgresql\n"

@@ -7,10 +7,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
 
 from .checks import by_kind, settings_namespace, worker_types, workers
-from .kustomize import Doc
+from .manifests import Doc
 
 # One queue name: what Topology.work_queue builds; no commas, wildcards or spaces.
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .checks import by_kind, container_argv, kind_name, parse_command
-from .kustomize import Doc, containers, pod_spec
+from .manifests import Doc, containers, pod_spec
 
 HEALTHCHECK_SCRIPT = "/opt/conveyor/healthcheck.py"
 

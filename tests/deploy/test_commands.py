@@ -17,7 +17,7 @@ from .checks import (
     worker_types,
 )
 from .container_checks import COMPOSE, command_of
-from .kustomize import Doc
+from .manifests import Doc
 
 
 def compose_services() -> dict[str, Any]:

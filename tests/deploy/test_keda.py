@@ -12,7 +12,7 @@ from examples.app import router
 
 from .checks import by_kind, worker_types, workers
 from .keda_checks import keda_problems, scaling_matches_worker_problems
-from .kustomize import Doc
+from .manifests import Doc
 
 POSTGRESQL_QUERY = (
     "SELECT count(*) FROM conveyor.jobs WHERE job_type = 'send_email' "

@@ -21,7 +21,7 @@ from .checks import (
     schema_problems,
 )
 from .container_checks import DOCKERFILE, image_uid, parse_dockerfile
-from .kustomize import Doc, containers, load_yaml_docs, referenced_paths
+from .manifests import Doc, containers, load_yaml_docs, referenced_paths
 from .pod_checks import hardening_problems, probe_problems, selector_problems
 
 KUSTOMIZATION_DIRS = [BASE, OVERLAY, POSTGRESQL_COMPONENT]

@@ -11,7 +11,7 @@ import asyncpg
 import orjson
 import pytest
 
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 
 from .. import apps

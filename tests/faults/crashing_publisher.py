@@ -1,10 +1,10 @@
 """A publisher process that dies between publish confirms and the outbox delete.
 
 ``python -m tests.faults.crashing_publisher`` (from the repository root, settings from the
-``CONVEYOR_*`` environment) runs the real relay with a fault hook that calls ``os._exit(3)`` at
-``after_confirm`` with probability ``FAULTS_CRASH_P``: the messages are in RabbitMQ, the outbox
-rows are not deleted (the transaction dies with the connection), so the next publisher sends
-them again.
+``CONVEYOR_*`` environment) runs the real relay, its publisher wrapped from outside so that it
+calls ``os._exit(3)`` after a batch's confirms with probability ``FAULTS_CRASH_P``: the messages
+are in RabbitMQ, the outbox rows are not deleted (the transaction dies with the connection), so
+the next publisher sends them again.
 """
 
 from __future__ import annotations
@@ -15,22 +15,25 @@ import random
 import signal
 import sys
 
+from conveyor.broker import LIBRARY_LOGGERS
 from conveyor.core.config import Settings
 from conveyor.core.logging import configure
 from conveyor.publisher.relay import Relay
+
+from .relay_faults import after_confirm
 
 
 async def main() -> None:
     settings = Settings()
     p = float(os.environ.get("FAULTS_CRASH_P", "0.5"))
 
-    async def hook(point: str) -> None:
-        if point == "after_confirm" and random.random() < p:
+    async def crash(results: object) -> None:
+        if random.random() < p:
             sys.stderr.write("crashing_publisher: os._exit(3) after confirm, before delete\n")
             sys.stderr.flush()
             os._exit(3)
 
-    relay = Relay(settings, fault_hook=hook)
+    relay = after_confirm(Relay(settings), crash)
     await relay.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -45,5 +48,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    configure()
+    configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
     asyncio.run(main())

@@ -1,6 +1,6 @@
 """Running Conveyor for fault tests: components in the test's event loop (API over real HTTP,
-relays with a fault hook, sweeper, workers) and components as real processes (``conveyor
-worker|publisher|api``) that a test may SIGKILL, SIGTERM or watch die."""
+relays with faults injected from outside, sweeper, workers) and components as real processes
+(``conveyor worker|publisher|api``) that a test may SIGKILL, SIGTERM or watch die."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import aio_pika
 import httpx
 
 from conveyor import JobRouter
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
-from conveyor.publisher.relay import FaultHook
+from conveyor.publisher.relay import Relay
 
 from ..stack import Stack as BaseStack
 from ..stack import running_stack
@@ -258,7 +258,7 @@ def running(
     *,
     routers: Sequence[JobRouter] = (),
     concurrency: int = 8,
-    relay_hook: FaultHook | None = None,
+    relay_setup: Callable[[Relay], Any] | None = None,
     relays: int = 1,
     sweeper: bool = True,
 ) -> contextlib.AbstractAsyncContextManager[Stack]:
@@ -268,7 +268,7 @@ def running(
         settings,
         routers=routers,
         concurrency=concurrency,
-        relay_hook=relay_hook,
+        relay_setup=relay_setup,
         relays=relays,
         maintenance=sweeper,
         stack_class=Stack,

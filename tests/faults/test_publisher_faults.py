@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import random
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from conveyor.core.config import Settings
 from .apps import router
 from .checker import Ledger, check
 from .harness import Proc, component_env, running
+from .relay_faults import after_confirm
 
 
 class InjectedCrash(RuntimeError):
@@ -35,28 +37,31 @@ def _total(counter: object) -> int:
 
 
 async def test_relay_fails_between_confirm_and_delete(fsettings: Settings, ledger: Ledger) -> None:
-    """The fault hook raises after the confirms of about half the batches (the transaction
-    holding the claimed outbox rows rolls back): published rows are published again."""
+    """A fault injected from outside raises after the confirms of about half the batches (the
+    transaction holding the claimed outbox rows rolls back): published rows are published
+    again."""
     rng = random.Random(7)
     crashes = 0
+    published = 0  # confirmed publishes, including those of batches that crashed afterwards
 
-    async def hook(point: str) -> None:
-        nonlocal crashes
-        if point == "after_confirm" and crashes < 15 and rng.random() < 0.5:
+    async def crash(results: Sequence[BaseException | None]) -> None:
+        nonlocal crashes, published
+        published += sum(1 for r in results if r is None)
+        if crashes < 15 and rng.random() < 0.5:
             crashes += 1
             raise InjectedCrash("publisher crashed between confirm and outbox delete")
 
-    async with running(fsettings, routers=[router], concurrency=16, relay_hook=hook) as stack:
+    async with running(fsettings, routers=[router], concurrency=16,
+                       relay_setup=lambda r: after_confirm(r, crash)) as stack:  # fmt: skip
         await stack.submit_many(
             150, "work", lambda i: {"ledger": str(ledger), "sleep": 0.05}, parallel=10, pace=0.05
         )
-        v = await check(fsettings.database_url, stack.accepted, ledger, label="relay-hook-crash")
-        published = _total(stack.relays[0].metrics.outbox_published)
+        v = await check(fsettings.database_url, stack.accepted, ledger, label="relay-crash")
         dropped = _total(stack.workers[0].metrics.messages_dropped)
     v.extra.update(crashes=crashes, published=published, duplicates_published=published - 150,
                    dropped_by_worker=dropped)  # fmt: skip
-    print(f"[faults] relay hook: {crashes} crashes, {published} publishes for 150 jobs, "
-          f"worker dropped {dropped} duplicates")  # fmt: skip
+    print(f"[faults] relay crash after confirm: {crashes} crashes, {published} publishes for "
+          f"150 jobs, worker dropped {dropped} duplicates")  # fmt: skip
     v.assert_clean()
     assert crashes > 0
     assert published > 150, "no duplicate was published: the fault did not bite"

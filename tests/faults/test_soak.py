@@ -17,6 +17,7 @@ from conveyor.core.config import Settings
 from .checker import Ledger, check
 from .harness import WorkerFleet, fault_settings, running
 from .infra import PrivateRabbit
+from .relay_faults import after_confirm
 
 SOAK_SECONDS = float(os.environ.get("FAULTS_SOAK_SECONDS", "180"))
 
@@ -29,16 +30,16 @@ async def test_soak_mixed_faults(
     seed = int(os.environ.get("FAULTS_SEED", time.time()))
     rng = random.Random(seed)
     settings = fault_settings(fsettings, amqp_url=rabbit.amqp_url, reconcile_after=10.0)
-    hook_failures = 0
+    relay_failures = 0
 
-    async def hook(point: str) -> None:
-        nonlocal hook_failures
-        if point == "after_confirm" and rng.random() < 0.1:
-            hook_failures += 1
+    async def fail(results: object) -> None:
+        nonlocal relay_failures
+        if rng.random() < 0.1:
+            relay_failures += 1
             raise RuntimeError("soak: relay fails between confirm and delete")
 
     faults: dict[str, int] = {"sigkill": 0, "close_connections": 0, "broker_restart": 0}
-    async with running(settings, relay_hook=hook) as stack:
+    async with running(settings, relay_setup=lambda r: after_confirm(r, fail)) as stack:
         fleet = WorkerFleet(settings, tmp_path, 3, concurrency=6)
         await fleet.ready()
         stop = asyncio.Event()
@@ -74,6 +75,6 @@ async def test_soak_mixed_faults(
         await asyncio.gather(*tasks)
         await supervisor
         v = await check(settings.database_url, stack.accepted, ledger, label="soak", timeout=180)
-        v.extra.update(seed=seed, relay_failures=hook_failures, **faults)
+        v.extra.update(seed=seed, relay_failures=relay_failures, **faults)
         await fleet.stop()
     v.assert_clean()

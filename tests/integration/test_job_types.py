@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from conveyor import Job, JobRouter, enqueue
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.core.errors import UnknownJobType
 from conveyor.job_types import register_router_types

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from conveyor import JobSpec, enqueue_many
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.publisher.relay import Relay
 
@@ -130,3 +130,86 @@ async def test_notify_wakes_the_loop(
         stop.set()
         await task
         await relay.close()
+
+
+async def test_a_queue_that_cannot_be_declared_holds_back_only_its_own_type(
+    settings: Settings,
+    db: asyncpg.Connection,
+    amqp: aio_pika.abc.AbstractRobustConnection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 8 item 5: ``<ns>.queue.broken`` already exists with other arguments (made by hand
+    here, as an older deployment would have). Every other type's rows publish; the broken
+    type's rows stay in the outbox and are retried with backoff; a log line and a metric name
+    the queue and the broker's reason."""
+    t = Topology(settings.namespace)
+    ch = await amqp.channel()
+    await ch.declare_queue(t.work_queue("broken"), durable=True, arguments={"x-max-priority": 3})
+    await enqueue_many(db, [JobSpec("broken"), JobSpec("fine"), JobSpec("broken"), JobSpec("ok")])
+    now = [1000.0]
+    relay = Relay(settings)
+    relay.publisher.clock = lambda: now[0]
+    await relay.start()
+    try:
+        assert await relay.run_once() == 2
+        waiting = await db.fetch("SELECT job_type FROM job_outbox")
+        assert [r["job_type"] for r in waiting] == ["broken", "broken"]  # kept, never lost
+        assert len(await _drain(ch, t.work_queue("fine"))) == 1
+        assert len(await _drain(ch, t.work_queue("ok"))) == 1
+        failed = relay.metrics.declare_failed.labels(
+            t.work_queue("broken"), "ChannelPreconditionFailed"
+        )
+        assert failed._value.get() == 1
+        [line] = [r for r in caplog.records if r.getMessage() == "queue_declare_failed"]
+        fields = line.fields  # type: ignore[attr-defined]
+        assert (
+            fields["queue"] == t.work_queue("broken") and "PRECONDITION_FAILED" in fields["reason"]
+        )
+        # while its backoff runs the type is left alone; other types keep flowing
+        await enqueue_many(db, [JobSpec("fine")])
+        assert await relay.run_once() == 1
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 2
+        assert failed._value.get() == 1
+        # the next try fails again: the backoff doubles
+        now[0] += 1.1
+        assert await relay.run_once() == 0
+        assert failed._value.get() == 2
+        now[0] += 1.1
+        assert relay.publisher.blocked() == (["broken"], [])
+        # an operator removes the stale queue: the rows flow at the next try
+        await ch.queue_delete(t.work_queue("broken"))
+        now[0] += 1.0
+        assert await relay.run_once() == 2
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0
+        assert len(await _drain(ch, t.work_queue("broken"))) == 2
+    finally:
+        await relay.close()
+
+
+async def test_a_pen_that_cannot_be_declared_holds_back_only_its_retries(
+    settings: Settings, db: asyncpg.Connection, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    """A hand-made ``<ns>.retry.5s`` with another TTL: retries into it wait in the outbox, work
+    messages and retries into other pens flow."""
+    t = Topology(settings.namespace)
+    ch = await amqp.channel()
+    await ch.declare_queue(t.pen_queue(5), durable=True, arguments={"x-message-ttl": 1234})
+    a, b, c = await enqueue_many(db, [JobSpec("pens"), JobSpec("pens"), JobSpec("pens")])
+    await db.execute("DELETE FROM job_outbox WHERE job_id <> $1", a)
+    await db.execute(
+        "INSERT INTO job_outbox (job_id, job_type, priority, destination, delay_seconds)"
+        " VALUES ($1, 'pens', 5, 'retry', 5), ($2, 'pens', 5, 'retry', 7)",
+        b,
+        c,
+    )
+    relay = Relay(settings)
+    await relay.start()
+    try:
+        assert await relay.run_once() == 2  # the work message and the 7 s retry
+        assert relay.publisher.blocked() == ([], [5])
+        assert await relay.run_once() == 0
+        left = await db.fetch("SELECT job_id, delay_seconds FROM job_outbox")
+        assert [(r["job_id"], r["delay_seconds"]) for r in left] == [(b, 5)]
+    finally:
+        await relay.close()
+    assert len(await _drain(ch, t.pen_queue(7))) == 1

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from conveyor import JobSpec, enqueue_many
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay

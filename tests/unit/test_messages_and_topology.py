@@ -4,9 +4,9 @@ import uuid
 
 import pytest
 
-from conveyor.core.amqp.topology import Topology
+from conveyor.broker.topology import Topology
+from conveyor.broker.wire import JobMessage, MalformedMessage, decode
 from conveyor.core.errors import InvalidJob
-from conveyor.core.messages import JobMessage, MalformedMessage, decode
 
 
 def test_message_round_trip() -> None:

@@ -20,8 +20,8 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from ..core.amqp.topology import Topology, connect
-from ..core.messages import MalformedMessage, decode
+from .topology import Topology, connect
+from .wire import MalformedMessage, decode
 
 __all__ = ["Delivery", "MalformedMessage", "Subscription", "job_id_of"]
 

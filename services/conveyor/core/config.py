@@ -52,6 +52,12 @@ class Settings(BaseSettings):
     reconcile_interval: float = Field(default=15.0, gt=0)
     reconcile_after: float = Field(default=60.0, gt=0)
     retention_days: float = Field(default=7.0, gt=0)
+    # publisher and sweeper: a statement running longer is cancelled and fails its pass, so a
+    # half-open connection cannot stall a loop for ever
+    command_timeout: float = Field(default=30.0, gt=0)
+    # sweeper liveness (``--health-port``): every duty completes a pass within its interval
+    # plus this many seconds
+    maintenance_deadline: float = Field(default=120.0, gt=0)
 
     # worker
     shutdown_grace: float = Field(default=25.0, ge=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -49,15 +50,18 @@ class _JsonFormatter(logging.Formatter):
 FORMATS = ("text", "json")
 
 
-def configure(level: str = "INFO", fmt: str = "text") -> None:
+def configure(
+    level: str = "INFO", fmt: str = "text", *, quiet: Iterable[str] = ("alembic",)
+) -> None:
     """``CONVEYOR_LOG_LEVEL`` (debug, info, warning, error) and ``CONVEYOR_LOG_FORMAT`` (text:
-    ``key=value``; json: one object per line)."""
+    ``key=value``; json: one object per line). The ``quiet`` libraries' loggers only from
+    WARNING up."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("aiormq", "aio_pika", "alembic"):
+    for noisy in quiet:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -50,6 +50,18 @@ class Metrics:
         self.maintenance = Counter(
             "conveyor_maintenance", "Jobs touched by maintenance duties", ["duty"], registry=r
         )
+        self.declare_failed = Counter(
+            "conveyor_broker_declare_failed",
+            "Queue or pen declarations the broker refused (the rows wait in the outbox)",
+            ["queue", "reason"],
+            registry=r,
+        )
+        self.queue_depth_failed = Counter(
+            "conveyor_queue_depth_failed",
+            "Queue depth reads that failed (the reconciler skipped the type for that pass)",
+            ["type"],
+            registry=r,
+        )
         self.reconciled = Counter(
             "conveyor_reconciled", "Jobs re-published by the reconciler (message lost)",
             ["type"], registry=r,

@@ -1,22 +1,21 @@
 """The dead-letter queue, for operators: list, redrive and purge copies of FAILED jobs (and
-poison messages). PostgreSQL decides: a copy whose job is no longer FAILED (already redriven,
-e.g. with ``POST /jobs/{id}/retry``) is stale and is removed by any redrive or purge, so a job is
-never redriven twice. Dead letters never expire on their own."""
+poison messages). PostgreSQL decides: a dead letter records one failure (its job's id and the
+attempt that failed), and only redrives that failure — a job that is no longer FAILED at that
+attempt (redriven since, e.g. with ``POST /jobs/{id}/retry``, and then cancelled, completed or
+failed again later) makes the letter stale, and any redrive or purge removes it. So a job is
+never redriven twice by one failure, nor revived after a cancel. Dead letters never expire on
+their own."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
-
-from ..core.amqp.topology import Topology
+from ..broker.inspect import Inspector
 from ..core.jobs import Status
-from ..store import Store
+from ..store import Attempt, Store
 
 
 @dataclass
@@ -24,17 +23,25 @@ class DeadLetter:
     job_id: uuid.UUID | None
     job_type: str | None
     error: str | None
+    attempt: int | None  # the attempt that failed (None: a letter from before round two)
     status: Status | None  # the job's status in PostgreSQL (None: unknown job or poison)
+    attempts: int | None  # the job's attempts in PostgreSQL
     raw: bytes
 
     @property
     def stale(self) -> bool:
-        return self.job_id is not None and self.status not in (Status.FAILED, Status.CANCELLED)
+        """The failure this letter records is not the job's current state any more."""
+        if self.job_id is None:
+            return False  # poison: kept until purged
+        if self.status is not Status.FAILED:
+            return True
+        return self.attempt is not None and self.attempt != self.attempts
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "job_id": str(self.job_id) if self.job_id else None,
             "type": self.job_type,
+            "attempt": self.attempt,
             "status": self.status.value if self.status else None,
             "stale": self.stale,
             "error": (self.error or "")[:500] or None,
@@ -45,62 +52,47 @@ class DeadLetter:
 Decision = Literal["keep", "drop", "redrive"]
 
 
-def _parse(body: bytes) -> tuple[uuid.UUID | None, str | None, str | None]:
-    try:
-        data = orjson.loads(body)
-        return uuid.UUID(data["id"]), str(data.get("type")), data.get("error")
-    except Exception:
-        return None, None, None
-
-
 async def scan(
-    connection: AbstractRobustConnection,
+    inspector: Inspector,
     pool: Any,
     store: Store,
-    topology: Topology,
     decide: Callable[[DeadLetter], Decision],
     *,
     limit: int | None = None,
 ) -> list[tuple[DeadLetter, Decision]]:
     """Walk the dead-letter queue once (at most ``limit`` messages). ``decide`` picks per
-    message: keep it, drop it, or redrive its job (then drop it). Kept messages go back."""
-    channel = await connection.channel()
+    message: keep it, drop it, or redrive its job (then drop it). Kept messages go back. A
+    redrive the fence refuses (the job moved on meanwhile) drops the letter as stale."""
     seen: list[tuple[DeadLetter, Decision]] = []
-    held: list[AbstractIncomingMessage] = []
-    try:
-        queue = await channel.declare_queue(topology.dead_letter_queue, durable=True)
-        count = int(queue.declaration_result.message_count or 0)
-        if limit is not None:
-            count = min(count, limit)
-        got: list[tuple[AbstractIncomingMessage, DeadLetter]] = []
-        for _ in range(count):
-            msg = await queue.get(no_ack=False, fail=False)
-            if msg is None:
-                break
-            job_id, job_type, error = _parse(msg.body)
-            got.append((msg, DeadLetter(job_id, job_type, error, None, msg.body)))
-        ids = [d.job_id for _, d in got if d.job_id is not None]
+    async with inspector.dead_letters(limit) as batch:
+        letters = []
+        for letter in batch.letters:
+            m = letter.message
+            letters.append(
+                DeadLetter(
+                    m.job_id if m else None, m.job_type if m else None, m.error if m else None,
+                    m.attempt if m else None, None, None, letter.body,
+                )
+            )  # fmt: skip
+        ids = [d.job_id for d in letters if d.job_id is not None]
         async with pool.acquire() as conn:
-            statuses = await store.job_status_many(conn, ids) if ids else {}
-            for msg, dl in got:
-                if dl.job_id is not None:
-                    dl.status = statuses.get(dl.job_id)
+            state = await store.job_fence_many(conn, ids) if ids else {}
+            for letter, dl in zip(batch.letters, letters, strict=True):
+                if dl.job_id is not None and dl.job_id in state:
+                    dl.status, dl.attempts = state[dl.job_id]
                 decision = decide(dl)
-                if decision == "redrive" and dl.job_id is not None:
+                if decision == "redrive":
+                    assert dl.job_id is not None and dl.attempts is not None
                     async with conn.transaction():
-                        await store.job_redrive(conn, [dl.job_id])
+                        done = await store.job_redrive_failed(
+                            conn, [Attempt(dl.job_id, dl.attempts)]
+                        )
                         await store.outbox_notify(conn)
+                    if not done:
+                        decision = "drop"
                 if decision in ("drop", "redrive"):
-                    await msg.ack()
-                else:
-                    held.append(msg)
+                    await letter.settle()
                 seen.append((dl, decision))
-    finally:
-        for msg in held:
-            with contextlib.suppress(Exception):
-                await msg.nack(requeue=True)
-        with contextlib.suppress(Exception):
-            await channel.close()
     return seen
 
 
@@ -123,7 +115,7 @@ def redrive_decision(match: Callable[[DeadLetter], bool]) -> Callable[[DeadLette
             return "drop"
         if not match(dl):
             return "keep"
-        return "redrive" if dl.job_id is not None and dl.status is not None else "keep"
+        return "redrive" if dl.job_id is not None and dl.status is Status.FAILED else "keep"
 
     return decide
 

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..core.amqp.topology import Topology
+from ..broker.topology import Topology
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Store

@@ -1,18 +1,23 @@
 """The sweeper: promotes due scheduled jobs, recovers expired leases, reconciles jobs whose
 broker message was lost, and deletes old finished jobs. Each duty has a one-step method; time
-comes from the database (``now()``), so tests never sleep and skewed clocks never matter."""
+comes from the database (``now()``), so tests never sleep and skewed clocks never matter.
+
+Every statement has a command timeout, so a half-open connection fails a pass instead of
+hanging it; ``live()`` turns false when a duty has not completed a pass within its interval
+plus ``maintenance_deadline`` (``conveyor sweeper --health-port``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from aio_pika.abc import AbstractRobustConnection
-
-from ..core.amqp.topology import Topology, connect
+from ..broker.inspect import Inspector
+from ..broker.topology import Topology
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..core.logging import event
@@ -23,28 +28,58 @@ from ..store.connect import create_pool
 log = logging.getLogger("conveyor.sweeper")
 
 BATCH = 1000
+RETENTION_INTERVAL = 3600.0
+
+
+@dataclass(frozen=True)
+class DutyStatus:
+    name: str
+    interval: float
+    seconds_since_pass: float  # since the last completed pass (or the start)
+    last_error: str | None
+
+    def overdue(self, deadline: float) -> bool:
+        return self.seconds_since_pass > self.interval + deadline
 
 
 class Sweeper:
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology(settings.namespace)
         self.store = for_schema(settings.db_schema)
+        self.inspector = Inspector(
+            settings.amqp_url, self.topology, name="conveyor-sweeper",
+            timeout=settings.command_timeout,
+        )  # fmt: skip
         self.pool: Any = None
-        self.connection: AbstractRobustConnection | None = None
+        self.clock = clock
+        self.intervals = {
+            "promote": settings.schedule_interval,
+            "leases": settings.lease_sweep_interval,
+            "reconcile": settings.reconcile_interval,
+            "retention": RETENTION_INTERVAL,
+        }
+        self._passed = dict.fromkeys(self.intervals, clock())
+        self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
 
     async def start(self) -> None:
         self.pool = await create_pool(
-            self.settings.database_url, application_name="conveyor-sweeper", max_size=2
+            self.settings.database_url,
+            application_name="conveyor-sweeper",
+            max_size=2,
+            command_timeout=self.settings.command_timeout,
         )
-        with contextlib.suppress(Exception):
-            self.connection = await connect(self.settings.amqp_url, name="conveyor-sweeper")
+        self._passed = dict.fromkeys(self.intervals, self.clock())
 
     async def close(self) -> None:
-        if self.connection is not None:
-            with contextlib.suppress(Exception):
-                await self.connection.close()
+        await self.inspector.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pool.close(), 5)
@@ -100,7 +135,13 @@ class Sweeper:
             # the queue first, the jobs second: a message delivered in between is then counted
             # as ready while its job is claimed (no longer overdue), an error on the safe side;
             # the other order turns every delivery in the gap into a duplicate
-            ready = await depth(job_type)
+            try:
+                ready = await depth(job_type)
+            except Exception as exc:  # a depth not read is not 0: skip the type this pass
+                self.metrics.queue_depth_failed.labels(job_type).inc()
+                event(log, "queue_depth_failed", logging.WARNING, type=job_type,
+                      error=repr(exc)[:300])  # fmt: skip
+                continue
             # recount and re-publish under the type's lock: a replica that finds it taken skips
             # the type (the holder is filling the same shortfall)
             async with self.pool.acquire() as conn, conn.transaction():
@@ -125,18 +166,9 @@ class Sweeper:
         return total
 
     async def _queue_depth(self, job_type: str) -> int:
-        """Ready messages in the type's queue (0 when the queue is missing)."""
-        if self.connection is None:
-            self.connection = await connect(self.settings.amqp_url, name="conveyor-sweeper")
-        channel = await self.connection.channel()
-        try:
-            queue = await channel.declare_queue(self.topology.work_queue(job_type), passive=True)
-            return int(queue.declaration_result.message_count or 0)
-        except Exception:
-            return 0
-        finally:
-            with contextlib.suppress(Exception):
-                await channel.close()
+        """Ready messages in the type's queue (0 when the queue is missing; raises when the
+        depth cannot be read)."""
+        return await self.inspector.queue_depth(job_type)
 
     async def delete_expired(self) -> int:
         """Delete COMPLETED/CANCELLED jobs older than the retention period (FAILED jobs stay
@@ -156,24 +188,44 @@ class Sweeper:
         if n:
             self.metrics.maintenance.labels(duty).inc(n)
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ loop and health
+
+    def status(self) -> list[DutyStatus]:
+        now = self.clock()
+        return [
+            DutyStatus(name, interval, now - self._passed[name], self._errors[name])
+            for name, interval in self.intervals.items()
+        ]
+
+    def live(self) -> tuple[bool, dict[str, Any]]:
+        """False when a duty has not completed a pass within its interval plus the deadline."""
+        deadline = self.settings.maintenance_deadline
+        duties = self.status()
+        details = {
+            d.name: {"seconds_since_pass": round(d.seconds_since_pass, 1), "error": d.last_error}
+            for d in duties
+        }
+        return not any(d.overdue(deadline) for d in duties), details
 
     async def run(self, stop: asyncio.Event) -> None:
-        duties: list[tuple[str, float, Callable[[], Awaitable[Any]]]] = [
-            ("promote", self.settings.schedule_interval, self.promote_due),
-            ("leases", self.settings.lease_sweep_interval, self.recover_leases),
-            ("reconcile", self.settings.reconcile_interval, self.reconcile),
-            ("retention", 3600.0, self.delete_expired),
-        ]
-        await asyncio.gather(*(self._every(stop, n, i, f) for n, i, f in duties))
+        duties: dict[str, Callable[[], Awaitable[Any]]] = {
+            "promote": self.promote_due,
+            "leases": self.recover_leases,
+            "reconcile": self.reconcile,
+            "retention": self.delete_expired,
+        }
+        await asyncio.gather(*(self._every(stop, n, f) for n, f in duties.items()))
 
     async def _every(
-        self, stop: asyncio.Event, name: str, interval: float, duty: Callable[[], Awaitable[Any]]
+        self, stop: asyncio.Event, name: str, duty: Callable[[], Awaitable[Any]]
     ) -> None:
         while not stop.is_set():
             try:
                 await duty()
+                self._passed[name] = self.clock()
+                self._errors[name] = None
             except Exception as exc:
+                self._errors[name] = repr(exc)[:300]
                 event(log, "maintenance_failed", logging.WARNING, duty=name, error=repr(exc))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+                await asyncio.wait_for(stop.wait(), self.intervals[name])

@@ -10,26 +10,21 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-import orjson
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
-from pamqp.commands import Basic
-
-from ..core.amqp.topology import PEN_HEADER, Topology, connect
+from ..broker.publish import DeclarationFailed, Publisher, PublishFailed
+from ..broker.topology import Topology
 from ..core.backoff import Backoff
 from ..core.config import Settings
-from ..core.jobs import pen_name_suffix
 from ..core.logging import event
-from ..core.messages import CONTENT_TYPE
 from ..core.metrics import Metrics
-from ..store import OutboxRow, for_schema
+from ..store import for_schema
 from ..store.connect import create_pool, listen
 
 log = logging.getLogger("conveyor.publisher")
 
-FaultHook = Callable[[str], Awaitable[None]]
+__all__ = ["PublishFailed", "Relay", "probes"]
 
 
 class Relay:
@@ -38,20 +33,17 @@ class Relay:
         settings: Settings,
         metrics: Metrics | None = None,
         *,
-        fault_hook: FaultHook | None = None,
+        publisher: Publisher | None = None,
         publish_timeout: float = 10.0,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology(settings.namespace)
         self.store = for_schema(settings.db_schema)
-        self.fault_hook = fault_hook
-        self.publish_timeout = publish_timeout
+        self.publisher = publisher or Publisher(
+            settings.amqp_url, self.topology, self.metrics, publish_timeout=publish_timeout
+        )
         self.pool: Any = None
-        self.connection: AbstractRobustConnection | None = None
-        self.channel: AbstractChannel | None = None
-        self.exchanges: dict[str, AbstractExchange] = {}
-        self._declared: set[tuple[str, Any]] = set()
         self._wake = asyncio.Event()
         self._listener: Any = None
         self.last_ok = time.monotonic()  # last loop turn that reached both services
@@ -60,24 +52,19 @@ class Relay:
 
     async def start(self) -> None:
         self.pool = await create_pool(
-            self.settings.database_url, application_name="conveyor-publisher", max_size=4
+            self.settings.database_url,
+            application_name="conveyor-publisher",
+            max_size=4,
+            command_timeout=self.settings.command_timeout,
         )
-        await self._connect_broker()
-
-    async def _connect_broker(self) -> None:
-        self.connection = await connect(self.settings.amqp_url, name="conveyor-publisher")
-        self.channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
-        self.exchanges = await self.topology.declare_base(self.channel)
-        self._declared.clear()
+        await self.publisher.connect()
 
     async def close(self) -> None:
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await self._listener.close(timeout=2)
             self._listener = None
-        if self.connection is not None:
-            with contextlib.suppress(Exception):
-                await self.connection.close()
+        await self.publisher.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pool.close(), 5)
@@ -85,85 +72,37 @@ class Relay:
     # ------------------------------------------------------------------ one step
 
     async def run_once(self) -> int:
-        """Relay one batch. Returns how many rows were published (and so deleted)."""
-        assert self.pool is not None and self.channel is not None
+        """Relay one batch. Returns how many rows were published (and so deleted). Rows whose
+        publish failed go back to the outbox; rows of a type whose queue the broker refuses to
+        declare wait there (with backoff) while every other type's rows flow."""
+        assert self.pool is not None
+        types, pens = self.publisher.blocked()
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await self.store.outbox_take_batch(conn, limit=self.settings.relay_batch)
+            rows = await self.store.outbox_take_batch(
+                conn, limit=self.settings.relay_batch, skip_types=types, skip_pens=pens
+            )
             if not rows:
                 return 0
-            await self._declare_for(rows)
-            channel = await self.channel.get_underlay_channel()
-            results = await asyncio.gather(
-                *(self._publish(channel, r) for r in rows), return_exceptions=True
-            )
+            results = await self.publisher.publish_batch(rows)
             failed = [r for r, res in zip(rows, results, strict=True) if res is not None]
+            errors = [res for res in results if res is not None]
+            broken = [e for e in errors if not isinstance(e, DeclarationFailed)]
             if failed:
-                error = next(res for res in results if res is not None)
-                event(log, "outbox_publish_failed", logging.WARNING, count=len(failed),
-                      job_id=str(failed[0].job_id), error=repr(error))  # fmt: skip
                 self.metrics.outbox_failed.inc(len(failed))
-                self._declared.clear()  # a queue may have been deleted: declare again next time
                 await self.store.outbox_restore(conn, failed)
+            if broken:
+                event(log, "outbox_publish_failed", logging.WARNING, count=len(broken),
+                      job_id=str(failed[0].job_id), error=repr(broken[0]))  # fmt: skip
+                self.publisher.forget_declarations()  # a queue may have been deleted
             done = len(rows) - len(failed)
             confirmed = Counter(r.destination for r in rows)
             confirmed.subtract(r.destination for r in failed)
             for destination, n in confirmed.items():
                 if n:
                     self.metrics.outbox_published.labels(destination).inc(n)
-            if self.fault_hook is not None:
-                await self.fault_hook("after_confirm")
-        if failed and not done:
+        if broken and not done:
             raise PublishFailed(f"{len(failed)} outbox rows could not be published")
         return done
-
-    async def _declare_for(self, rows: list[OutboxRow]) -> None:
-        assert self.channel is not None
-        for r in rows:
-            dest = r.destination
-            if dest == "dead":
-                continue
-            key = ("work", r.job_type)
-            if key not in self._declared:
-                await self.topology.declare_work_queue(self.channel, r.job_type)
-                self._declared.add(key)
-            if dest == "retry" and r.delay_seconds is not None:
-                pen = ("pen", r.delay_seconds)
-                if pen not in self._declared:
-                    await self.topology.declare_pen(self.channel, r.delay_seconds)
-                    self._declared.add(pen)
-
-    async def _publish(self, channel: Any, row: OutboxRow) -> BaseException | None:
-        """Publish one row and wait for its confirm; the error instead of raising it."""
-        job_id = str(row.job_id)
-        dest = row.destination
-        headers: dict[str, Any] | None = None
-        if dest == "retry" and row.delay_seconds is not None:
-            headers = {PEN_HEADER: pen_name_suffix(row.delay_seconds)}
-        if dest == "dead":
-            body = orjson.dumps({"id": job_id, "type": row.job_type, "error": row.error})
-        else:
-            body = b'{"id":"' + job_id.encode() + b'","type":"' + row.job_type.encode() + b'"}'
-        properties = Basic.Properties(
-            content_type=CONTENT_TYPE,
-            delivery_mode=2,  # persistent
-            message_id=job_id,
-            priority=row.priority,
-            headers=headers,
-        )
-        try:
-            result = await channel.basic_publish(
-                body,
-                exchange=self.exchanges[dest].name,
-                routing_key=row.job_type,
-                properties=properties,
-                mandatory=True,
-                timeout=self.publish_timeout,
-            )
-        except Exception as exc:  # nack, channel closed, timeout
-            return exc
-        if not isinstance(result, Basic.Ack):  # returned: unroutable
-            return PublishFailed(f"not confirmed: {result!r}"[:200])
-        return None
 
     # ------------------------------------------------------------------ loop
 
@@ -202,10 +141,6 @@ class Relay:
                 await _wait_any(stop, None, delay)
 
 
-class PublishFailed(Exception):
-    pass
-
-
 async def _wait_any(stop: asyncio.Event, wake: asyncio.Event | None, timeout: float) -> None:
     waiters = [asyncio.ensure_future(stop.wait())]
     if wake is not None:
@@ -229,6 +164,6 @@ def probes(
         return ok, {"loop_alive": not loop_task.done(), "seconds_since_ok": round(since, 1)}
 
     def ready() -> bool:
-        return relay.channel is not None and not relay.channel.is_closed
+        return relay.publisher.ready
 
     return live, ready

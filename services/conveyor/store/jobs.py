@@ -121,6 +121,12 @@ SELECT id FROM r
 """,
 )
 
+# The dead-letter tools compare a letter's attempt with the job's (stale unless FAILED at it).
+JOB_FENCE_MANY = statement(
+    "job_fence_many",
+    "SELECT id, status::text AS status, attempts FROM __schema__.jobs WHERE id = ANY($1::uuid[])",
+)
+
 JOB_STATUS_MANY = statement(
     "job_status_many",
     "SELECT id, status::text AS status FROM __schema__.jobs WHERE id = ANY($1::uuid[])",
@@ -191,6 +197,13 @@ class JobStatements(Statements):
             [a.attempt for a in letters],
         )
         return [r["id"] for r in rows]
+
+    async def job_fence_many(
+        self, conn: Connection, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[Status, int]]:
+        """id → (status, attempts)."""
+        rows = await conn.fetch(self.sql[JOB_FENCE_MANY], list(ids))
+        return {r["id"]: (Status(r["status"]), r["attempts"]) for r in rows}
 
     async def job_status_many(
         self, conn: Connection, ids: Sequence[uuid.UUID]

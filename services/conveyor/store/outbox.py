@@ -11,12 +11,19 @@ from .rows import OutboxRow
 # The relay takes a batch in one statement: the rows are deleted inside the relay's open
 # transaction, which commits only after every publish is confirmed. A crash before the commit
 # rolls the delete back (the rows are published again: duplicates, never losses); rows whose
-# publish failed are put back with ``outbox_restore`` before the commit.
+# publish failed are put back with ``outbox_restore`` before the commit. Rows of job types
+# (``$2``) and retry pens (``$3``) whose declaration the broker refuses stay where they are
+# meanwhile (see ``broker/publish.py``).
 OUTBOX_TAKE_BATCH = statement(
     "outbox_take_batch",
     """
 DELETE FROM __schema__.job_outbox
-WHERE id IN (SELECT id FROM __schema__.job_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+WHERE id IN (
+    SELECT id FROM __schema__.job_outbox
+    WHERE job_type <> ALL($2::text[])
+      AND (destination <> 'retry' OR delay_seconds <> ALL($3::int4[]))
+    ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
 RETURNING id, job_id, job_type, priority, destination, delay_seconds, error, attempt
 """,
 )
@@ -37,9 +44,19 @@ OUTBOX_NOTIFY = statement("outbox_notify", "SELECT pg_notify('__schema___outbox'
 
 
 class OutboxStatements(Statements):
-    async def outbox_take_batch(self, conn: Connection, *, limit: int) -> list[OutboxRow]:
-        """Delete and return up to ``limit`` rows, oldest first (call inside a transaction)."""
-        rows = await conn.fetch(self.sql[OUTBOX_TAKE_BATCH], limit)
+    async def outbox_take_batch(
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        skip_types: Sequence[str] = (),
+        skip_pens: Sequence[int] = (),
+    ) -> list[OutboxRow]:
+        """Delete and return up to ``limit`` rows, oldest first (call inside a transaction),
+        leaving alone the rows of ``skip_types`` and the retries into ``skip_pens``."""
+        rows = await conn.fetch(
+            self.sql[OUTBOX_TAKE_BATCH], limit, list(skip_types), list(skip_pens)
+        )
         return sorted(
             (
                 OutboxRow(

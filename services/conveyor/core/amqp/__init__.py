@@ -1,1 +1,0 @@
-"""RabbitMQ: every broker name (topology) and connection helpers."""

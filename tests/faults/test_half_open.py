@@ -1,0 +1,106 @@
+"""Half-open database connections (issue 8 item 8): a TCP proxy between a component and
+PostgreSQL blackholes — connections stay open and nothing answers. Without a command timeout a
+duty waits for ever while the process looks healthy. With one, the pass fails, liveness says
+so, and the component recovers by itself when the network heals."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+from conveyor.core.config import Settings
+from conveyor.publisher.relay import Relay
+
+from .harness import Proc, component_env, conveyor_command, fault_settings, http_ok
+from .infra import free_port
+from .proxy import Proxy
+
+
+@pytest.fixture
+async def pg_proxy(fsettings: Settings) -> AsyncIterator[Proxy]:
+    parts = urlsplit(fsettings.database_url)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    await proxy.start()
+    yield proxy
+    await proxy.close()
+
+
+def through(settings: Settings, proxy: Proxy, **overrides: float) -> Settings:
+    parts = urlsplit(settings.database_url)
+    netloc = f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"
+    url = urlunsplit(parts._replace(netloc=netloc))
+    return fault_settings(settings, database_url=url, **overrides)
+
+
+async def _health(port: int) -> tuple[int, dict[str, object]]:
+    async with httpx.AsyncClient(timeout=2) as client:
+        r = await client.get(f"http://127.0.0.1:{port}/healthz")
+        return r.status_code, dict(r.json())
+
+
+async def _until(port: int, status: int, timeout: float) -> float:
+    """Seconds until ``/healthz`` answers ``status``."""
+    start = time.monotonic()
+    while True:
+        code, details = await _health(port)
+        if code == status:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"/healthz still {code} after {timeout}s: {details}")
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(90)
+async def test_sweeper_liveness_fails_on_a_half_open_connection_and_recovers(
+    fsettings: Settings, pg_proxy: Proxy, tmp_path: Path
+) -> None:
+    settings = through(fsettings, pg_proxy, command_timeout=1.0, maintenance_deadline=2.0)
+    port = free_port()
+    args = [*conveyor_command(), "sweeper", "--health-port", str(port)]
+    proc = Proc("sweeper", args, component_env(settings), tmp_path).start()
+    try:
+        await http_ok(port)
+        pg_proxy.blackhole()
+        went_down = await _until(port, 503, timeout=20)
+        _, details = await _health(port)
+        pg_proxy.heal()
+        came_back = await _until(port, 200, timeout=30)
+        assert proc.alive(), proc.log()[-2000:]
+    finally:
+        await proc.stop()
+    print(f"[faults] half-open sweeper: /healthz 503 after {went_down:.1f}s of blackhole, "
+          f"200 again {came_back:.1f}s after healing; {details}")  # fmt: skip
+    assert "maintenance_failed" in proc.log()
+
+
+@pytest.mark.timeout(60)
+async def test_relay_pass_fails_fast_on_a_half_open_connection_and_recovers(
+    fsettings: Settings, pg_proxy: Proxy
+) -> None:
+    relay = Relay(through(fsettings, pg_proxy, command_timeout=1.0))
+    await relay.start()
+    try:
+        assert await relay.run_once() == 0  # a pooled connection through the proxy
+        pg_proxy.blackhole()
+        start = time.monotonic()
+        with pytest.raises((TimeoutError, OSError)):
+            await asyncio.wait_for(relay.run_once(), 20)
+        failed_after = time.monotonic() - start
+        pg_proxy.heal()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                assert await asyncio.wait_for(relay.run_once(), 20) == 0
+                break
+            except (TimeoutError, OSError):
+                assert time.monotonic() < deadline, "the relay did not recover"
+                await asyncio.sleep(0.2)
+    finally:
+        await relay.close()
+    assert failed_after < 5, f"the pass hung {failed_after:.1f}s"
