@@ -139,7 +139,9 @@ class StoreOps:
         async def queue_depth(job_type: str) -> int:
             return depth.get(job_type, 0)
 
-        return await self.sweeper.reconcile(queue_depth=queue_depth)
+        # two passes: the first only marks the missing jobs as suspects (see Sweeper.reconcile)
+        first = await self.sweeper.reconcile(queue_depth=queue_depth)
+        return first + await self.sweeper.reconcile(queue_depth=queue_depth)
 
     # ------------------------------------------------------------------ time (database clock)
 

@@ -58,6 +58,9 @@ async def test_two_replicas_republish_only_the_shortfall(
     await db.execute("UPDATE jobs SET updated_at = now() - interval '31 s'")
     # 7 messages still sit in the queue: 3 are missing. Replica B runs a whole reconcile at the
     # moment replica A has counted and is about to re-publish.
+    # a first pass of each marks the 3 missing as suspects (nothing re-published yet)
+    assert await a.reconcile(queue_depth=_depth(7)) == 0
+    assert await b.reconcile(queue_depth=_depth(7)) == 0
     b_done: list[int] = []
 
     async def b_runs() -> None:

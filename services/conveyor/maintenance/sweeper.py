@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,8 @@ class Sweeper:
         self.metrics = metrics or Metrics()
         self.topology = Topology(settings.namespace)
         self.store = for_schema(settings.db_schema)
+        # per type, the overdue jobs the last reconcile pass found missing (see ``reconcile``)
+        self._suspects: dict[str, list[uuid.UUID]] = {}
         self.inspector = Inspector(
             settings.amqp_url, self.topology, name="conveyor-sweeper",
             timeout=settings.command_timeout,
@@ -125,7 +128,9 @@ class Sweeper:
     async def reconcile(self, *, queue_depth: Callable[[str], Awaitable[int]] | None = None) -> int:
         """Re-publish PENDING/RETRYING jobs that should long have reached a worker and have no
         outbox row in flight. Per type, only as many as the queue is short of: a long backlog
-        that is really sitting in its queue is left alone instead of flooded with duplicates."""
+        that is really sitting in its queue is left alone instead of flooded with duplicates.
+        A job is re-published by the second pass that finds it overdue and missing (the first
+        marks it a suspect), so the delay after ``reconcile_after`` is one to two intervals."""
         depth = queue_depth or self._queue_depth
         after = self.settings.reconcile_after
         async with self.pool.acquire() as conn:
@@ -150,13 +155,24 @@ class Sweeper:
                 recount = await self.store.job_count_overdue(conn, after=after)
                 n = recount.get(job_type, 0)
                 missing = n - ready
+                suspects = self._suspects.pop(job_type, [])
                 if missing <= 0:
                     continue
-                done = await self.store.job_republish_overdue(
-                    conn, job_type, after=after, limit=missing
-                )
+                # Two passes in a row must find a job overdue before it is re-published: a
+                # delivery a worker has received but not yet claimed has left the queue's ready
+                # count while its job still looks untouched for a few milliseconds (until the
+                # worker's touch commits); a lost message stays lost until the next pass.
+                done = 0
+                if suspects:
+                    done = await self.store.job_republish_overdue(
+                        conn, job_type, after=after, limit=missing, among=suspects
+                    )
                 if done:
                     await self.store.outbox_notify(conn)
+                if missing > done:
+                    self._suspects[job_type] = await self.store.job_overdue_ids(
+                        conn, job_type, after=after, limit=missing - done
+                    )
             total += done
             if done:
                 self.metrics.reconciled.labels(job_type).inc(done)

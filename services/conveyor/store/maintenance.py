@@ -4,6 +4,9 @@ sweepers can run at once."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
+
 from ..core.jobs import PEN_LADDER, Status
 from .base import Connection, Statements, affected
 from .history import record
@@ -100,6 +103,7 @@ WITH o AS (
       AND j.updated_at < now() - make_interval(secs => $2)
       AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
       AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
+      AND j.id = ANY($4::uuid[])
     ORDER BY j.updated_at LIMIT $3 FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET updated_at = now() FROM o WHERE j.id = o.id
@@ -109,6 +113,20 @@ WITH o AS (
     SELECT id, job_type, priority FROM upd
 )
 SELECT count(*) FROM upd
+""",
+)
+
+# The oldest overdue jobs of a type: the reconciler's suspects, re-published by its next pass
+# only if they are still overdue then.
+JOB_OVERDUE_IDS = statement(
+    "job_overdue_ids",
+    """
+SELECT id FROM __schema__.jobs j
+WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
+  AND j.updated_at < now() - make_interval(secs => $2)
+  AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
+  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
+ORDER BY j.updated_at LIMIT $3
 """,
 )
 
@@ -156,10 +174,27 @@ class MaintenanceStatements(Statements):
         return {r["job_type"]: int(r["n"]) for r in rows}
 
     async def job_republish_overdue(
-        self, conn: Connection, job_type: str, *, after: float, limit: int
+        self,
+        conn: Connection,
+        job_type: str,
+        *,
+        after: float,
+        limit: int,
+        among: Sequence[uuid.UUID],
     ) -> int:
-        """Give up to ``limit`` overdue jobs of ``job_type`` a new outbox row."""
-        return int(await conn.fetchval(self.sql[JOB_REPUBLISH_OVERDUE], job_type, after, limit))
+        """Give up to ``limit`` of the jobs ``among`` that are still overdue a new outbox row."""
+        return int(
+            await conn.fetchval(
+                self.sql[JOB_REPUBLISH_OVERDUE], job_type, after, limit, list(among)
+            )
+        )
+
+    async def job_overdue_ids(
+        self, conn: Connection, job_type: str, *, after: float, limit: int
+    ) -> list[uuid.UUID]:
+        """The ``limit`` oldest overdue jobs of ``job_type`` (no outbox row, untouched)."""
+        rows = await conn.fetch(self.sql[JOB_OVERDUE_IDS], job_type, after, limit)
+        return [r["id"] for r in rows]
 
     async def job_reconcile_lock(self, conn: Connection, job_type: str) -> bool:
         """Take ``job_type``'s reconcile lock until the transaction ends; False when another
