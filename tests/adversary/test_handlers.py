@@ -52,7 +52,12 @@ FATAL = {"os_exit"}
 # worker's outcome batch and stalls every other outcome of that worker (async neighbours at 1.9-3.1
 # jobs/s against 9-10.6 in 3 runs of 4 here), but how long depends on the machine's speed: as a
 # strict xfail it XPASSed on a quieter machine.
-STALLS = {"huge_result"}
+# An async handler that blocks its event loop stops its whole process while it blocks (nothing
+# in one process can preempt it): the neighbours on that worker pause, by design. What must hold
+# is checked here (the job ends terminal within budget, attempts within budget, the neighbours
+# at full speed afterwards) and in tests/integration/test_worker_liveness.py (liveness turns 503,
+# so Kubernetes restarts the process; leases expire and its jobs complete elsewhere, once).
+STALLS = {"huge_result", "blocks_loop"}
 
 
 @pytest.fixture
