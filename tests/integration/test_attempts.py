@@ -5,25 +5,14 @@ Time is the database's: the tests move it by rewriting timestamps."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 
 from conveyor import JobSpec, enqueue_many
-from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.store import Attempt, ClaimedJob, Completion, Failure, for_schema
 
 store = for_schema()
-
-
-@pytest.fixture
-async def sweeper(settings: Settings) -> AsyncIterator[Sweeper]:
-    s = Sweeper(settings)
-    await s.start()
-    yield s
-    await s.close()
 
 
 async def _claim(db: asyncpg.Connection, job_id: uuid.UUID, worker: str) -> ClaimedJob:

@@ -4,26 +4,15 @@ in the handler or lost their lease."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
 import pytest
 
 from conveyor import JobSpec, enqueue_many
-from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.store import Failure, for_schema
 from conveyor.worker import outcomes
 
 store = for_schema()
-
-
-@pytest.fixture
-async def sweeper(settings: Settings) -> AsyncIterator[Sweeper]:
-    s = Sweeper(settings)
-    await s.start()
-    yield s
-    await s.close()
 
 
 async def _claim(db: asyncpg.Connection, job_id: object) -> tuple[int, int, int]:

@@ -5,7 +5,6 @@ threads. And handlers that raise BaseExceptions do not kill the worker process."
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 import time
@@ -19,22 +18,13 @@ from conveyor.worker import Worker
 from conveyor.worker.health import serve_health
 
 from .. import db as tdb
+from ..faults.harness import component_env
 from ..stack import free_port, running_stack, wait_for
 from . import worker_apps
 from .worker_apps import router
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.integration.worker_apps:router"
-
-
-def _env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-    for name, value in settings.model_dump().items():
-        if value is not None:
-            env[f"CONVEYOR_{name.upper()}"] = str(value)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 async def _worker_process(
@@ -44,7 +34,8 @@ async def _worker_process(
     with log.open("wb") as out:
         return await asyncio.create_subprocess_exec(
             conveyor, "worker", "--app", APP, *args,
-            env=_env(settings, **env), cwd=ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT,
+            env=component_env(settings, **env), cwd=ROOT, stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
 
 
