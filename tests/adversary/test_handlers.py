@@ -48,10 +48,10 @@ CASES = [
     pytest.param("times_out"),
 ]
 FATAL = {"os_exit"}
-# Measured, not asserted, while it misbehaves: a 10 MB result is encoded and written in the
-# worker's outcome batch and stalls every other outcome of that worker (async neighbours at 1.9-3.1
-# jobs/s against 9-10.6 in 3 runs of 4 here), but how long depends on the machine's speed: as a
-# strict xfail it XPASSed on a quieter machine.
+# Measured, not asserted, while it misbehaves: a 10 MB result is encoded on the worker's loop
+# and written in a transaction of its own beside the outcome batch; before that change it stalled
+# every other outcome of the worker (async neighbours at 1.9-3.1 jobs/s against 9-10.6), and how
+# long it still slows them depends on the machine's speed.
 # An async handler that blocks its event loop stops its whole process while it blocks (nothing
 # in one process can preempt it): the neighbours on that worker pause, by design. What must hold
 # is checked here (the job ends terminal within budget, attempts within budget, the neighbours
