@@ -5,6 +5,7 @@ the status and the duration."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -12,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..core.logging import event
 
 log = logging.getLogger("conveyor.access")
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
 
 
 class AccessLog:
@@ -35,6 +37,7 @@ class AccessLog:
             await self.app(scope, receive, send_status)
         finally:
             route = scope.get("route")
-            path = getattr(route, "path", None) or "<unmatched>"
+            # "/jobs/{job_id:uuid}" → "/jobs/{job_id}", the path as OpenAPI names it
+            path = _CONVERTER.sub(r"{\1}", getattr(route, "path", None) or "<unmatched>")
             event(log, "http_request", method=scope["method"], path=path, status=status,
                   duration_ms=round((time.perf_counter() - started) * 1000, 2))  # fmt: skip
