@@ -28,7 +28,7 @@ from .harness import Proc, WorkerFleet, component_env, conveyor_command, purge, 
 from .infra import PrivatePostgres, PrivateRabbit
 
 APP = "tests.faults.nemesis_app:router"
-# adversaries that end terminal today without wedging a worker (the others: test_handlers.py)
+# the smoke's adversaries (quick ones); the soak takes all of them through NEMESIS_ADVERSARIES
 DEFAULT_ADVERSARIES = ("not_json", "times_out", "os_exit")
 
 
