@@ -17,8 +17,7 @@ from conveyor.core.jobs import TERMINAL, TRANSITIONS, Status
 from .storeops import Claim, Row, StoreOps
 
 T = TypeVar("T")
-# Edges the store takes that TRANSITIONS lacks, tolerated here so the rest of the model keeps
-# running; each has its own strict-xfail test in test_state_model.py.
+# Edges the store takes that TRANSITIONS lacks, tolerated while a fix is pending (none now).
 KNOWN_DEVIATIONS: set[tuple[str, str]] = set()
 TERMINAL_NAMES = {s.value for s in TERMINAL}
 

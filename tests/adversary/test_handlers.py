@@ -28,10 +28,6 @@ from .runner import rig
 FLOOR = 0.8
 
 
-def _xfail(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 CASES = [
     # each was a strict xfail until the worker's fix (issue 8.2, 8.3, 8.4 and the harness's own
     # findings: an exception whose __str__ raises, SystemExit from a handler)

@@ -72,3 +72,4 @@ async def test_two_replicas_republish_only_the_shortfall(
     republished = await db.fetchval("SELECT count(*) FROM job_outbox")
     assert republished == a_done + sum(b_done)
     assert republished == 3, f"{republished} re-published for 3 missing (A {a_done}, B {b_done})"
+    assert b_done == [0], "B re-published while A held the type's reconcile lock"

@@ -5,7 +5,6 @@ fail its own job, never the worker."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import asyncpg
@@ -134,4 +133,3 @@ async def test_the_worker_reports_no_dead_part_after_a_misbehaving_handler(
         status = stack.workers[0].status()
         assert status.dead_parts == [], status
         assert status.executor.running == 0, status.executor
-        await asyncio.sleep(0)

@@ -115,7 +115,8 @@ async def test_a_sync_timeout_counts_from_the_thread_start() -> None:
         await threads.call(lambda _: release.wait(5), None, 0.05)
     assert threads.status().abandoned == 1
     second = asyncio.create_task(threads.call(lambda _: time.sleep(0.05) or "ran", None, 0.5))
-    await asyncio.sleep(0.3)  # longer than the second call's work, shorter than its timeout
+    # longer than the second call's timeout: measured from submission it would time out here
+    await asyncio.sleep(0.7)
     assert threads.status().waiting == 1 and not second.done()
     release.set()
     assert await second == "ran"

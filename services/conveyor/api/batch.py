@@ -30,10 +30,12 @@ def build_batch(
 ) -> list[NewJob]:
     """Raises ``TooManyJobs``, ``BodyError``, pydantic's ``ValidationError`` or ``InvalidJob``
     (its message names the job's index)."""
-    count_batch_items(body, max_batch)
-    batch = SubmitBatch.model_validate(parse_json(body))
-    if len(batch.jobs) > max_batch:  # pragma: no cover - count_batch_items saw them first
+    count_batch_items(body, max_batch)  # streamed, for bodies over PRECHECK_BYTES only
+    data = parse_json(body)
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    if isinstance(jobs, list) and len(jobs) > max_batch:  # before validating each item
         raise TooManyJobs(max_batch)
+    batch = SubmitBatch.model_validate(data)
     specs = [j.to_spec() for j in batch.jobs]
     rows = []
     for i, spec in enumerate(specs):

@@ -107,6 +107,8 @@ def count_batch_items(body: bytes, limit: int) -> None:
     """Raise ``TooManyJobs`` when ``body['jobs']`` has more than ``limit`` items, reading items
     one at a time (ijson's C parser) and stopping at the first one over: a million-item batch
     costs ``limit`` items, not a million dicts. Malformed bodies are left to ``parse_json``."""
+    if len(body) <= PRECHECK_BYTES:
+        return  # small enough for the strict parse to count (``batch.build_batch``), bounded
     seen = 0
     try:
         for _ in ijson.items(body, "jobs.item", use_float=True):
