@@ -22,11 +22,17 @@ PORT ?= 8000
 dev: install ## run API + publisher + worker + maintenance on http://127.0.0.1:$(PORT) (example app; PORT=8001 to move it)
 	$(VENV)/bin/conveyor dev --app examples.app:router --port $(PORT)
 
-test: install ## lint, type-check and run the whole test suite against the local PostgreSQL and RabbitMQ
+# pytest-xdist: worker processes, and every test of a module with a module-scoped fixture (a
+# private RabbitMQ node / PostgreSQL cluster) on one of them. PYTEST_ARGS=-n0 runs serially;
+# PYTEST_ARGS='-n0 -x tests/unit' or any other pytest arguments replace these.
+PYTEST_WORKERS ?= 4
+PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadgroup
+
+test: install ## lint, type-check and run the whole test suite (PYTEST_ARGS=-n0: serially)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-all: install ## the test suite plus the long fault soaks
 	$(VENV)/bin/pytest -q -m "soak or not soak"

@@ -23,7 +23,21 @@ from conveyor.store.migrate import upgrade
 from . import db as tdb
 from .services import Endpoints, locate
 
-RUN_ID = uuid.uuid4().hex[:8]
+
+
+def _run_id() -> str:
+    """This process's id in every name it creates (databases ``conveyor_*_<RUN_ID>*``, broker
+    namespaces ``t<RUN_ID>n<k>``): 8 hex digits of the run, then ``g`` and a two-digit process
+    number. Under pytest-xdist the run part is the one shared by all the run's workers and the
+    number is the worker's (gw3 -> ``g03``), so no two workers, and no two concurrent runs, ever
+    share a name or a prefix; a serial run is ``g00``. Fixed length, so one process's prefix
+    never matches another's names."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:8] or uuid.uuid4().hex[:8]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return f"{run}g{int(worker.removeprefix('gw')):02d}"
+
+
+RUN_ID = _run_id()
 _counter = itertools.count()
 
 
@@ -37,7 +51,7 @@ def endpoints() -> Iterator[Endpoints]:
     for c in found.containers:
         with contextlib.suppress(Exception):
             c.stop()  # type: ignore[attr-defined]
-    _delete_namespaced_broker_objects(f"t{RUN_ID}")
+    _delete_namespaced_broker_objects(f"t{RUN_ID}n")
 
 
 def _delete_namespaced_broker_objects(prefix: str) -> None:
@@ -153,7 +167,33 @@ async def db(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     await conn.close()
 
 
-def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+# Scopes whose fixtures are worth building once per module (a private RabbitMQ node, a private
+# PostgreSQL cluster, the state model's database), not once per xdist worker that runs a test
+# of the module.
+_SHARED_SCOPES = ("module", "class", "package")
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The module of ``item`` when it uses one of the project's module-scoped fixtures."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for defs in info.name2fixturedefs.values():
+        for fd in defs:
+            if fd.scope in _SHARED_SCOPES and str(fd.baseid).startswith("tests"):
+                return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under `--dist loadgroup` (make test), every test of a module that uses a module-scoped
+    # fixture runs on one worker, so the fixture is built once; the other tests are spread one
+    # by one. New tests inherit this: nothing to mark by hand.
+    for item in items:
+        group = _group(item)
+        if group is not None and not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("-m"):
         return
     skip = pytest.mark.skip(reason="soak: run with -m soak")

@@ -48,8 +48,13 @@ def _tail(path: Path, lines: int = 40) -> str:
 class PrivateRabbit:
     """One RabbitMQ node of its own: ``faults<random>@localhost`` on free ports."""
 
-    def __init__(self, consumer_timeout_ms: int = 60000) -> None:
+    def __init__(
+        self, consumer_timeout_ms: int = 60000, channel_tick_ms: int | None = None
+    ) -> None:
         self.consumer_timeout_ms = consumer_timeout_ms
+        # how often each channel checks its deliveries against consumer_timeout (RabbitMQ's
+        # default is once a minute; rabbit's ``channel_tick_interval``, advanced.config only)
+        self.channel_tick_ms = channel_tick_ms
         self.node = f"faults{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
@@ -61,8 +66,12 @@ class PrivateRabbit:
 
     def env(self) -> dict[str, str]:
         b = self.base
+        advanced = {} if self.channel_tick_ms is None else {
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(b / "advanced.config")
+        }  # fmt: skip
         return {
             **os.environ,
+            **advanced,
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
@@ -83,6 +92,10 @@ class PrivateRabbit:
             f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
             f"consumer_timeout = {self.consumer_timeout_ms}\n"
         )
+        if self.channel_tick_ms is not None:
+            (b / "advanced.config").write_text(
+                f"[{{rabbit, [{{channel_tick_interval, {self.channel_tick_ms}}}]}}].\n"
+            )
         subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(b)], check=True)
         b.chmod(0o755)
         subprocess.run(
