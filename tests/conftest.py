@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -21,8 +21,10 @@ from conveyor.store.connect import with_database
 from conveyor.store.migrate import upgrade
 
 from . import db as tdb
+from .clones import Clones
+from .clones import drop as clones_drop
+from .serial import run_lock
 from .services import Endpoints, locate
-
 
 
 def _run_id() -> str:
@@ -59,13 +61,21 @@ def _delete_namespaced_broker_objects(prefix: str) -> None:
     ctl = shutil.which("rabbitmqctl")
     if ctl is None or os.environ.get("CONVEYOR_TEST_AMQP_URL"):
         return
-    for kind in ("queues", "exchanges"):
-        try:
-            out = subprocess.run(
-                [ctl, "-q", f"list_{kind}", "name"], capture_output=True, text=True, timeout=30
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return
+    kinds = ("queues", "exchanges")
+    try:  # both listings at once: each rabbitmqctl call starts an Erlang VM (1-3 s)
+        procs = [
+            subprocess.Popen(
+                [ctl, "-q", f"list_{kind}", "name"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for kind in kinds
+        ]
+        outs = [p.communicate(timeout=30)[0] for p in procs]
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    for kind, out in zip(kinds, outs, strict=True):
         names = [n.strip() for n in out.splitlines() if n.strip().startswith(prefix)]
         if names:
             asyncio.run(_delete(kind, names))
@@ -111,33 +121,30 @@ def template_db(endpoints: Endpoints) -> Iterator[str]:
     yield name
 
     async def drop() -> None:
-        conn = await _admin(endpoints)
-        try:
-            rows = await conn.fetch(
+        async with asyncpg.create_pool(endpoints.database_url, min_size=0, max_size=4) as pool:
+            rows = await pool.fetch(
                 "SELECT datname FROM pg_database WHERE datname LIKE $1", f"conveyor_%_{RUN_ID}%"
             )
-            for r in rows:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{r["datname"]}" WITH (FORCE)')
-        finally:
-            await conn.close()
+            # together: concurrent drops share the checkpoint each one waits for
+            await asyncio.gather(*(clones_drop(pool, r["datname"]) for r in rows))
 
     asyncio.run(drop())
 
 
+@pytest.fixture(scope="session")
+def clones(endpoints: Endpoints, template_db: str) -> Iterator[Clones]:
+    """This process's clones of the template, made ahead and dropped in the background."""
+    made = Clones(endpoints.database_url, template_db, prefix=f"conveyor_t_{RUN_ID}_")
+    yield made
+    made.close()  # before template_db's clean-up drops the spares with the rest
+
+
 @pytest.fixture
-async def db_url(endpoints: Endpoints, template_db: str) -> AsyncIterator[str]:
-    name = f"conveyor_t_{RUN_ID}_{next(_counter)}"
-    conn = await _admin(endpoints)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await conn.close()
+async def db_url(endpoints: Endpoints, clones: Clones) -> AsyncIterator[str]:
+    """A database of the test's own: a clone of the migrated template, dropped afterwards."""
+    name = await asyncio.to_thread(clones.take)
     yield with_database(endpoints.database_url, name)
-    conn = await _admin(endpoints)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    clones.give_back(name)
 
 
 @pytest.fixture
@@ -185,6 +192,24 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout: waiting is not running
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Under xdist, a ``serial`` test runs while no other test of the run does (tests/serial.py)."""
+    with run_lock(item.config, exclusive=item.get_closest_marker("serial") is not None):
+        return (yield)
+
+
+def _slow_tests() -> dict[str, float]:
+    """tests/slow_tests.txt: ``<seconds> <node id>`` per line."""
+    known: dict[str, float] = {}
+    path = Path(__file__).with_name("slow_tests.txt")
+    for line in path.read_text().splitlines() if path.exists() else []:
+        seconds, _, nodeid = line.partition(" ")
+        if nodeid and not line.startswith("#"):
+            known[nodeid] = float(seconds)
+    return known
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Under `--dist loadgroup` (make test), every test of a module that uses a module-scoped
@@ -194,6 +219,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _group(item)
         if group is not None and not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: longest first
+        known = _slow_tests()
+        items.sort(key=lambda item: -known.get(item.nodeid, 0.0))
     if config.getoption("-m"):
         return
     skip = pytest.mark.skip(reason="soak: run with -m soak")

@@ -110,6 +110,7 @@ def check_case(fig: dict[str, object]) -> None:
             )
 
 
+@pytest.mark.serial  # the neighbours' rates must not depend on what other tests run beside
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("job_type", CASES)
 async def test_adversary_beside_neighbours(

@@ -91,6 +91,7 @@ def _mypy(py: Path, source: str, where: Path) -> subprocess.CompletedProcess[str
     )  # fmt: skip
 
 
+@pytest.mark.timeout(300)  # two cold mypy --strict runs over the dependencies: CPU-bound
 def test_mypy_strict_accepts_an_applications_handlers(app_env: Path, tmp_path: Path) -> None:
     ok = _mypy(app_env, APP, tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr

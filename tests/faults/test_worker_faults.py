@@ -82,6 +82,7 @@ async def test_sigkill_workers_repeatedly(
     assert codes == [0, 0, 0], codes
 
 
+@pytest.mark.serial  # a bound in seconds on a process's drain
 @pytest.mark.timeout(120)
 async def test_sigterm_drains_within_grace(
     fsettings: Settings, ledger: Ledger, tmp_path: Path
@@ -144,6 +145,7 @@ async def test_sigterm_drains_within_grace(
 # already run elsewhere
 
 
+@pytest.mark.serial  # a bound in seconds on a process's exit
 @pytest.mark.timeout(60)
 async def test_sigterm_with_a_sync_handler_running_exits_within_grace(
     fsettings: Settings, ledger: Ledger, tmp_path: Path
@@ -200,6 +202,7 @@ async def test_always_failing_handler_ends_failed_and_dead_lettered(
     assert all("doomed: attempt 3" in (d.get("error") or "") for d in letters.values())
 
 
+@pytest.mark.serial  # six worker restarts within a 60 s settle
 @pytest.mark.timeout(120)
 async def test_handler_that_kills_its_worker_ends_failed(
     fsettings: Settings, ledger: Ledger, tmp_path: Path
