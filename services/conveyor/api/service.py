@@ -25,10 +25,11 @@ from ..core.logging import event
 from ..core.metrics import Metrics
 from ..job_types import KnownTypes
 from ..store import JobRow, NewJob, for_schema
+from ..store.base import LongStatements
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
 from .batch import build_batch, build_submit
-from .liveness import PROBE_EVERY, Liveness, LongStatements, unavailable
+from .liveness import PROBE_EVERY, Liveness, unavailable
 from .resource import decode_cursor, encode_cursor, resource
 
 log = logging.getLogger("conveyor.api")
@@ -48,7 +49,9 @@ class Api:
         self.pool: Any = None
         self.notifier: Notifier | None = None
         # probe timeout: a probe started up to PROBE_EVERY late still answers within 2 s
-        self.liveness = Liveness(settings.database_url, max(0.2, settings.db_timeout - 0.3))
+        self.liveness = Liveness(
+            self.store, settings.database_url, max(0.2, settings.db_timeout - 0.3)
+        )
 
     def _wake(self) -> None:
         if self.notifier is not None:
