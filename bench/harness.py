@@ -53,6 +53,7 @@ class Options:
     amqp_url: str
     output: Path
     skip: set[str] = field(default_factory=set)
+    api_workers: int = 1
 
 
 def conveyor_command() -> str:

@@ -179,7 +179,8 @@ def table(data: dict[str, Any]) -> str:
         f"{m['cpu_count']} x {m['cpu_model']}, {m['memory_gb']} GB; Python {m['python']}, "
         f"PostgreSQL {m['postgresql']}, {m['rabbitmq']}, Celery {m['celery']} "
         f"(`--pool={cel['pool'] or p['celery_pool']}`, 1 process); Conveyor worker: 1 process, "
-        f"`--concurrency {p['concurrency']}`; {data['mode']} run, {data['generated_at']}."
+        f"`--concurrency {p['concurrency']}`; API: `--workers {p.get('api_workers', 1)}`; "
+        f"{data['mode']} run, {data['generated_at']}."
     )
     return "\n".join(lines)
 

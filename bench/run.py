@@ -110,7 +110,7 @@ class Runner:
         o, h = self.opts, self.h
         port = free_port()
         h.api_url = f"http://127.0.0.1:{port}"
-        h.start_conveyor("api", "api", "--port", str(port))
+        h.start_conveyor("api", "api", "--port", str(port), "--workers", str(o.api_workers))
         h.start_conveyor("publisher", "publisher")
         await h.wait_api()
 
@@ -223,6 +223,8 @@ def parse(argv: list[str] | None = None) -> Options:
     p.add_argument("--connections", type=int, default=32, help="REST connections (32)")
     p.add_argument("--client-procs", type=int, default=1,
                    help="REST load-generator processes sharing the connections (1)")  # fmt: skip
+    p.add_argument("--api-workers", type=int, default=1,
+                   help="`conveyor api --workers N`: API processes on one port (1)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--batch-connections", type=int, default=2,
                    help="batch requests in flight (2)")  # fmt: skip
@@ -274,6 +276,7 @@ def parse(argv: list[str] | None = None) -> Options:
         amqp_url=os.environ.get("CONVEYOR_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
         output=a.output,
         skip=set(a.skip),
+        api_workers=max(1, a.api_workers),
     )
 
 

@@ -52,8 +52,15 @@ def cmd_api(args: argparse.Namespace) -> int:
     from . import services
 
     settings = _settings()
+    if args.workers < 1:
+        print("conveyor api: --workers must be at least 1", file=sys.stderr)
+        return 2
+    processes = f" ({args.workers} processes)" if args.workers > 1 else ""
+    print(f"conveyor api listening on http://{args.host}:{args.port}{processes}", file=sys.stderr)
+    if args.workers > 1:
+        services.serve_api_workers(args.host, args.port, args.workers)
+        return 0
     server = services.api_server(settings, args.host, args.port)
-    print(f"conveyor api listening on http://{args.host}:{args.port}", file=sys.stderr)
     services.run(lambda stop: services.serve_api(server, stop))
     return 0
 
@@ -189,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--workers", type=int, default=1,
+                   help="API processes sharing the port (default 1)")  # fmt: skip
     s.set_defaults(func=cmd_api)
 
     s = sub.add_parser(

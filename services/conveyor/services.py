@@ -85,6 +85,43 @@ def api_server(
     return _Server(config)
 
 
+def api_app() -> Any:
+    """The app of one ``conveyor api --workers N`` process. uvicorn imports this by name in each
+    worker (a fresh interpreter, started by spawn): settings come from the environment the
+    parent passed on, and logging is configured again, as ``cli.main`` did in the parent."""
+    from .api.app import create_app
+    from .broker import LIBRARY_LOGGERS
+    from .core.logging import configure
+
+    settings = Settings()
+    configure(settings.log_level, settings.log_format, quiet=(*LIBRARY_LOGGERS, "alembic"))
+    return create_app(settings)
+
+
+def serve_api_workers(host: str, port: int, workers: int) -> None:
+    """``workers`` API processes accepting on one listening socket, under uvicorn's supervisor:
+    a worker that dies or stops answering its health ping is replaced; SIGTERM or SIGINT stops
+    every worker (each drains its requests and closes its pool) and then the parent."""
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    config = uvicorn.Config(
+        "conveyor.services:api_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    sock = config.bind_socket()
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        sock.close()
+
+
 async def serve_api(server: _Server, stop: asyncio.Event) -> None:
     task = asyncio.create_task(server.serve())
     stopper = asyncio.create_task(stop.wait())

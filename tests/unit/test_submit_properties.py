@@ -160,3 +160,26 @@ def test_a_number_is_kept_exactly_or_refused(literal: str) -> None:
     else:
         assert got == float(exact) and (got != 0.0 or exact == 0)
         assert not ("." not in literal and "e" not in literal.lower()), "an integer became a float"
+
+
+# Bytes that make up the suspect literals, and others, so matches are frequent.
+_NUMBERISH = st.binary(max_size=120) | st.lists(
+    st.sampled_from([b"0", b"1", b"9", b"e", b"E", b"-", b"+", b".", b" ", b'"', b"x", b"0" * 19]),
+    max_size=60,
+).map(b"".join)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_NUMBERISH, st.integers(1, 64))
+def test_the_fast_suspect_scan_agrees_with_the_rule(raw: bytes, window: int) -> None:
+    """``body.suspect`` (translate + substring search, a window at a time) decides exactly what
+    ``SUSPECT`` matches, whatever the window size: a body it missed would skip the exact number
+    check."""
+    import conveyor.api.body as body
+
+    saved = body._WINDOW
+    body._WINDOW = window
+    try:
+        assert body.suspect(raw) == bool(body.SUSPECT.search(raw))
+    finally:
+        body._WINDOW = saved

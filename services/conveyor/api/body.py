@@ -27,8 +27,31 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 # Number literals that orjson may change silently: a negative exponent of three digits or more
 # (underflow to 0.0), a run of 300 zeros (the same without an exponent), 19 digits in a row
 # (an integer beyond 64 bits becomes a float). Also matches inside strings: a match only asks for
-# the exact (slower) check, it rejects nothing by itself.
-_SUSPECT = re.compile(rb"[eE]-[0-9]{3}|[0-9]{19}|0{300}")
+# the exact (slower) check, it rejects nothing by itself. ``SUSPECT`` states the rule; ``suspect``
+# decides it (a unit test checks they agree).
+SUSPECT = re.compile(rb"[eE]-[0-9]{3}|[0-9]{19}|0{300}")
+# ``suspect`` maps every byte onto "9" (a digit), "e" (e or E), "-" or " " (anything else) and
+# searches the result with bytes' substring search (C memchr/two-way): "e-999" is
+# [eE]-[0-9]{3}, nineteen "9"s are [0-9]{19}, which 0{300} implies. The regex took 1.1-2.8 ms on
+# a 500-job batch (~14 KB: its alternation is tried at every byte), this 0.04 ms.
+_NUMBER_CHARS = bytes(
+    0x39 if 0x30 <= i <= 0x39 else 0x65 if i in (0x45, 0x65) else 0x2D if i == 0x2D else 0x20
+    for i in range(256)
+)
+_EXPONENT, _DIGIT_RUN = b"e-999", b"9" * 19
+_WINDOW = 1 << 20  # translated a window at a time: no second copy of a 64 MiB body
+
+
+def suspect(body: bytes) -> bool:
+    """Whether ``SUSPECT`` matches somewhere in ``body``."""
+    overlap = len(_DIGIT_RUN) - 1  # a match that straddles two windows is in the second
+    for start in range(0, len(body), _WINDOW):
+        window = body[start : start + _WINDOW + overlap].translate(_NUMBER_CHARS)
+        if _EXPONENT in window or _DIGIT_RUN in window:
+            return True
+    return False
+
+
 _NON_FINITE = re.compile(rb"(?<![A-Za-z0-9_\"])-?(?:NaN|Infinity)(?![A-Za-z0-9_\"])")
 
 
@@ -59,7 +82,7 @@ def parse_json(body: bytes) -> Any:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise _classify(body, str(exc)) from None
-    if _SUSPECT.search(body):
+    if suspect(body):
         _check_numbers(body)
     return data
 

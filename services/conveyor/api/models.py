@@ -164,9 +164,10 @@ class SubmitJob(BaseModel):
     @classmethod
     def _integral(cls, data: Any) -> Any:
         """JSON Schema's integer: ``2`` and ``2.0`` are the same number (``true`` is none)."""
-        if isinstance(data, dict) and any(
-            isinstance(data.get(f), float) and data[f].is_integer() for f in _INTEGER_FIELDS
-        ):
+        if not isinstance(data, dict):
+            return data
+        p, m = data.get("priority"), data.get("max_retries")
+        if (isinstance(p, float) and p.is_integer()) or (isinstance(m, float) and m.is_integer()):
             data = dict(data)
             for f in _INTEGER_FIELDS:
                 if isinstance(data.get(f), float) and data[f].is_integer():

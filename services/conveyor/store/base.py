@@ -16,6 +16,31 @@ class Connection(Protocol):
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str: ...
 
 
+# A long statement's own limit (see ``LongStatements``).
+LONG_STATEMENT_TIMEOUT = 300.0
+
+
+class LongStatements:
+    """A connection whose statements carry ``LONG_STATEMENT_TIMEOUT`` instead of the pool's
+    command timeout: the API's batch insert, which may legitimately run for seconds while a
+    liveness probe answers for the server (``api/liveness.py``)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        return list(await self.conn.fetch(query, *args, timeout=LONG_STATEMENT_TIMEOUT))
+
+    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+        return await self.conn.fetchrow(query, *args, timeout=LONG_STATEMENT_TIMEOUT)
+
+    async def fetchval(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+        return await self.conn.fetchval(query, *args, timeout=LONG_STATEMENT_TIMEOUT)
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+        return str(await self.conn.execute(query, *args, timeout=LONG_STATEMENT_TIMEOUT))
+
+
 class Statements:
     """Holds the statements rendered for one schema; entity modules add the functions."""
 

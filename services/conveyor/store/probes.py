@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from .base import Connection, Statements
@@ -17,7 +19,30 @@ SCHEMA_VERSION = statement(
 HEAD = "0005"
 
 
+class ServerPing:
+    """``SELECT 1`` on a connection of its own, opened on first use and dropped after a failure:
+    does the server answer while the pool's connections are busy (``api/liveness.py``)."""
+
+    def __init__(self, url: str, sql: str) -> None:
+        self.url = url
+        self.sql = sql
+        self.conn: Any = None
+
+    async def ping(self) -> None:
+        if self.conn is None or self.conn.is_closed():
+            self.conn = await asyncpg.connect(self.url)
+        await self.conn.fetchval(self.sql)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.terminate()
+            self.conn = None
+
+
 class ProbeStatements(Statements):
+    def server_ping(self, url: str) -> ServerPing:
+        return ServerPing(url, self.sql[DB_PING])
+
     async def db_ping(self, conn: Connection, *, timeout: float | None = None) -> None:
         await conn.fetchval(self.sql[DB_PING], timeout=timeout)
 

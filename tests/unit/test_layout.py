@@ -1,0 +1,211 @@
+"""Issue 10's layout, enforced: SQL only in ``services/conveyor/store/``, aio-pika (and aiormq,
+pamqp) only in ``services/conveyor/broker/``, no source file under ``services/`` over 300 lines.
+
+Each rule is a function of a source tree, so the tests below also plant a violation in a copy
+and check that the rule catches it (a guard that cannot fail guards nothing)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ROOT / "services"
+MAX_LINES = 300
+
+# Calls that send SQL over a connection (asyncpg's and SQLAlchemy's names).
+SQL_CALLS = frozenset(
+    {"execute", "executemany", "fetch", "fetchrow", "fetchval", "prepare", "cursor",
+     "copy_from_query", "copy_from_table", "copy_records_to_table", "copy_to_table",
+     "exec_driver_sql"}
+)  # fmt: skip
+# A string literal that is a statement: a keyword sequence only SQL has, in upper case as the
+# store writes it (prose in docstrings and messages is lower case or lacks the second keyword).
+SQL_TEXT = re.compile(
+    r"\bSELECT\b[\s\S]*\bFROM\b|\bSELECT\s+(?:1|\*|count\(|pg_|now\(|nextval\(|set_config)"
+    r"|\bINSERT\s+INTO\b|\bUPDATE\s+\S+\s+SET\b|\bDELETE\s+FROM\b|\bTRUNCATE\b\s+\w"
+    r"|\b(?:CREATE|ALTER|DROP)\s+(?:TABLE|INDEX|SCHEMA|TYPE|DATABASE|VIEW|FUNCTION|TRIGGER)\b"
+    r"|\b(?:LISTEN|NOTIFY|UNLISTEN)\s+\w|\bpg_notify\s*\(|\bpg_(?:try_)?advisory"
+)
+BROKER_LIBS = ("aio_pika", "aiormq", "pamqp")
+SOURCE_SUFFIXES = (".py", ".js", ".css", ".html", ".sql", ".pyi")
+
+
+def _python_files(root: Path) -> Iterator[Path]:
+    yield from sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def _literal_text(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):  # an f-string: its literal parts
+        return " ".join(
+            v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)
+        )
+    return None
+
+
+def sql_outside_store(package: Path) -> list[str]:
+    """``file:line what`` for every SQL literal or SQL-running call outside ``package/store``."""
+    problems = []
+    store = package / "store"
+    for path in _python_files(package):
+        if store in path.parents:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        docs = _docstrings(tree)
+        where = path.relative_to(package.parent)
+        for node in ast.walk(tree):
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(func, ast.Attribute) and func.attr in SQL_CALLS:
+                problems.append(f"{where}:{node.lineno} calls .{func.attr}(...)")
+            if isinstance(node, ast.JoinedStr) or (
+                isinstance(node, ast.Constant) and id(node) not in docs
+            ):
+                text = _literal_text(node)
+                if text is not None and SQL_TEXT.search(text):
+                    problems.append(f"{where}:{node.lineno} SQL text {text.strip()[:60]!r}")
+    return list(dict.fromkeys(problems))  # an f-string's parts are walked twice
+
+
+def _is_dynamic_import(node: ast.AST) -> bool:
+    """``importlib.import_module("x")`` or ``__import__("x")``."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return False
+    f = node.func
+    return (isinstance(f, ast.Attribute) and f.attr == "import_module") or (
+        isinstance(f, ast.Name) and f.id in ("import_module", "__import__")
+    )
+
+
+def broker_imports_outside_broker(package: Path) -> list[str]:
+    """``file:line module`` for every import of aio-pika / aiormq / pamqp (also a dynamic one,
+    ``importlib.import_module("aio_pika")``) outside ``package/broker``."""
+    problems = []
+    broker = package / "broker"
+    for path in _python_files(package):
+        if broker in path.parents:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        where = path.relative_to(package.parent)
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif _is_dynamic_import(node):
+                assert isinstance(node, ast.Call)
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    names = [first.value]
+            for name in names:
+                if name.split(".")[0] in BROKER_LIBS:
+                    problems.append(f"{where}:{node.lineno} imports {name}")
+    return problems
+
+
+def long_files(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """``file: N lines`` for every source file under ``root`` over ``limit`` lines."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix in SOURCE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
+            n = len(path.read_text(errors="replace").splitlines())
+            if n > limit:
+                out.append(f"{path.relative_to(root)}: {n} lines")
+    return out
+
+
+def test_sql_only_in_the_store() -> None:
+    assert sql_outside_store(SERVICES / "conveyor") == []
+
+
+def test_aio_pika_only_in_the_broker_module() -> None:
+    assert broker_imports_outside_broker(SERVICES / "conveyor") == []
+
+
+def test_no_source_file_over_300_lines() -> None:
+    assert long_files(SERVICES) == []
+
+
+# ---------------------------------------------------------------- the guards can fail
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the package's layout: a store, a broker and an api module, all clean."""
+    pkg = tmp_path / "conveyor"
+    for sub in ("store", "broker", "api"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "store" / "jobs.py").write_text(
+        'JOB_GET = "SELECT id FROM __schema__.jobs WHERE id = $1"\n\n\n'
+        "async def job_get(conn, sql, i):\n    return await conn.fetchrow(sql, i)\n"
+    )
+    (pkg / "broker" / "publish.py").write_text("import aio_pika\nfrom aiormq import exceptions\n")
+    (pkg / "api" / "routes.py").write_text(
+        '"""Reads a job: SELECT ... FROM jobs in the store, never here."""\n\n'
+        'import logging\n\nMESSAGE = "select a job type from the list"\n'
+        'logging.getLogger("aio_pika").setLevel(logging.WARNING)\n'
+    )
+    return pkg
+
+
+def test_a_clean_tree_passes(tree: Path) -> None:
+    assert sql_outside_store(tree) == []
+    assert broker_imports_outside_broker(tree) == []
+    assert long_files(tree.parent) == []
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'async def ping(conn):\n    await conn.fetchval("SELECT 1")\n',
+        "async def ping(conn, q):\n    await conn.execute(q)\n",
+        'Q = "DELETE FROM jobs WHERE id = $1"\n',
+        'def q(schema):\n    return f"UPDATE {schema}.jobs SET status = $1"\n',
+        'Q = """\nWITH x AS (SELECT id\n  FROM jobs)\nSELECT * FROM x"""\n',
+        "Q = 'INSERT INTO job_outbox (job_id) VALUES ($1)'\n",
+    ],
+)
+def test_sql_outside_the_store_is_found(tree: Path, planted: str) -> None:
+    (tree / "api" / "planted.py").write_text(planted)
+    found = sql_outside_store(tree)
+    assert len(found) >= 1 and all("api/planted.py" in f for f in found), found
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "import aio_pika\n",
+        "from aio_pika.abc import AbstractChannel\n",
+        "import aiormq.exceptions\n",
+        "from pamqp import commands\n",
+        'import importlib\nm = importlib.import_module("aio_pika")\n',
+        'm = __import__("aiormq")\n',
+    ],
+)
+def test_aio_pika_outside_the_broker_is_found(tree: Path, planted: str) -> None:
+    (tree / "api" / "planted.py").write_text(planted)
+    assert any("api/planted.py" in f for f in broker_imports_outside_broker(tree))
+
+
+def test_a_long_file_is_found(tree: Path) -> None:
+    (tree / "api" / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tree / "api" / "ok.py").write_text("x = 1\n" * MAX_LINES)
+    assert long_files(tree.parent) == [f"conveyor/api/big.py: {MAX_LINES + 1} lines"]
