@@ -247,7 +247,9 @@ class Consumer:
         self._dropped += len(ids)
         try:
             async with self.pool.acquire() as conn:
-                statuses = await self.store.job_status_many(conn, ids)
+                statuses = {
+                    i: st for i, (st, _) in (await self.store.job_fence_many(conn, ids)).items()
+                }
         except Exception:
             statuses = {}
         for job_id in ids:

@@ -33,6 +33,7 @@ from ..job_types import router_types
 from ..router import Job, JobRouter
 from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
+from ..store.notify import Notifier
 from .completer import Completer, CompleterStatus, Pending
 from .consumer import Consumer, ConsumerStatus
 from .drain import Drain, DrainStatus, _quietly
@@ -113,7 +114,9 @@ class Worker:
             abandoned_limit=settings.worker_abandoned_thread_limit,
             max_result_bytes=settings.max_result_bytes, report=self._report, clock=clock,
         )  # fmt: skip
-        self.completer = Completer(None, self.store, self.metrics, done=self._done, clock=clock)
+        self.notifier = Notifier(None, self.store)
+        self.completer = Completer(None, self.store, self.metrics, done=self._done,
+                                   wake_relay=self.notifier.wake, clock=clock)  # fmt: skip
         self.heartbeater = Heartbeater(
             None, self.store, running=self.running, acks=self.acks,
             touch_waiting=self.consumer.touch_waiting,
@@ -138,6 +141,8 @@ class Worker:
             command_timeout=30,
         )
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
+        self.notifier.pool = self.pool
+        self.notifier.start()
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
             await self.store.job_type_register_many(conn, router_types(self.router, self.types))
         await self.subscription.open(self.types)
@@ -182,6 +187,7 @@ class Worker:
         for task in self.loops.values():
             task.cancel()
         await asyncio.gather(*self.loops.values(), return_exceptions=True)
+        await self.notifier.stop()
         await _quietly(self.subscription.close())
         if self.pool is not None:
             await _quietly(self.pool.close())
