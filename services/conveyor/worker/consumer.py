@@ -26,6 +26,7 @@ from ..core.backoff import Backoff
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import ClaimedJob, Store
+from ..store.attempts import HandlerDefaults
 
 log = logging.getLogger("conveyor.worker")
 
@@ -103,7 +104,7 @@ class Consumer:
         self.start = start
         self.worker_id = worker_id
         self.types = types
-        self.handler_defaults = handler_defaults
+        self.handler_defaults = HandlerDefaults.of(handler_defaults)  # encoded once
         self.visibility_timeout = visibility_timeout
         self.default_max_retries = default_max_retries
         self.clock = clock
