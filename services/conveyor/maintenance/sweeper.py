@@ -26,6 +26,7 @@ from ..core.metrics import Metrics
 from ..store import for_schema
 from ..store.connect import create_pool
 from ..store.notify import Notifier
+from .gauges import Gauges
 
 log = logging.getLogger("conveyor.sweeper")
 
@@ -72,6 +73,7 @@ class Sweeper:
             "retention": RETENTION_INTERVAL,
         }
         self._passed = dict.fromkeys(self.intervals, clock())
+        self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
 
     async def start(self) -> None:
@@ -83,6 +85,8 @@ class Sweeper:
         )
         self.notifier.pool = self.pool
         self.notifier.start()
+        self.gauges = Gauges(self.metrics, self.store, self.pool, self.topology,
+                             queue_depth=self._queue_depth)  # fmt: skip
         self._passed = dict.fromkeys(self.intervals, self.clock())
 
     async def close(self) -> None:
@@ -228,13 +232,19 @@ class Sweeper:
         return not any(d.overdue(deadline) for d in duties), details
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Every duty on its interval, and the gauges (jobs by type and status, the outbox, the
+        queues): whichever process runs the sweeper — ``conveyor sweeper``, the publisher
+        without ``--no-maintenance``, ``conveyor dev`` — refreshes them."""
         duties: dict[str, Callable[[], Awaitable[Any]]] = {
             "promote": self.promote_due,
             "leases": self.recover_leases,
             "reconcile": self.reconcile,
             "retention": self.delete_expired,
         }
-        await asyncio.gather(*(self._every(stop, n, f) for n, f in duties.items()))
+        loops = [self._every(stop, n, f) for n, f in duties.items()]
+        if self.gauges is not None:
+            loops.append(self.gauges.run(stop))
+        await asyncio.gather(*loops)
 
     async def _every(
         self, stop: asyncio.Event, name: str, duty: Callable[[], Awaitable[Any]]
