@@ -95,7 +95,11 @@ class Executor:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
             if spec.is_async:
                 async with asyncio.timeout(timeout) as deadline:
-                    result = await spec.func(job)
+                    running.in_handler = True  # the loop guard may preempt it (guard.py)
+                    try:
+                        result = await spec.func(job)
+                    finally:
+                        running.in_handler = False
             else:
                 result = await self.threads.call(spec.func, job, timeout)
             return outcomes.completed(result, max_bytes=self.max_result_bytes)

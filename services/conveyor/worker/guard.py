@@ -154,7 +154,8 @@ class LoopGuard:
             current = asyncio.current_task()
         except RuntimeError:  # no loop running in this thread
             return
-        if current is target.task:
+        # still inside the handler's own code (not the worker's, which records its outcome)
+        if current is target.task and self.limit_of(current) is not None:
             self._preempted += 1
             raise LoopBlocked(target.message)
 

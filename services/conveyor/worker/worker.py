@@ -233,7 +233,7 @@ class Worker:
         """How long the async handler running in ``task`` may block the loop before the guard
         preempts it: its timeout, at most the liveness limit (None: not an async handler)."""
         running = self.executor.tasks.get(task)
-        if running is None or running.spec is None or not running.spec.is_async:
+        if running is None or not running.in_handler:  # only async handlers' own code
             return None
         stall = self.settings.worker_loop_stall_limit
         return min(running.timeout, stall) if running.timeout else stall
