@@ -140,7 +140,6 @@ async def run_publisher(
     metrics: Metrics | None = None,
 ) -> None:
     from .core.probes import serve_probes
-    from .maintenance.gauges import Gauges
     from .maintenance.sweeper import Sweeper
     from .publisher.relay import Relay, probes
 
@@ -153,11 +152,8 @@ async def run_publisher(
     server = None
     try:
         loops = [asyncio.create_task(relay.run(stop), name="relay")]
-        if sweeper is not None:
+        if sweeper is not None:  # its duties and the gauges
             loops.append(asyncio.create_task(sweeper.run(stop), name="sweeper"))
-            gauges = Gauges(relay.metrics, sweeper.store, sweeper.pool, sweeper.topology,
-                            queue_depth=sweeper._queue_depth)  # fmt: skip
-            loops.append(asyncio.create_task(gauges.run(stop), name="gauges"))
         if health_port is not None:
             relay_live, ready = probes(relay, loops[0])
             live = relay_live if sweeper is None else _both(relay_live, sweeper.live)

@@ -99,7 +99,8 @@ def endless_sync(job: Job) -> None:
 @router.job("blocks_loop", **RETRIES, timeout=1)
 async def blocks_loop(job: Job) -> None:
     """An ``async def`` that calls blocking code: the worker's event loop stops (heartbeats
-    too) for longer than the visibility timeout."""
+    too) for 4 s, longer than the visibility timeout, unless the worker's loop guard preempts
+    it at its 1 s timeout (``LoopBlocked``)."""
     time.sleep(float(job.payload.get("block", 4)))
 
 

@@ -75,7 +75,10 @@ class Rig:
         try:
             return await conn.fetchrow(
                 "SELECT status::text AS status, attempts, retry_count, max_retries, last_error,"
-                " octet_length(result::text) AS result_bytes FROM jobs WHERE id = $1",
+                " octet_length(result::text) AS result_bytes,"
+                " (SELECT array_agg(error ORDER BY attempt) FROM job_attempts"
+                "  WHERE job_id = jobs.id) AS attempt_errors"
+                " FROM jobs WHERE id = $1",
                 uuid.UUID(job_id),
             )
         finally:
@@ -89,12 +92,22 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(
-    settings: Settings, log_dir: Path, *, workers: int = 1, concurrency: int = 8
+    settings: Settings,
+    log_dir: Path,
+    *,
+    workers: int = 1,
+    concurrency: int = 8,
+    types: list[list[str] | None] | None = None,
 ) -> AsyncIterator[Rig]:
+    """``types``: each worker's job types (``--types``), e.g. an adversary on a process of its
+    own and the neighbours on another; None: every worker runs every type."""
     publisher = Proc(
         "publisher", [*conveyor_command(), "publisher"], component_env(settings), log_dir
     ).start()
-    fleet = WorkerFleet(settings, log_dir, workers, concurrency=concurrency, app=APP)
+    fleet = WorkerFleet(
+        settings, log_dir, workers if types is None else len(types), concurrency=concurrency,
+        app=APP, types=types,
+    )  # fmt: skip
     stop = asyncio.Event()
     supervisor: asyncio.Task[None] | None = None
     try:

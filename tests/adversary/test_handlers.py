@@ -1,11 +1,19 @@
 """Misbehaving handlers through real processes, beside well-behaved neighbours.
 
 For each adversary: the neighbours' throughput is measured (baseline), the adversary's job is
-submitted, the neighbours are measured again while it misbehaves (``during``), the job must be
-terminal within its budget (``handlers.budget``) having used at most ``max_retries + 1``
-attempts, and the neighbours are measured once more (``after``: no lasting damage). Each
-neighbour type must keep >= 80 % of its baseline. A handler that kills its process (``os_exit``)
-is exempt from ``during``: its worker dies by design and is restarted, like Kubernetes would.
+submitted, the neighbours are measured again while it misbehaves (``during``), the job must end
+in its expected terminal status with its expected error (``EXPECTED``: NUL-free, in the job and
+in every attempt row) within its budget (``handlers.budget``) having used at most
+``max_retries + 1`` attempts, and the neighbours are measured once more (``after``: no lasting
+damage). Each neighbour type must keep >= 80 % of its baseline, during and after, in every case.
+
+Most adversaries share their worker process with the neighbours: the worker itself contains
+them. Two can only be contained by a process boundary (``ISOLATED``): a handler that kills its
+process (``os_exit``) and an async handler that blocks the event loop (``blocks_loop``: nothing
+in one process runs while it blocks; the worker's loop guard preempts it at its timeout, which
+bounds the pause, see ``tests/integration/test_loop_guard.py``). They run as a deployment runs
+a type it does not trust: on a worker process of their own (``conveyor worker --types``), the
+neighbours on another.
 """
 
 from __future__ import annotations
@@ -23,14 +31,15 @@ from conveyor.core.config import Settings
 from ..faults.harness import fault_settings
 from ..stack import TERMINAL, wait_for
 from . import handlers
-from .runner import rig
+from .runner import NEIGHBOURS, rig
 
 FLOOR = 0.8
 
 
 CASES = [
     # each was a strict xfail until the worker's fix (issue 8.2, 8.3, 8.4 and the harness's own
-    # findings: an exception whose __str__ raises, SystemExit from a handler)
+    # findings: an exception whose __str__ raises, SystemExit from a handler); huge_result and
+    # blocks_loop were exempt from "during" until the result cap and the loop guard
     pytest.param("nul_result"),
     pytest.param("nul_error"),
     pytest.param("not_json"),
@@ -43,17 +52,24 @@ CASES = [
     pytest.param("blocks_loop"),
     pytest.param("times_out"),
 ]
-FATAL = {"os_exit"}
-# Measured, not asserted, while it misbehaves: a 10 MB result is encoded on the worker's loop
-# and written in a transaction of its own beside the outcome batch; before that change it stalled
-# every other outcome of the worker (async neighbours at 1.9-3.1 jobs/s against 9-10.6), and how
-# long it still slows them depends on the machine's speed.
-# An async handler that blocks its event loop stops its whole process while it blocks (nothing
-# in one process can preempt it): the neighbours on that worker pause, by design. What must hold
-# is checked here (the job ends terminal within budget, attempts within budget, the neighbours
-# at full speed afterwards) and in tests/integration/test_worker_liveness.py (liveness turns 503,
-# so Kubernetes restarts the process; leases expire and its jobs complete elsewhere, once).
-STALLS = {"huge_result", "blocks_loop"}
+# A handler that kills its process takes the neighbours' attempts down with it when they share
+# it; on its own process it cannot.
+ISOLATED = {"os_exit", "blocks_loop"}
+# The terminal status each adversary ends in, and a text its last error (and every attempt's
+# error) contains.
+EXPECTED = {
+    "nul_result": ("FAILED", "the attempt's result could not be stored"),
+    "nul_error": ("FAILED", "ValueError: bad byte  in the input"),  # the NUL removed, not lost
+    "not_json": ("FAILED", "result is not JSON-serialisable"),
+    "huge_result": ("FAILED", "bytes > 1048576, CONVEYOR_MAX_RESULT_BYTES)"),
+    "bad_str": ("FAILED", "Unprintable: <the exception's str() failed>"),
+    "cancelled": ("FAILED", "CancelledError"),
+    "system_exit": ("FAILED", "SystemExit: 3"),
+    "os_exit": ("FAILED", "lease expired: worker"),
+    "endless_sync": ("FAILED", "TimeoutError"),
+    "blocks_loop": ("FAILED", "LoopBlocked: the handler blocked the worker's event loop"),
+    "times_out": ("FAILED", "TimeoutError: attempt exceeded its timeout of 0.5 s"),
+}
 
 
 @pytest.fixture
@@ -63,15 +79,14 @@ def asettings(settings: Settings) -> Settings:
 
 async def run_case(settings: Settings, log_dir: Path, job_type: str) -> dict[str, object]:
     """One adversary beside the neighbours; returns the figures (asserts nothing)."""
-    async with rig(settings, log_dir) as r:
+    types = [[job_type], list(NEIGHBOURS)] if job_type in ISOLATED else None
+    async with rig(settings, log_dir, types=types) as r:
         await r.warm_up()
         baseline = await r.neighbour_rates()
         [job_id] = await r.submit(job_type, [{}])
         t0 = time.monotonic()
         await r.started(job_id)
-        # a handler that kills its process takes the neighbours' attempts down with it: they
-        # come back after their lease and a backoff, so they are only measured afterwards
-        during = {} if job_type in FATAL else await r.neighbour_rates()
+        during = await r.neighbour_rates()
         budget = handlers.budget(
             job_type, visibility_timeout=settings.visibility_timeout, restart=3.0
         )
@@ -84,6 +99,11 @@ async def run_case(settings: Settings, log_dir: Path, job_type: str) -> dict[str
             await asyncio.sleep(0.5)  # the supervisor's turn: a fresh death is noticed
             await r.workers_up()
         after = await r.neighbour_rates() if terminal else {}
+        if any(rate < FLOOR * baseline[t] for t, rate in after.items()):
+            # once it is over a second look tells lasting damage (it stays) from the noise of
+            # a shared machine (it does not): the better of the two
+            again = await r.neighbour_rates()
+            after = {t: max(rate, again[t]) for t, rate in after.items()}
         return {
             "type": job_type, "terminal": terminal, "took": round(took, 1),
             "budget": round(budget, 1), "row": dict(row), "baseline": baseline,
@@ -99,11 +119,17 @@ def check_case(fig: dict[str, object]) -> None:
     assert fig["terminal"], f"{job_type} not terminal within {fig['budget']} s: {row}"
     spec = handlers.router.handlers[job_type]
     assert row["attempts"] <= (spec.max_retries or 0) + 1, f"over its attempt budget: {row}"
+    status, text = EXPECTED[job_type]
+    assert row["status"] == status, f"{job_type} ended {row['status']}, not {status}: {row}"
+    errors = [row["last_error"], *(row["attempt_errors"] or [])]
+    assert len(errors) == row["attempts"] + 1, f"an attempt row is missing: {row}"
+    for error in errors:
+        assert error is not None and "\x00" not in error, row
+        assert text in error, f"{job_type}: {text!r} not in {error[:300]!r}"
     baseline, during, after = fig["baseline"], fig["during"], fig["after"]
     assert isinstance(baseline, dict) and isinstance(during, dict) and isinstance(after, dict)
-    during_counts = job_type not in FATAL | STALLS
-    phases = [("during", during), ("after", after)] if during_counts else [("after", after)]
-    for name, rates in phases:
+    for name, rates in (("during", during), ("after", after)):
+        assert rates.keys() == baseline.keys(), f"{name}: {rates}"
         for t, rate in rates.items():
             assert rate >= FLOOR * baseline[t], (
                 f"{t} at {rate:.1f}/s {name} {job_type}, baseline {baseline[t]:.1f}/s"

@@ -146,35 +146,52 @@ class Proc:
 
 
 def worker_proc(
-    settings: Settings, log_dir: Path, name: str, *, concurrency: int = 4, app: str = APP
+    settings: Settings,
+    log_dir: Path,
+    name: str,
+    *,
+    concurrency: int = 4,
+    app: str = APP,
+    types: Sequence[str] | None = None,
 ) -> Proc:
     args = [*conveyor_command(), "worker", "--app", app, "--concurrency", str(concurrency)]
+    if types:
+        args += ["--types", ",".join(types)]
     return Proc(name, args, component_env(settings), log_dir)
 
 
 class WorkerFleet:
-    """N worker processes; a supervisor (like Kubernetes) starts a new one when one dies."""
+    """N worker processes; a supervisor (like Kubernetes) starts a new one when one dies.
+    ``types``: the job types of each slot (``--types``; None: every handler of the app)."""
 
     def __init__(
-        self, settings: Settings, log_dir: Path, size: int, *, concurrency: int = 4, app: str = APP
+        self,
+        settings: Settings,
+        log_dir: Path,
+        size: int,
+        *,
+        concurrency: int = 4,
+        app: str = APP,
+        types: Sequence[Sequence[str] | None] | None = None,
     ) -> None:
         self.settings = settings
         self.log_dir = log_dir
         self.concurrency = concurrency
         self.app = app
+        self.types = list(types) if types is not None else [None] * size
         self.slots: list[Proc] = []
         self.generation = 0
         self.kills = 0
         self.deaths = 0  # exits nobody asked for (observed by the supervisor)
         self.exit_codes: list[int] = []
-        for _ in range(size):
-            self.slots.append(self._spawn())
+        for i in range(size):
+            self.slots.append(self._spawn(i))
 
-    def _spawn(self) -> Proc:
+    def _spawn(self, slot: int) -> Proc:
         self.generation += 1
         p = worker_proc(
             self.settings, self.log_dir, f"worker-{self.generation}",
-            concurrency=self.concurrency, app=self.app,
+            concurrency=self.concurrency, app=self.app, types=self.types[slot],
         )  # fmt: skip
         return p.start()
 
@@ -188,7 +205,7 @@ class WorkerFleet:
         victim = self.slots[i]
         victim.signal(signal.SIGKILL)
         # replaced before the next await, so ``supervise`` never mistakes the victim for a death
-        self.slots[i] = self._spawn()
+        self.slots[i] = self._spawn(i)
         self.kills += 1
         await victim.wait(10)
         return victim
@@ -200,7 +217,7 @@ class WorkerFleet:
                     self.deaths += 1
                     if p.popen is not None and p.popen.returncode is not None:
                         self.exit_codes.append(p.popen.returncode)
-                    self.slots[i] = self._spawn()
+                    self.slots[i] = self._spawn(i)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 

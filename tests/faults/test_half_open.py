@@ -1,22 +1,28 @@
 """Half-open database connections (issue 8 item 8): a TCP proxy between a component and
 PostgreSQL blackholes — connections stay open and nothing answers. Without a command timeout a
 duty waits for ever while the process looks healthy. With one, the pass fails, liveness says
-so, and the component recovers by itself when the network heals."""
+so, and the component recovers by itself when the network heals: the sweeper promotes a due
+job again (review finding: the test checked only /healthz, which a sweeper whose duties never
+resumed could still pass)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import httpx
 import pytest
 
+from conveyor import JobSpec, enqueue_many
 from conveyor.core.config import Settings
 from conveyor.publisher.relay import Relay
 
+from .. import db as tdb
 from .harness import Proc, component_env, conveyor_command, fault_settings, http_ok
 from .infra import free_port
 from .proxy import Proxy
@@ -56,6 +62,20 @@ async def _until(port: int, status: int, timeout: float) -> float:
         await asyncio.sleep(0.1)
 
 
+async def _promoted(
+    db: asyncpg.Connection, *, timeout: float, also: Sequence[uuid.UUID] = ()
+) -> None:
+    """A job due in 0.2 s is promoted by the sweeper within ``timeout`` (and ``also``)."""
+    ids = [*also, *await enqueue_many(db, [JobSpec("t", delay_seconds=0.2)])]
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = await db.fetch("SELECT status::text FROM jobs WHERE id = ANY($1::uuid[])", ids)
+        if {r["status"] for r in statuses} == {"PENDING"}:
+            return
+        assert time.monotonic() < deadline, f"not promoted: {[r['status'] for r in statuses]}"
+        await asyncio.sleep(0.1)
+
+
 @pytest.mark.timeout(90)
 async def test_sweeper_liveness_fails_on_a_half_open_connection_and_recovers(
     fsettings: Settings, pg_proxy: Proxy, tmp_path: Path
@@ -64,11 +84,18 @@ async def test_sweeper_liveness_fails_on_a_half_open_connection_and_recovers(
     port = free_port()
     args = [*conveyor_command(), "sweeper", "--health-port", str(port)]
     proc = Proc("sweeper", args, component_env(settings), tmp_path).start()
+    db = await tdb.connect(fsettings.database_url)  # the test's own, not through the proxy
     try:
         await http_ok(port)
+        await _promoted(db, timeout=10)  # its duties run
         pg_proxy.blackhole()
         went_down = await _until(port, 503, timeout=20)
         _, details = await _health(port)
+        stuck = await enqueue_many(db, [JobSpec("t", delay_seconds=0.2)])
+        await asyncio.sleep(1.0)  # several promotion intervals: nothing reaches the database
+        assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", stuck[0]) == (
+            "SCHEDULED"
+        )
         # /healthz turns 503 when a pass overruns its deadline, which on a loaded machine can
         # come before the 1 s command_timeout has failed the pass: heal only once it has
         deadline = time.monotonic() + 20
@@ -77,8 +104,11 @@ async def test_sweeper_liveness_fails_on_a_half_open_connection_and_recovers(
             await asyncio.sleep(0.1)
         pg_proxy.heal()
         came_back = await _until(port, 200, timeout=30)
+        # a green /healthz is not enough: the duties run again (the job due meanwhile too)
+        await _promoted(db, timeout=10, also=stuck)
         assert proc.alive(), proc.log()[-2000:]
     finally:
+        await db.close()
         await proc.stop()
     print(f"[faults] half-open sweeper: /healthz 503 after {went_down:.1f}s of blackhole, "
           f"200 again {came_back:.1f}s after healing; {details}")  # fmt: skip

@@ -117,3 +117,36 @@ async def test_dead_letter_purge_by_filter_takes_the_attempts_too(db: asyncpg.Co
     assert await store.job_redrive_dead(db, "t", None, limit=100) == 1
     assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", jobs[2]) == "PENDING"
     assert await db.fetchval(outbox, jobs[2]) == before + 1
+
+
+# Review finding: every claim re-encoded the worker's handler defaults to JSON. A worker encodes
+# them once (``HandlerDefaults``); failed before: no such type, and the claim called orjson.
+
+
+async def test_a_claim_takes_the_handler_defaults_encoded_once(
+    db: asyncpg.Connection, monkeypatch: object
+) -> None:
+    import pytest
+
+    from conveyor.store import attempts
+    from conveyor.worker.consumer import Consumer
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    consumer = Consumer(
+        None, store, None, slots=None, acks=None, start=None, worker_id="w",  # type: ignore[arg-type]
+        types=["t"], handler_defaults={"t": {"max_retries": 7, "timeout": 2.5}},
+        visibility_timeout=5, default_max_retries=3,
+    )  # fmt: skip
+
+    def no_encoding(*args: object, **kw: object) -> bytes:
+        raise AssertionError("the claim encoded the handler defaults again")
+
+    a, b = await enqueue_many(db, [JobSpec("t"), JobSpec("t")])
+    monkeypatch.setattr(attempts.orjson, "dumps", no_encoding)  # orjson's, for this test
+    claimed = []
+    for job_id in (a, b):  # two claims, no encoding
+        claimed += await store.job_claim_many(
+            db, [job_id], lease_seconds=5.0, worker_id="w", types=["t"],
+            handler_defaults=consumer.handler_defaults, default_max_retries=3,
+        )  # fmt: skip
+    assert [(c.max_retries, c.timeout_seconds) for c in claimed] == [(7, 2.5), (7, 2.5)]

@@ -116,3 +116,36 @@ async def test_a_letter_from_before_the_attempt_field_still_redrives_once(
         again = await _dlq(settings, monkeypatch, capsys)
     assert summary == {"scanned": 1, "redrive": 1} and body["status"] == "PENDING"
     assert again == {"scanned": 0}
+
+
+# Review finding: ``conveyor dlq redrive`` ran one transaction (and one NOTIFY inside it) per
+# letter. Failed before: five statements for five letters.
+
+
+async def test_redrive_takes_one_statement_for_every_letter_and_fences_each(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conveyor.store import for_schema
+
+    store_type = type(for_schema(settings.db_schema))
+    original = store_type.job_redrive_failed
+    calls: list[int] = []
+
+    async def counting(self: object, conn: object, letters: list[object]) -> list[uuid.UUID]:
+        calls.append(len(letters))
+        return await original(self, conn, letters)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_type, "job_redrive_failed", counting)
+    async with running_stack(settings, router) as stack:
+        ids = [await stack.submit("doomed") for _ in range(5)]
+        await wait_for(settings.database_url, ids, statuses=["FAILED"])
+        await wait_metric(lambda: published(stack.relay, "dead") >= 5, what="five dead letters")
+        await _stop_workers(stack)
+        # the relay published one dead letter twice (a crash between confirm and delete)
+        twin = orjson.dumps({"id": ids[0], "type": "doomed", "attempt": 1, "error": "doomed"})
+        await publish_raw(settings.amqp_url, f"{settings.namespace}.dead_letter", "", [twin])
+        summary = await _dlq(settings, monkeypatch, capsys)
+        statuses = {(await _status(stack, i))["status"] for i in ids}
+    assert calls == [6]
+    assert summary == {"scanned": 6, "redrive": 5, "drop": 1}
+    assert statuses == {"PENDING"}

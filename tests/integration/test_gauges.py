@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -56,3 +57,40 @@ async def test_jobs_outbox_and_queue_gauges(
     await db.execute("UPDATE jobs SET status = 'CANCELLED' WHERE job_type = 'a'")
     await gauges.refresh_once()
     assert _value(metrics, "conveyor_jobs", type="a", status="PENDING") == 0  # not frozen
+
+
+# Review finding: the gauges ran beside the relay in ``conveyor publisher``; with
+# ``--no-maintenance`` plus a separate ``conveyor sweeper`` no process refreshed them. The
+# sweeper refreshes them now, wherever it runs. Failed before: no conveyor_jobs sample on the
+# sweeper's /metrics.
+
+
+async def test_a_separate_sweeper_refreshes_the_gauges(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    import asyncio
+
+    import httpx
+
+    from conveyor import services
+
+    from ..stack import free_port
+
+    await enqueue_many(db, [JobSpec("a")] * 2)
+    port = free_port()
+    stop = asyncio.Event()
+    task = asyncio.create_task(services.run_sweeper(settings, stop, health_port=port))
+    try:
+        text = ""
+        async with httpx.AsyncClient() as client:
+            for _ in range(100):
+                with contextlib.suppress(httpx.HTTPError):
+                    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+                if 'conveyor_jobs{status="PENDING",type="a"} 2.0' in text:
+                    break
+                await asyncio.sleep(0.1)
+        assert 'conveyor_jobs{status="PENDING",type="a"} 2.0' in text, text[-2000:]
+        assert "conveyor_outbox_rows 2.0" in text
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

@@ -213,3 +213,71 @@ async def test_a_pen_that_cannot_be_declared_holds_back_only_its_retries(
     finally:
         await relay.close()
     assert len(await _drain(ch, t.pen_queue(7))) == 1
+
+
+class _HalfBrokenPublisher:
+    """The first row's queue cannot be declared, the second row's publish is not confirmed."""
+
+    ready = True
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def blocked(self) -> tuple[list[str], list[int]]:
+        return [], []
+
+    def forget_declarations(self) -> None: ...
+
+    async def publish_batch(self, rows: list[object]) -> list[BaseException | None]:
+        from conveyor.broker.publish import DeclarationFailed, PublishFailed
+
+        return [DeclarationFailed("q", "PRECONDITION_FAILED"), PublishFailed("nack"),
+                *[None] * (len(rows) - 2)]  # fmt: skip
+
+
+# Review finding: ``outbox_publish_failed`` named the first failed row (here: the one whose queue
+# was refused) with the first error of another row. Failed before: the first job's id with the
+# second job's error.
+
+
+async def test_a_publish_failure_is_logged_with_its_own_job(
+    settings: Settings, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    refused, nacked, fine = await enqueue_many(db, [JobSpec("t"), JobSpec("t"), JobSpec("t")])
+    relay = Relay(settings, publisher=_HalfBrokenPublisher())  # type: ignore[arg-type]
+    await relay.start()
+    try:
+        with caplog.at_level("WARNING", logger="conveyor.publisher"):
+            assert await relay.run_once() == 1
+    finally:
+        await relay.close()
+    [line] = [r.fields for r in caplog.records if r.msg == "outbox_publish_failed"]  # type: ignore[attr-defined]
+    assert (line["job_id"], line["count"]) == (str(nacked), 1), line
+    assert "nack" in line["error"], line
+    left = await db.fetch("SELECT job_id FROM job_outbox ORDER BY id")
+    assert [r["job_id"] for r in left] == [refused, nacked]
+    assert fine not in [r["job_id"] for r in left]
+
+
+def test_every_destination_is_routed_in_one_place() -> None:
+    import uuid
+
+    from conveyor.broker.publish import Publisher
+    from conveyor.core.metrics import Metrics
+    from conveyor.store import OutboxRow
+
+    t = Topology("ns")
+    p = Publisher("amqp://unused", t, Metrics())
+    p._exchanges = {"work": "ns.exchange", "dead": "ns.dead"}
+    job = uuid.uuid4()
+
+    def row(destination: str, delay: int | None = None) -> OutboxRow:
+        return OutboxRow(1, job, "t", 5, destination, delay, "boom", 2)
+
+    work, retry, dead = p.route(row("work")), p.route(row("retry", 7)), p.route(row("dead"))
+    assert (work.exchange, work.needs) == ("ns.exchange", (("work", "t"),))
+    assert (retry.exchange, retry.needs) == (t.pen_exchange(7), (("work", "t"), ("pen", 7)))
+    assert (dead.exchange, dead.needs) == ("ns.dead", ())
+    assert orjson.loads(dead.body) == {"id": str(job), "type": "t", "attempt": 2, "error": "boom"}
+    assert orjson.loads(work.body) == orjson.loads(retry.body) == {"id": str(job), "type": "t"}

@@ -92,6 +92,13 @@ async def blocks_loop(job: Job) -> str:
     return "unblocked"
 
 
+@router.job("blocks_loop_timeout", max_retries=0, timeout=1)
+async def blocks_loop_timeout(job: Job) -> str:
+    """The same with a timeout: the worker's loop guard preempts it (``worker/guard.py``)."""
+    time.sleep(float(job.payload.get("seconds", 8)))
+    return "unblocked"
+
+
 @router.job("slow", max_retries=2)
 async def slow(job: Job) -> str:
     await asyncio.sleep(float(job.payload.get("seconds", 1)))

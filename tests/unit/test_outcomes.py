@@ -73,7 +73,45 @@ def test_error_texts_are_cleaned() -> None:
     o.error.encode("utf-8")  # no lone surrogate left
     r = outcomes.failed(Retry(1, reason="x\x00y"), retry_count=0, max_retries=0, spec=None)
     assert r.error == "Retry: xy"
-    assert len(outcomes.clean_text("x" * 100_000)) <= 2 * outcomes.MAX_ERROR_CHARS
+    assert len(outcomes.clean_text("x" * 100_000)) == outcomes.MAX_ERROR_CHARS
+
+
+# Review finding: an error text was cut twice, by two rules (the traceback's tail kept by
+# ``describe``, then the whole text's head by ``clean_text`` at twice the limit), so a long
+# message left up to 8,000 characters and no innermost frame. Failed before: 8,000 characters.
+
+
+def test_an_error_text_is_cut_once_keeping_its_message_and_innermost_frame() -> None:
+    def innermost() -> None:
+        raise ValueError("m" * 50_000)
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        innermost()
+
+    try:
+        deep(200)
+    except ValueError as exc:
+        error = outcomes.failed(exc, retry_count=0, max_retries=0, spec=None).error
+    assert error is not None and len(error) == outcomes.MAX_ERROR_CHARS
+    assert error.startswith("ValueError: mmm") and error.count(outcomes.CUT) == 1
+    assert error.rstrip().endswith("m" * 100)  # the end of the traceback: the raise's line
+    short = outcomes.failed(ValueError("short"), retry_count=0, max_retries=0, spec=None)
+    assert outcomes.CUT not in (short.error or "")
+
+
+# Issue 8 remainder: a 10 MB result was stored, and the worker's other outcomes waited while it
+# was encoded, sent and parsed. Over ``CONVEYOR_MAX_RESULT_BYTES`` it is a clear failure.
+
+
+def test_a_result_over_the_cap_fails_with_its_size() -> None:
+    ok = outcomes.completed({"blob": "x" * 1000}, max_bytes=1011)
+    assert ok.kind is Kind.COMPLETE and len(ok.result_json or "") == 1011
+    big = outcomes.completed({"blob": "x" * 1000}, max_bytes=1010)
+    assert big.kind is Kind.FAIL and big.delay is None
+    assert big.error == "result too large (1011 bytes > 1010, CONVEYOR_MAX_RESULT_BYTES)"
+    assert outcomes.completed({"blob": "x" * 1000}).kind is Kind.COMPLETE  # no cap
 
 
 def test_an_exception_whose_str_raises_is_described() -> None:

@@ -170,3 +170,53 @@ async def test_liveness_is_a_function_of_the_status() -> None:
     waiting = dataclasses.replace(ex, threads_waiting=1, threads_waiting_since=900.0)
     assert not live(dataclasses.replace(base, executor=waiting))
     assert live(dataclasses.replace(base, stopping=True), blocked=30)  # draining is healthy
+
+
+# Review finding: every delivery that arrived while the slots were full re-decoded every delivery
+# waiting in the inbox (read from ``asyncio.Queue._queue``, a private field) and touched all of
+# their jobs: n deliveries cost n(n+1)/2 decodes and touched ids. Failed before: 1,275 ids for 50.
+
+
+class _TouchStore:
+    def __init__(self) -> None:
+        self.touched: list[uuid.UUID] = []
+
+    async def job_touch_waiting(self, conn: object, ids: list[uuid.UUID]) -> None:
+        self.touched.extend(ids)
+
+
+class _Pool:
+    def acquire(self) -> Any:
+        class _Conn:
+            async def __aenter__(self) -> object:
+                return object()
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+        return _Conn()
+
+
+async def test_deliveries_waiting_for_a_slot_are_touched_once_each_on_arrival() -> None:
+    from conveyor.broker import wire
+    from conveyor.broker.acks import Acks
+    from conveyor.broker.consume import Delivery
+    from conveyor.worker.consumer import Consumer
+
+    store = _TouchStore()
+    slots = asyncio.Semaphore(1)
+    await slots.acquire()  # every slot taken by a long job whose delivery was acked early
+    consumer = Consumer(
+        _Pool(), store, Metrics(), slots=slots, acks=Acks(), start=lambda r, d: None,  # type: ignore[arg-type]
+        worker_id="w", types=["t"], handler_defaults={}, visibility_timeout=30,
+        default_max_retries=0, early_acked=lambda: True,
+    )  # fmt: skip
+    ids = [uuid.uuid4() for _ in range(50)]
+    for i, job_id in enumerate(ids):
+        await consumer.offer(Delivery(wire.encode(job_id, "t"), "t", None, i + 1, "channel"))
+    await consumer.offer(Delivery(b"not a message", "t", None, 99, "channel"))
+    assert store.touched == ids  # each once, on arrival
+    assert consumer.status().waiting == 51
+    store.touched.clear()
+    await consumer.touch_waiting()  # the heartbeater's step: every waiting job once
+    assert store.touched == ids

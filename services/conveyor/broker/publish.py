@@ -66,6 +66,16 @@ class DeclarationFailed(PublishFailed):
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one outbox row goes: the exchange (named by ``Topology``), its body, and what must
+    be declared first (its work queue; a retry also its pen; a dead letter nothing)."""
+
+    exchange: str
+    body: bytes
+    needs: tuple[DeclKey, ...]
+
+
 @dataclass
 class _Failing:
     name: str
@@ -136,40 +146,43 @@ class Publisher:
 
     # ------------------------------------------------------------------ publishing
 
+    def route(self, row: Outgoing) -> Route:
+        """The one place that routes by ``destination``."""
+        if row.destination == "dead":
+            body = wire.encode(row.job_id, row.job_type, attempt=row.attempt, error=row.error)
+            return Route(self._exchanges["dead"], body, ())
+        body = wire.encode(row.job_id, row.job_type)
+        work: DeclKey = ("work", row.job_type)
+        if row.destination == "retry":
+            delay = row.delay_seconds or 0
+            return Route(self.topology.pen_exchange(delay), body, (work, ("pen", delay)))
+        return Route(self._exchanges["work"], body, (work,))
+
     async def publish_batch(self, rows: Sequence[Outgoing]) -> list[BaseException | None]:
         """Publish every row, all in flight at once; per row None (confirmed) or the error."""
         assert self.channel is not None
-        refused = await self._declare_for(rows)
+        routes = [self.route(row) for row in rows]
+        refused = await self._declare_for(routes)
         channel = await self.channel.get_underlay_channel()
         results: list[BaseException | None] = [None] * len(rows)
         pending: list[int] = []
-        for i, row in enumerate(rows):
-            error = refused.get(("work", row.job_type)) if row.destination != "dead" else None
-            if error is None and row.destination == "retry":
-                error = refused.get(("pen", row.delay_seconds or 0))
+        for i, route in enumerate(routes):
+            error = next((refused[k] for k in route.needs if k in refused), None)
             if error is not None:
                 results[i] = error
             else:
                 pending.append(i)
-        sent = await asyncio.gather(*(self._publish(channel, rows[i]) for i in pending))
+        sent = await asyncio.gather(*(self._publish(channel, rows[i], routes[i]) for i in pending))
         for i, result in zip(pending, sent, strict=True):
             results[i] = result
         return results
 
-    async def _publish(self, channel: Any, row: Outgoing) -> BaseException | None:
+    async def _publish(self, channel: Any, row: Outgoing, route: Route) -> BaseException | None:
         """Publish one row and wait for its confirm; the error instead of raising it."""
-        if row.destination == "dead":
-            body = wire.encode(row.job_id, row.job_type, attempt=row.attempt, error=row.error)
-            exchange = self._exchanges["dead"]
-        else:
-            body = wire.encode(row.job_id, row.job_type)
-            exchange = self._exchanges["work"]
-            if row.destination == "retry":
-                exchange = self.topology.pen_exchange(row.delay_seconds or 0)
         try:
             result = await channel.basic_publish(
-                body,
-                exchange=exchange,
+                route.body,
+                exchange=route.exchange,
                 routing_key=row.job_type,
                 properties=wire.properties(str(row.job_id), row.priority),
                 mandatory=True,
@@ -183,16 +196,10 @@ class Publisher:
 
     # ------------------------------------------------------------------ declarations
 
-    async def _declare_for(self, rows: Sequence[Outgoing]) -> dict[DeclKey, DeclarationFailed]:
-        """Declare what ``rows`` need and is not declared yet. Returns the refused ones; a
+    async def _declare_for(self, routes: Sequence[Route]) -> dict[DeclKey, DeclarationFailed]:
+        """Declare what ``routes`` need and is not declared yet. Returns the refused ones; a
         connection failure (not a refusal) raises."""
-        needed: dict[DeclKey, None] = {}
-        for row in rows:
-            if row.destination == "dead":
-                continue
-            needed[("work", row.job_type)] = None
-            if row.destination == "retry":
-                needed[("pen", row.delay_seconds or 0)] = None
+        needed = dict.fromkeys(k for route in routes for k in route.needs)
         refused: dict[DeclKey, DeclarationFailed] = {}
         now = self.clock()
         for key in needed:

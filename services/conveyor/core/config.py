@@ -72,3 +72,6 @@ class Settings(BaseSettings):
     worker_outcome_deadline: float = Field(default=60.0, gt=0)
     # ... or more handler threads abandoned (past their timeout, still running) than this
     worker_abandoned_thread_limit: int = Field(default=4, ge=0)
+    # a handler's result larger than this (encoded JSON, bytes) fails its job ("result too
+    # large") instead of becoming a giant row that every outcome of the worker waits behind
+    max_result_bytes: int = Field(default=1024 * 1024, gt=0)

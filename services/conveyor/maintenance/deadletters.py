@@ -77,22 +77,28 @@ async def scan(
         ids = [d.job_id for d in letters if d.job_id is not None]
         async with pool.acquire() as conn:
             state = await store.job_fence_many(conn, ids) if ids else {}
-            for letter, dl in zip(batch.letters, letters, strict=True):
+            for dl in letters:
                 if dl.job_id is not None and dl.job_id in state:
                     dl.status, dl.attempts = state[dl.job_id]
-                decision = decide(dl)
-                if decision == "redrive":
-                    assert dl.job_id is not None and dl.attempts is not None
-                    async with conn.transaction():
-                        done = await store.job_redrive_failed(
-                            conn, [Attempt(dl.job_id, dl.attempts)]
-                        )
-                        await store.outbox_notify(conn)
-                    if not done:
-                        decision = "drop"
-                if decision in ("drop", "redrive"):
-                    await letter.settle()
-                seen.append((dl, decision))
+            decisions = [decide(dl) for dl in letters]
+            # one statement for every redrive, each fenced by its letter's attempt
+            wanted = [
+                Attempt(dl.job_id, dl.attempts)
+                for dl, d in zip(letters, decisions, strict=True)
+                if d == "redrive" and dl.job_id is not None and dl.attempts is not None
+            ]
+            redriven = set(await store.job_redrive_failed(conn, wanted)) if wanted else set()
+            if redriven:
+                await store.outbox_notify(conn)  # after the statement's commit
+        for letter, dl, decision in zip(batch.letters, letters, decisions, strict=True):
+            if decision == "redrive":
+                if dl.job_id in redriven:
+                    redriven.discard(dl.job_id)  # a second letter of the same failure: stale
+                else:
+                    decision = "drop"  # the fence refused: the job moved on meanwhile
+            if decision in ("drop", "redrive"):
+                await letter.settle()
+            seen.append((dl, decision))
     return seen
 
 

@@ -25,6 +25,8 @@ from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import for_schema
 from ..store.connect import create_pool
+from ..store.notify import Notifier
+from .gauges import Gauges
 
 log = logging.getLogger("conveyor.sweeper")
 
@@ -62,6 +64,7 @@ class Sweeper:
             timeout=settings.command_timeout,
         )  # fmt: skip
         self.pool: Any = None
+        self.notifier = Notifier(None, self.store)  # wakes the relay after a commit
         self.clock = clock
         self.intervals = {
             "promote": settings.schedule_interval,
@@ -70,6 +73,7 @@ class Sweeper:
             "retention": RETENTION_INTERVAL,
         }
         self._passed = dict.fromkeys(self.intervals, clock())
+        self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
 
     async def start(self) -> None:
@@ -79,9 +83,14 @@ class Sweeper:
             max_size=2,
             command_timeout=self.settings.command_timeout,
         )
+        self.notifier.pool = self.pool
+        self.notifier.start()
+        self.gauges = Gauges(self.metrics, self.store, self.pool, self.topology,
+                             queue_depth=self._queue_depth)  # fmt: skip
         self._passed = dict.fromkeys(self.intervals, self.clock())
 
     async def close(self) -> None:
+        await self.notifier.stop()
         await self.inspector.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
@@ -95,8 +104,8 @@ class Sweeper:
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
                 n = await self.store.job_promote_due(conn, limit=BATCH)
-                if n:
-                    await self.store.outbox_notify(conn)
+            if n:
+                self.notifier.wake()
             total += n
             if n < BATCH:
                 break
@@ -112,8 +121,8 @@ class Sweeper:
                 rows = await self.store.job_recover_expired(
                     conn, limit=BATCH, default_max_retries=self.settings.default_max_retries
                 )
-                if rows:
-                    await self.store.outbox_notify(conn)
+            if rows:
+                self.notifier.wake()
             for r in rows:
                 counts[r.status] = counts.get(r.status, 0) + 1
                 outcome = "cancelled" if r.status is Status.CANCELLED else "lease_expired"
@@ -167,14 +176,13 @@ class Sweeper:
                     done = await self.store.job_republish_overdue(
                         conn, job_type, after=after, limit=missing, among=suspects
                     )
-                if done:
-                    await self.store.outbox_notify(conn)
                 if missing > done:
                     self._suspects[job_type] = await self.store.job_overdue_ids(
                         conn, job_type, after=after, limit=missing - done
                     )
             total += done
             if done:
+                self.notifier.wake()
                 self.metrics.reconciled.labels(job_type).inc(done)
             event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
                   queued=ready, republished=done)  # fmt: skip
@@ -224,13 +232,19 @@ class Sweeper:
         return not any(d.overdue(deadline) for d in duties), details
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Every duty on its interval, and the gauges (jobs by type and status, the outbox, the
+        queues): whichever process runs the sweeper — ``conveyor sweeper``, the publisher
+        without ``--no-maintenance``, ``conveyor dev`` — refreshes them."""
         duties: dict[str, Callable[[], Awaitable[Any]]] = {
             "promote": self.promote_due,
             "leases": self.recover_leases,
             "reconcile": self.reconcile,
             "retention": self.delete_expired,
         }
-        await asyncio.gather(*(self._every(stop, n, f) for n, f in duties.items()))
+        loops = [self._every(stop, n, f) for n, f in duties.items()]
+        if self.gauges is not None:
+            loops.append(self.gauges.run(stop))
+        await asyncio.gather(*loops)
 
     async def _every(
         self, stop: asyncio.Event, name: str, duty: Callable[[], Awaitable[Any]]

@@ -85,14 +85,17 @@ class Relay:
                 return 0
             results = await self.publisher.publish_batch(rows)
             failed = [r for r, res in zip(rows, results, strict=True) if res is not None]
-            errors = [res for res in results if res is not None]
-            broken = [e for e in errors if not isinstance(e, DeclarationFailed)]
+            # rows whose publish failed for another reason than a refused declaration (those
+            # are logged by the publisher), each with its own error
+            broken = [(r, e) for r, e in zip(rows, results, strict=True)
+                      if e is not None and not isinstance(e, DeclarationFailed)]  # fmt: skip
             if failed:
                 self.metrics.outbox_failed.inc(len(failed))
                 await self.store.outbox_restore(conn, failed)
             if broken:
+                row, error = broken[0]
                 event(log, "outbox_publish_failed", logging.WARNING, count=len(broken),
-                      job_id=str(failed[0].job_id), error=repr(broken[0]))  # fmt: skip
+                      job_id=str(row.job_id), error=repr(error))  # fmt: skip
                 self.publisher.forget_declarations()  # a queue may have been deleted
             done = len(rows) - len(failed)
             confirmed = Counter(r.destination for r in rows)

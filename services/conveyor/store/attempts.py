@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from ..core.jobs import Status
 from .base import Connection, Statements
-from .history import FINISHED, FINISHED_BEFORE, record
+from .history import FINISHED, finished, record
 from .registry import statement
 from .rows import Attempt, ClaimedJob, Completion, Failure
 
@@ -76,9 +77,11 @@ _EXHAUSTED = "(u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries)
 JOB_FAIL_MANY = statement(
     "job_fail_many",
     f"""
-WITH u AS (
-    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::bool[])
+WITH u AS (  -- each failure with its attempt's due time, read before a retry rewrites run_at
+    SELECT u.*, COALESCE(o.run_at, o.created_at) AS due
+    FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::bool[])
         AS u(id, attempt, error, delay, consume)
+    JOIN __schema__.jobs o ON o.id = u.id
 ), upd AS (
     UPDATE __schema__.jobs j SET
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
@@ -91,18 +94,18 @@ WITH u AS (
                       ELSE now() + make_interval(secs => u.delay) END,
         finished_at = CASE WHEN {_EXHAUSTED} OR j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
-    FROM u, __schema__.jobs o  -- o: the row before this update (its due time)
-    WHERE j.id = u.id AND o.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
-    RETURNING {FINISHED_BEFORE}, j.priority, u.delay, u.error
+    FROM u
+    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    RETURNING {finished("u.due")}, j.priority, u.delay, u.error
 ), att AS (
     {_RECORD_FAILED}
-), ob AS (
+), ob AS (  -- a dead letter's error is cut to the wire's limit by the relay (broker/wire.py)
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
                                        error, attempt)
     SELECT id, job_type, priority,
            CASE WHEN status = 'FAILED' THEN 'dead' WHEN delay > 0 THEN 'retry' ELSE 'work' END,
            CASE WHEN status = 'RETRYING' AND delay > 0 THEN delay END,
-           CASE WHEN status = 'FAILED' THEN left(error, 2000) END,
+           CASE WHEN status = 'FAILED' THEN error END,
            CASE WHEN status = 'FAILED' THEN attempts END
     FROM upd WHERE status IN ('RETRYING', 'FAILED')
 )
@@ -154,6 +157,18 @@ WHERE id = ANY($1::uuid[]) AND status IN ('PENDING', 'RETRYING')
 )
 
 
+@dataclass(frozen=True, slots=True)
+class HandlerDefaults:
+    """Handlers' defaults (type → ``{"max_retries", "timeout"}``) as the claim's JSON argument,
+    encoded once per worker instead of once per claim."""
+
+    json: str
+
+    @classmethod
+    def of(cls, defaults: Mapping[str, Mapping[str, Any]]) -> HandlerDefaults:
+        return cls(orjson.dumps(defaults).decode())
+
+
 class AttemptStatements(Statements):
     async def job_claim_many(
         self,
@@ -163,18 +178,21 @@ class AttemptStatements(Statements):
         lease_seconds: float,
         worker_id: str,
         types: Sequence[str],
-        handler_defaults: Mapping[str, Mapping[str, Any]],
+        handler_defaults: HandlerDefaults | Mapping[str, Mapping[str, Any]],
         default_max_retries: int,
     ) -> list[ClaimedJob]:
         """Claim the runnable jobs among ``ids`` (of the ``types`` this worker runs); the others
         (duplicates, finished or cancelled jobs) are missing from the result. What the submitter
-        left out comes from ``handler_defaults`` (type → ``{"max_retries", "timeout"}``)."""
+        left out comes from ``handler_defaults`` (type → ``{"max_retries", "timeout"}``; a
+        worker passes them encoded once, as ``HandlerDefaults``)."""
+        if not isinstance(handler_defaults, HandlerDefaults):
+            handler_defaults = HandlerDefaults.of(handler_defaults)
         rows = await conn.fetch(
             self.sql[JOB_CLAIM_MANY],
             list(ids),
             lease_seconds,
             worker_id,
-            orjson.dumps(handler_defaults).decode(),
+            handler_defaults.json,
             default_max_retries,
             list(types),
         )

@@ -2,9 +2,9 @@
 ``job_attempts`` in the same statement, so the hot path takes no extra round trip) and the
 reads of one job's attempts.
 
-A finishing statement's ``upd`` CTE returns ``FINISHED`` (or ``FINISHED_BEFORE`` when it
-rewrites ``run_at`` and joins the row before the update as ``o``) plus ``error``; ``record``
-turns those rows into attempt rows. The attempt still running is not in ``job_attempts``: it
+A finishing statement's ``upd`` CTE returns ``finished()`` (given the due time it read before
+the update when it rewrites ``run_at``) plus ``error``; ``record`` turns those rows into attempt
+rows. The attempt still running is not in ``job_attempts``: it
 is read from its ``jobs`` row (attempt number, worker, start), which the claim already wrote."""
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ from .base import Connection, Statements
 from .registry import statement
 from .rows import AttemptRow
 
-# Columns of the updated job (``j``) that an attempt row needs. ``due``: when the attempt could
-# have started (``run_at`` for scheduled and retried jobs, else ``created_at``).
-FINISHED = (
-    "j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, "
-    "COALESCE(j.run_at, j.created_at) AS due"
-)
-FINISHED_BEFORE = (
-    "j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, "
-    "COALESCE(o.run_at, o.created_at) AS due"
-)
+
+def finished(due: str = "COALESCE(j.run_at, j.created_at)") -> str:
+    """Columns of the updated job (``j``) that an attempt row needs. ``due``: when the attempt
+    could have started (``run_at`` for scheduled and retried jobs, else ``created_at``); a
+    statement that rewrites ``run_at`` passes the due time it read before the update."""
+    return f"j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, {due} AS due"
+
+
+FINISHED = finished()
 
 
 def record(outcome_sql: str) -> str:

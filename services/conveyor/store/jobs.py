@@ -121,15 +121,11 @@ SELECT id FROM r
 """,
 )
 
-# The dead-letter tools compare a letter's attempt with the job's (stale unless FAILED at it).
+# The dead-letter tools compare a letter's attempt with the job's (stale unless FAILED at it);
+# the worker explains a dropped delivery by its job's status.
 JOB_FENCE_MANY = statement(
     "job_fence_many",
     "SELECT id, status::text AS status, attempts FROM __schema__.jobs WHERE id = ANY($1::uuid[])",
-)
-
-JOB_STATUS_MANY = statement(
-    "job_status_many",
-    "SELECT id, status::text AS status FROM __schema__.jobs WHERE id = ANY($1::uuid[])",
 )
 
 
@@ -201,12 +197,6 @@ class JobStatements(Statements):
     async def job_fence_many(
         self, conn: Connection, ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, tuple[Status, int]]:
-        """id → (status, attempts)."""
+        """id → (status, attempts); a missing id: no such job."""
         rows = await conn.fetch(self.sql[JOB_FENCE_MANY], list(ids))
         return {r["id"]: (Status(r["status"]), r["attempts"]) for r in rows}
-
-    async def job_status_many(
-        self, conn: Connection, ids: Sequence[uuid.UUID]
-    ) -> dict[uuid.UUID, Status]:
-        rows = await conn.fetch(self.sql[JOB_STATUS_MANY], list(ids))
-        return {r["id"]: Status(r["status"]) for r in rows}

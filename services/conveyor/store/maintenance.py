@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from ..core.jobs import PEN_LADDER, Status
 from .base import Connection, Statements, affected
-from .history import record
+from .history import finished, record
 from .registry import statement
 from .rows import JobStatus
 
@@ -63,8 +63,7 @@ WITH exp AS (
         finished_at = CASE WHEN j.cancel_requested OR NOT {_HAS_RETRY} THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM exp WHERE j.id = exp.id
-    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, exp.due,
-              j.priority, j.last_error, j.last_error AS error, exp.delay
+    RETURNING {finished("exp.due")}, j.priority, j.last_error, j.last_error AS error, exp.delay
 ), att AS (
     {_RECORD_EXPIRED}
 ), ob AS (

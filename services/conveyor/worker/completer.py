@@ -90,6 +90,7 @@ class Completer:
         metrics: Metrics,
         *,
         done: Done,
+        wake_relay: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         max_batch: int = 1000,
     ) -> None:
@@ -97,6 +98,7 @@ class Completer:
         self.store = store
         self.metrics = metrics
         self.done = done
+        self.wake_relay = wake_relay  # after a commit that wrote outbox rows (a Notifier)
         self.clock = clock
         self.max_batch = max_batch
         self._queue: collections.deque[Pending] = collections.deque()
@@ -232,8 +234,8 @@ class Completer:
                 written |= await self.store.job_release_many(
                     conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
                 )
-            if fail or release:  # retries, dead letters, hand-backs: outbox rows
-                await self.store.outbox_notify(conn)
+        if fail or release:  # retries, dead letters, hand-backs: outbox rows, committed
+            self.wake_relay()
         return written
 
     def _record(self, batch: list[Pending]) -> None:

@@ -11,6 +11,7 @@ handler are released here, the others when their outcome is written.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -25,6 +26,7 @@ from ..core.backoff import Backoff
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import ClaimedJob, Store
+from ..store.attempts import HandlerDefaults
 
 log = logging.getLogger("conveyor.worker")
 
@@ -38,6 +40,42 @@ class ConsumerStatus:
     dropped_total: int
     rejected_total: int
     claim_failing_since: float | None
+
+
+class Inbox:
+    """Deliveries waiting for a slot, oldest first, each with its job id decoded once on arrival
+    (None: malformed). One reader (``Consumer.step``)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Delivery, uuid.UUID | None]] = collections.deque()
+        self._arrived = asyncio.Event()
+
+    def put(self, d: Delivery) -> uuid.UUID | None:
+        try:
+            job_id: uuid.UUID | None = job_id_of(d.body)
+        except MalformedMessage:
+            job_id = None
+        self._items.append((d, job_id))
+        self._arrived.set()
+        return job_id
+
+    async def get(self) -> tuple[Delivery, uuid.UUID | None]:
+        while not self._items:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self._items.popleft()
+
+    def get_nowait(self) -> tuple[Delivery, uuid.UUID | None]:
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def job_ids(self) -> list[uuid.UUID]:
+        return [i for _, i in self._items if i is not None]
 
 
 class Consumer:
@@ -66,11 +104,11 @@ class Consumer:
         self.start = start
         self.worker_id = worker_id
         self.types = types
-        self.handler_defaults = handler_defaults
+        self.handler_defaults = HandlerDefaults.of(handler_defaults)  # encoded once
         self.visibility_timeout = visibility_timeout
         self.default_max_retries = default_max_retries
         self.clock = clock
-        self.inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.inbox = Inbox()
         self.early_acked = early_acked  # true while deliveries beyond the slots can arrive
         self.stopping = False
         self.current: asyncio.Future[None] | None = None  # the batch being claimed
@@ -78,26 +116,26 @@ class Consumer:
         self._failing_since: float | None = None
 
     def status(self) -> ConsumerStatus:
-        return ConsumerStatus(self.inbox.qsize(), self._claimed, self._dropped, self._rejected,
+        return ConsumerStatus(len(self.inbox), self._claimed, self._dropped, self._rejected,
                               self._failing_since)  # fmt: skip
 
     async def offer(self, d: Delivery) -> None:
         """A delivery arrived (the broker's callback)."""
         self.acks.track(d)
-        self.inbox.put_nowait(d)
-        if self.slots.locked() and self.early_acked():
+        job_id = self.inbox.put(d)
+        if job_id is not None and self.slots.locked() and self.early_acked():
             # deliveries beyond the slots only arrive once long jobs were acked early: this one
             # waits for a slot, its job is in hand and must not look lost to the reconciler
-            await self.touch_waiting()
+            await self._touch([job_id])
 
     async def touch_waiting(self) -> None:
         """Deliveries waiting in the inbox for a slot (possible once long jobs' deliveries were
         acked early) are jobs in hand: refresh them so the reconciler, which only sees the
-        queue's ready messages, does not take them for lost."""
-        ids = []
-        for d in list(self.inbox._queue):  # type: ignore[attr-defined]
-            with contextlib.suppress(MalformedMessage):
-                ids.append(job_id_of(d.body))
+        queue's ready messages, does not take them for lost. (The heartbeater's step: once per
+        beat; ``offer`` touches only the delivery that arrived.)"""
+        await self._touch(self.inbox.job_ids())
+
+    async def _touch(self, ids: list[uuid.UUID]) -> None:
         if ids:
             with contextlib.suppress(Exception):
                 async with self.pool.acquire() as conn:
@@ -122,25 +160,34 @@ class Consumer:
             batch.append(self.inbox.get_nowait())
         # shielded: a drain waits for a batch in flight instead of cutting it between the
         # claim's commit and the acks
-        self.current = asyncio.ensure_future(self.process_batch(batch))
+        self.current = asyncio.ensure_future(self._process(batch))
         await asyncio.shield(self.current)
         return len(batch)
 
     async def process_batch(self, batch: list[Delivery]) -> None:
         """Decode, claim, ack what does not run, start the rest. Each delivery holds one slot
         on entry; slots of deliveries that do not start a handler are released here."""
-        valid: list[tuple[Delivery, uuid.UUID]] = []
+        decoded: list[tuple[Delivery, uuid.UUID | None]] = []
         for d in batch:
             try:
-                valid.append((d, job_id_of(d.body)))
-            except MalformedMessage as exc:
-                self._rejected += 1
-                self.metrics.messages_rejected.labels("malformed").inc()
-                event(log, "message_rejected", logging.WARNING, reason=str(exc),
-                      queue=d.routing_key, message_id=d.message_id)  # fmt: skip
-                self.acks.forget(d)
-                await d.reject(requeue=False)
-                self.slots.release()
+                decoded.append((d, job_id_of(d.body)))
+            except MalformedMessage:
+                decoded.append((d, None))
+        await self._process(decoded)
+
+    async def _process(self, batch: list[tuple[Delivery, uuid.UUID | None]]) -> None:
+        valid: list[tuple[Delivery, uuid.UUID]] = []
+        for d, job_id in batch:
+            if job_id is not None:
+                valid.append((d, job_id))
+                continue
+            self._rejected += 1
+            self.metrics.messages_rejected.labels("malformed").inc()
+            event(log, "message_rejected", logging.WARNING, reason=_why_malformed(d.body),
+                  queue=d.routing_key, message_id=d.message_id)  # fmt: skip
+            self.acks.forget(d)
+            await d.reject(requeue=False)
+            self.slots.release()
         if not valid:
             return
         rows = await self._claim(list(dict.fromkeys(i for _, i in valid)))
@@ -201,7 +248,9 @@ class Consumer:
         self._dropped += len(ids)
         try:
             async with self.pool.acquire() as conn:
-                statuses = await self.store.job_status_many(conn, ids)
+                statuses = {
+                    i: st for i, (st, _) in (await self.store.job_fence_many(conn, ids)).items()
+                }
         except Exception:
             statuses = {}
         for job_id in ids:
@@ -216,8 +265,16 @@ class Consumer:
         """The drain: deliveries still waiting for a slot go back to their queue."""
         n = 0
         while not self.inbox.empty():
-            d = self.inbox.get_nowait()
+            d, _ = self.inbox.get_nowait()
             self.acks.forget(d)
             await d.nack(requeue=True)
             n += 1
         return n
+
+
+def _why_malformed(body: bytes) -> str:
+    try:
+        job_id_of(body)
+    except MalformedMessage as exc:
+        return str(exc)
+    return "malformed"

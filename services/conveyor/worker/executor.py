@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..core.metrics import Metrics
 from . import outcomes
+from .guard import LoopBlocked
 from .outcomes import Outcome
 from .running import Running
 from .threads import HandlerThreads, HandlerTimeout
@@ -42,10 +43,12 @@ class Executor:
         concurrency: int,
         abandoned_limit: int,
         report: Report,
+        max_result_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics
         self.report = report
+        self.max_result_bytes = max_result_bytes
         self.clock = clock
         self.threads = HandlerThreads(concurrency, abandoned_limit, clock=clock)
         self.tasks: dict[asyncio.Task[Outcome], Running] = {}
@@ -92,15 +95,22 @@ class Executor:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
             if spec.is_async:
                 async with asyncio.timeout(timeout) as deadline:
-                    result = await spec.func(job)
+                    running.in_handler = True  # the loop guard may preempt it (guard.py)
+                    try:
+                        result = await spec.func(job)
+                    finally:
+                        running.in_handler = False
             else:
                 result = await self.threads.call(spec.func, job, timeout)
-            return outcomes.completed(result)
+            return outcomes.completed(result, max_bytes=self.max_result_bytes)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if running.releasing or (task is not None and task.cancelling()):
                 return outcomes.RELEASE  # the drain: hand the job back
             return self._failed(running, exc)  # raised by the handler itself
+        except LoopBlocked as exc:  # the guard preempted it (see guard.py)
+            job._cancel.set()
+            return self._failed(running, exc, text=str(exc))
         except HandlerTimeout as exc:
             job._cancel.set()  # a cooperative handler may still stop
             return self._failed(running, exc, text=f"TimeoutError: {exc}")

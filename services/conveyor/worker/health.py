@@ -3,7 +3,8 @@ their own so they can answer while the event loop is blocked.
 
 - liveness (``/healthz``) fails when:
   - the event loop has not turned for ``worker_loop_stall_limit`` seconds (an ``async def``
-    handler blocking it stops every heartbeat on the worker);
+    handler blocking it stops every heartbeat on the worker; ``guard.py`` preempts one at its
+    timeout, so this is the backstop for handlers without a timeout and for C code);
   - an outcome has waited longer than ``worker_outcome_deadline`` to be written (the database
     is unreachable, or a row lock holds the write), or a sync handler has waited that long for a
     thread;
@@ -70,6 +71,7 @@ def assess(
         "dead_loops": s.dead_parts,
         "loop_blocked_seconds": round(blocked_for, 2),
         "loop_lag_max_seconds": round(s.loop.max_lag_seconds, 3),
+        "handlers_preempted": s.guard.preempted_total,
         "outcomes_waiting": s.completer.waiting,
         "outcome_wait_seconds": round(outcome_wait, 1),
         "outcomes_unwritable": s.completer.unwritable_total,

@@ -23,6 +23,7 @@ from ..core.jobs import backoff_delay, snap_to_pen
 from ..router import HandlerSpec
 
 MAX_ERROR_CHARS = 4000
+CUT = "\n[...]\n"  # marks the middle of an error text cut to MAX_ERROR_CHARS
 # ``Retry(delay)`` below this waits this long: a handler that always raises ``Retry(0)`` must not
 # become a hot loop through the outbox and the broker. One second is the shortest holding pen.
 RETRY_FLOOR_SECONDS = 1
@@ -50,12 +51,16 @@ class Outcome:
         return "completed" if self.kind is Kind.COMPLETE else "released"
 
 
-def clean_text(text: str, limit: int = 2 * MAX_ERROR_CHARS) -> str:
-    """Text PostgreSQL accepts: no NUL characters, no lone surrogates, bounded length. Every
-    error text is cleaned before it is written."""
+def clean_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Text PostgreSQL accepts: no NUL characters, no lone surrogates, at most ``limit``
+    characters. The one place an error text is cleaned and cut, once per text: a longer text
+    keeps its start (the exception's message) and its end (a traceback's innermost frames)."""
     text = text.replace("\x00", "")
     text = text.encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    half = (limit - len(CUT)) // 2
+    return text[:half] + CUT + text[len(text) - (limit - len(CUT) - half) :]
 
 
 def _safe_str(exc: BaseException) -> str:
@@ -65,27 +70,35 @@ def _safe_str(exc: BaseException) -> str:
         return "<the exception's str() failed>"
 
 
-def completed(result: Any) -> Outcome:
+def completed(result: Any, *, max_bytes: int | None = None) -> Outcome:
+    """The attempt returned ``result``: COMPLETED with it, or FAILED at once (no retry: the
+    same code returns the same kind of value) when it is not JSON-serialisable or its JSON is
+    over ``max_bytes`` (``CONVEYOR_MAX_RESULT_BYTES``). Encoded on the event loop: orjson
+    holds the GIL while it encodes, so a thread would not let the loop run meanwhile."""
     if result is None:
         return Outcome(Kind.COMPLETE, None)
     try:
-        text: str = orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS).decode()
-        return Outcome(Kind.COMPLETE, text)
+        data = orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
         return Outcome(Kind.FAIL, error=clean_text(f"result is not JSON-serialisable: {exc}"))
+    if max_bytes is not None and len(data) > max_bytes:
+        return Outcome(Kind.FAIL, error=too_large(len(data), max_bytes))
+    return Outcome(Kind.COMPLETE, data.decode())
+
+
+def too_large(size: int, cap: int) -> str:
+    return f"result too large ({size} bytes > {cap}, CONVEYOR_MAX_RESULT_BYTES)"
 
 
 def describe(exc: BaseException) -> str:
-    """The exception's name and message, then its traceback (cleaned; never raises, even when
-    the exception's ``__str__`` does)."""
+    """The exception's name and message, then its traceback; never raises, even when the
+    exception's ``__str__`` does. Not cut here: ``failure`` cleans and cuts it once."""
     try:
         text = "".join(traceback.format_exception(exc))
     except Exception:
         text = ""
     head = f"{type(exc).__name__}: {_safe_str(exc)}"
-    if len(text) > MAX_ERROR_CHARS:
-        text = text[-MAX_ERROR_CHARS:]
-    return clean_text(head + "\n" + text if head not in text[:200] else text)
+    return head + "\n" + text if head not in text[:200] else text
 
 
 def failed(

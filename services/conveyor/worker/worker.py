@@ -33,10 +33,12 @@ from ..job_types import router_types
 from ..router import Job, JobRouter
 from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
+from ..store.notify import Notifier
 from .completer import Completer, CompleterStatus, Pending
 from .consumer import Consumer, ConsumerStatus
 from .drain import Drain, DrainStatus, _quietly
 from .executor import Executor, ExecutorStatus
+from .guard import GuardStatus, LoopGuard
 from .heartbeater import Heartbeater, HeartbeatStatus, take_deliveries
 from .loop import LoopMonitor, LoopStatus
 from .running import Running
@@ -58,6 +60,7 @@ class WorkerStatus:
     completer: CompleterStatus
     heartbeat: HeartbeatStatus
     loop: LoopStatus
+    guard: GuardStatus
     acks: AckStatus
     drain: DrainStatus
 
@@ -109,9 +112,11 @@ class Worker:
         self.executor = Executor(
             self.metrics, concurrency=concurrency,
             abandoned_limit=settings.worker_abandoned_thread_limit,
-            report=self._report, clock=clock,
+            max_result_bytes=settings.max_result_bytes, report=self._report, clock=clock,
         )  # fmt: skip
-        self.completer = Completer(None, self.store, self.metrics, done=self._done, clock=clock)
+        self.notifier = Notifier(None, self.store)
+        self.completer = Completer(None, self.store, self.metrics, done=self._done,
+                                   wake_relay=self.notifier.wake, clock=clock)  # fmt: skip
         self.heartbeater = Heartbeater(
             None, self.store, running=self.running, acks=self.acks,
             touch_waiting=self.consumer.touch_waiting,
@@ -120,6 +125,7 @@ class Worker:
         )  # fmt: skip
         self.drain = Drain(self, clock=clock)
         self.monitor = LoopMonitor(self.metrics.registry, on_tick=self._snapshot, clock=clock)
+        self.guard = LoopGuard(self.monitor, self._preempt_limit)
         self.loops: dict[str, asyncio.Task[None]] = {}
         self.snapshot: WorkerStatus | None = None  # refreshed on every loop tick
         self.stopping = False
@@ -135,6 +141,8 @@ class Worker:
             command_timeout=30,
         )
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
+        self.notifier.pool = self.pool
+        self.notifier.start()
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
             await self.store.job_type_register_many(conn, router_types(self.router, self.types))
         await self.subscription.open(self.types)
@@ -151,6 +159,9 @@ class Worker:
             "loop_monitor": self._loop("loop_monitor", self.monitor.run()),
         }
         await self.subscription.consume(self.consumer.offer)
+        if not self.guard.start(asyncio.get_running_loop()):
+            why = "the event loop is not in the main thread, or SIGURG has a handler"
+            event(log, "loop_guard_off", logging.WARNING, reason=why)
         self._snapshot()
         event(log, "worker_started", worker_id=self.worker_id, types=self.types,
               concurrency=self.concurrency)  # fmt: skip
@@ -172,9 +183,11 @@ class Worker:
         self.stopping = True
         event(log, "worker_draining", running=len(self.running), grace=grace)
         await self.drain.run(grace)
+        self.guard.stop()
         for task in self.loops.values():
             task.cancel()
         await asyncio.gather(*self.loops.values(), return_exceptions=True)
+        await self.notifier.stop()
         await _quietly(self.subscription.close())
         if self.pool is not None:
             await _quietly(self.pool.close())
@@ -216,6 +229,15 @@ class Worker:
         self.running[job.id] = running
         self.executor.start(running)
 
+    def _preempt_limit(self, task: asyncio.Task[Any]) -> float | None:
+        """How long the async handler running in ``task`` may block the loop before the guard
+        preempts it: its timeout, at most the liveness limit (None: not an async handler)."""
+        running = self.executor.tasks.get(task)
+        if running is None or not running.in_handler:  # only async handlers' own code
+            return None
+        stall = self.settings.worker_loop_stall_limit
+        return min(running.timeout, stall) if running.timeout else stall
+
     def _unacked(self, job_type: str) -> int:
         """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
         return sum(
@@ -255,6 +277,7 @@ class Worker:
             completer=self.completer.status(),
             heartbeat=self.heartbeater.status(),
             loop=self.monitor.status(),
+            guard=self.guard.status(),
             acks=self.acks.status(),
             drain=self.drain.status(),
         )

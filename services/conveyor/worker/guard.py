@@ -1,0 +1,188 @@
+"""Preempting an ``async def`` handler that blocks the event loop.
+
+A handler that calls blocking code (``time.sleep``, a synchronous client, a long computation)
+from an ``async def`` stops everything on its worker's loop: heartbeats, claims, outcome writes,
+every other job. Nothing that runs *on* the loop can stop it, and ``asyncio.timeout`` only fires
+once the loop turns again. The guard watches from a thread of its own: when the loop has not
+turned for the running handler's limit — its ``timeout``, at most ``worker_loop_stall_limit`` —
+and the task the loop is executing is that handler's, it sends the process ``SIGURG`` (the
+signal Go's runtime uses for the same purpose: nothing else uses it). Python runs the signal's
+handler in the main thread, between two bytecodes or when a blocking call returns with
+``EINTR`` (``time.sleep``, socket reads, lock waits), and it raises ``LoopBlocked`` there, inside
+the handler's own code: the attempt fails like a timeout and the loop runs again. So the other
+jobs of the worker pause for at most that limit (plus the monitor's 0.25 s tick).
+
+Not covered: C code that runs long without returning to the interpreter (a regular expression,
+a C extension holding the GIL); there liveness fails after ``worker_loop_stall_limit`` and the
+orchestrator restarts the worker. A handler that catches ``BaseException`` and blocks again is
+preempted again after another limit. The guard needs the loop in the main thread (``conveyor
+worker``, ``conveyor dev``); elsewhere it stays off and says so in a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+from .loop import LoopMonitor
+
+PREEMPT_SIGNAL = signal.SIGURG
+
+# The limit of the task the loop is executing: seconds it may block the loop (None: not a
+# handler that may be preempted).
+LimitOf = Callable[[asyncio.Task[object]], float | None]
+
+
+class LoopBlocked(BaseException):
+    """Raised inside an async handler that blocked the worker's event loop past its limit.
+    A ``BaseException``, like ``KeyboardInterrupt``: ``except Exception`` does not swallow it."""
+
+
+@dataclass(frozen=True, slots=True)
+class GuardStatus:
+    enabled: bool
+    preempted_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    task: asyncio.Task[object]
+    tick: float  # the monitor's last tick when the guard decided
+    message: str
+
+
+class LoopGuard:
+    def __init__(
+        self,
+        monitor: LoopMonitor,
+        limit_of: LimitOf,
+        *,
+        interval: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.monitor = monitor
+        self.limit_of = limit_of
+        self.interval = interval
+        self.clock = clock
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.enabled = False
+        self._seen: tuple[asyncio.Task[object], float] | None = None  # (task, tick) last check
+        self._fired: tuple[asyncio.Task[object], float, float] | None = None  # task, tick, at
+        self._target: _Target | None = None
+        self._preempted = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def status(self) -> GuardStatus:
+        return GuardStatus(self.enabled, self._preempted)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Watch ``loop`` (call from it). False when it cannot run in this thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if not _install(self):
+            return False
+        self.loop = loop
+        self.enabled = True
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="conveyor-loop-guard",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        if not self.enabled:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        _uninstall(self)
+        self.enabled = False
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self.check_once():
+                signal.pthread_kill(threading.main_thread().ident or 0, PREEMPT_SIGNAL)
+
+    # ------------------------------------------------------------------ one step
+
+    def check_once(self) -> bool:
+        """One step (any thread): True when the task the loop is executing is a handler that
+        has blocked it past its limit (the caller then sends the signal). A task must be seen
+        executing on two checks in a row with no tick in between, so a handler that merely
+        happens to run at the moment of a check is never the one blamed."""
+        blocked = self.monitor.blocked_for()
+        loop = self.loop
+        if blocked <= 0 or loop is None:
+            self._seen = None
+            return False
+        task = asyncio.current_task(loop)
+        tick = self.monitor.last_tick_at
+        limit = self.limit_of(task) if task is not None else None
+        if task is None or limit is None:
+            self._seen = None
+            return False
+        seen, self._seen = self._seen, (task, tick)
+        if seen != (task, tick) or blocked < limit:
+            return False
+        fired = self._fired
+        if fired is not None and fired[:2] == (task, tick) and self.clock() - fired[2] < limit:
+            return False  # fired already: once per limit while it goes on blocking
+        self._fired = (task, tick, self.clock())
+        self._target = _Target(task, tick, (
+            f"LoopBlocked: the handler blocked the worker's event loop for {blocked:.1f} s "
+            f"(limit {limit:g} s: its timeout, at most CONVEYOR_WORKER_LOOP_STALL_LIMIT); an "
+            "async handler must not call blocking code: make it a sync handler (it runs in a "
+            "thread) or use asyncio.to_thread"
+        ))  # fmt: skip
+        return True
+
+    def preempt(self) -> None:
+        """In the main thread (the signal's handler): raise ``LoopBlocked`` if the loop is still
+        executing the handler the guard decided on and has not turned since."""
+        target, self._target = self._target, None
+        if target is None or self.monitor.last_tick_at != target.tick:
+            return
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # no loop running in this thread
+            return
+        # still inside the handler's own code (not the worker's, which records its outcome)
+        if current is target.task and self.limit_of(current) is not None:
+            self._preempted += 1
+            raise LoopBlocked(target.message)
+
+
+# One handler for the process, shared by the guards of every worker running in it.
+_guards: set[LoopGuard] = set()
+_previous: object = None
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    for guard in list(_guards):
+        guard.preempt()
+
+
+def _install(guard: LoopGuard) -> bool:
+    global _previous
+    if not _guards:
+        current = signal.getsignal(PREEMPT_SIGNAL)
+        if current not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            return False  # the application uses the signal: leave it alone
+        _previous = current
+        signal.signal(PREEMPT_SIGNAL, _on_signal)
+    _guards.add(guard)
+    return True
+
+
+def _uninstall(guard: LoopGuard) -> None:
+    _guards.discard(guard)
+    if not _guards and threading.current_thread() is threading.main_thread():
+        signal.signal(PREEMPT_SIGNAL, _previous if _previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
