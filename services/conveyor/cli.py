@@ -53,7 +53,12 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     settings = _settings()
     server = services.api_server(settings, args.host, args.port)
-    print(f"conveyor api listening on http://{args.host}:{args.port}", file=sys.stderr)
+    auth = (
+        "API keys required (conveyor keys create --name NAME --scopes jobs:read,jobs:write)"
+        if settings.auth == "required"
+        else "auth DISABLED (CONVEYOR_AUTH=disabled): anyone who reaches this port is admin"
+    )
+    print(f"conveyor api listening on http://{args.host}:{args.port}; {auth}", file=sys.stderr)
     services.run(lambda stop: services.serve_api(server, stop))
     return 0
 
@@ -120,11 +125,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
     from .core.metrics import Metrics
+    from .core.secrets import mask_url
     from .store.legacy import MigrationError
     from .store.migrate import migrate
     from .worker import Worker
 
     settings = _settings()
+    if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
+        settings = settings.model_copy(update={"auth": "disabled"})
+    if settings.auth == "disabled" and not services.loopback(args.host):
+        print(
+            f"conveyor dev: refusing --host {args.host} with auth disabled: bind 127.0.0.1 "
+            "(the default), or set CONVEYOR_AUTH=required and use API keys",
+            file=sys.stderr,
+        )
+        return 2
     router = services.load_router(args.app)
     problem = asyncio.run(services.preflight(settings))
     if problem:
@@ -154,6 +169,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
             return
         print(
             f"\nConveyor is running: API {url}  (docs {url}/docs)\n"
+            + (
+                "Security: auth disabled (loopback only)\n"
+                if settings.auth == "disabled"
+                else "Security: API keys required (conveyor keys create)\n"
+            )
+            + f"Database {mask_url(settings.database_url)}, "
+            f"broker {mask_url(settings.amqp_url)}\n"
             f"Handlers: {', '.join(router.types)}\n"
             "Try:\n"
             f"  curl -s -X POST {url}/jobs -H 'content-type: application/json' "
@@ -242,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_types import add_parser as add_types
 
     add_types(sub)
+
+    from .cli_keys import add_parser as add_keys
+
+    add_keys(sub)
     return p
 
 

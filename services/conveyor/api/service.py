@@ -25,6 +25,7 @@ from ..job_types import KnownTypes
 from ..store import JobRow, NewJob, for_schema
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
+from .auth import full_errors
 from .batch import build_batch, build_submit
 from .liveness import PROBE_EVERY, Liveness, LongStatements, unavailable
 from .resource import decode_cursor, encode_cursor, resource
@@ -188,7 +189,7 @@ class Api:
         return {"jobs": jobs}
 
     def render(self, row: JobRow) -> dict[str, Any]:
-        return resource(row, tracebacks=self.settings.api_expose_tracebacks)
+        return resource(row, tracebacks=full_errors(self.settings))
 
     async def get(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn:

@@ -36,6 +36,18 @@ class Settings(BaseSettings):
     # `admin` scope exists, only for deployments whose API callers are all operators
     api_expose_tracebacks: bool = False
 
+    # security (README "Security"): API keys with scopes on every route but the probes;
+    # `conveyor dev` defaults to disabled and then binds loopback only
+    auth: Literal["required", "disabled"] = "required"
+    # /metrics: open (the default) or behind a key with jobs:read
+    metrics_auth: Literal["open", "required"] = "open"
+    # per-key submit rate, "<n>/s", "<n>/m" or "<n>/h" (unset: no limit); 429 with Retry-After
+    rate_limit: str | None = Field(default=None, pattern=r"^\s*\d+(\.\d+)?\s*/\s*[smh]\s*$")
+    # how long a verified key (or a revocation) is trusted without reading PostgreSQL again
+    auth_cache_seconds: float = Field(default=2.0, ge=0, le=5)
+    # the latest run_at (or delay) a job may ask for, in days from now
+    max_schedule_days: float = Field(default=366.0, gt=0)
+
     # accept job types no worker registered (job_types); off: 422 naming the known types
     accept_unknown_types: bool = False
 

@@ -1,0 +1,102 @@
+"""``conveyor keys create|list|revoke``: API keys with scopes (SPEC §11, README "Security").
+``create`` prints the key once, on stdout, and stores only its SHA-256."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from .core.config import Settings
+
+
+def add_parser(sub: Any) -> None:
+    s = sub.add_parser("keys", help="create, list and revoke API keys")
+    actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = actions.add_parser("create", help="create a key and print it once")
+    c.add_argument("--name", required=True, help="a name for the key (unique among active keys)")
+    c.add_argument("--scopes", required=True, help="comma-separated: jobs:read,jobs:write,admin")
+    actions.add_parser("list", help="every key: name, id, scopes, created, revoked")
+    r = actions.add_parser("revoke", help="revoke the active key of this name (within 5 s)")
+    r.add_argument("name")
+    s.set_defaults(func=cmd_keys)
+
+
+async def create_key(settings: Settings, name: str, scopes: str) -> str:
+    """The new key (raises ValueError for bad scopes or a name in use)."""
+    from .core.apikeys import new_key, parse_scopes
+    from .store import for_schema
+    from .store.connect import create_pool
+
+    wanted = parse_scopes(scopes)
+    if not name.strip() or len(name) > 100:
+        raise ValueError("a key name is 1 to 100 characters")
+    key, key_id, key_hash = new_key()
+    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            ok = await for_schema(settings.db_schema).api_key_insert(
+                conn, key_id, name, key_hash, wanted
+            )
+    finally:
+        await pool.close()
+    if not ok:
+        raise ValueError(f"an active key is already named {name!r}: revoke it or pick a name")
+    return key
+
+
+async def revoke_key(settings: Settings, name: str) -> int:
+    from .store import for_schema
+    from .store.connect import create_pool
+
+    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            return await for_schema(settings.db_schema).api_key_revoke(conn, name)
+    finally:
+        await pool.close()
+
+
+async def _list(settings: Settings) -> int:
+    from .store import for_schema
+    from .store.connect import create_pool
+
+    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            rows = await for_schema(settings.db_schema).api_key_list(conn)
+    finally:
+        await pool.close()
+    for k in rows:
+        revoked = f"revoked {k.revoked_at:%Y-%m-%d %H:%M:%S}" if k.revoked_at else "active"
+        print(f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
+              f"created {k.created_at:%Y-%m-%d %H:%M:%S}  {revoked}")  # fmt: skip
+    if not rows:
+        print("no keys: conveyor keys create --name NAME --scopes jobs:read,jobs:write")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    settings = Settings()
+    try:
+        if args.action == "create":
+            key = asyncio.run(create_key(settings, args.name, args.scopes))
+            print(key)
+            print(f"key {args.name!r} created: this is the only time it is shown; send it as "
+                  "'Authorization: Bearer <key>'", file=sys.stderr)  # fmt: skip
+            return 0
+        if args.action == "revoke":
+            if asyncio.run(revoke_key(settings, args.name)) == 0:
+                print(f"conveyor keys: no active key named {args.name!r}", file=sys.stderr)
+                return 1
+            print(f"key {args.name!r} revoked (refused by every API within "
+                  f"{settings.auth_cache_seconds:g} s)", file=sys.stderr)  # fmt: skip
+            return 0
+        return asyncio.run(_list(settings))
+    except ValueError as exc:
+        print(f"conveyor keys: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"conveyor keys: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
