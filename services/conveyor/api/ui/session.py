@@ -10,7 +10,7 @@
   A request authenticated by an ``Authorization`` header carries no ambient credential and needs
   none. Checked by ``auth.Auth`` before the route runs.
 - Every page: a strict Content-Security-Policy (scripts and styles from ``/ui/static`` only, no
-  inline script), ``nosniff``, ``frame-ancestors 'none'``, no referrer, ``no-store``."""
+  inline script), ``nosniff``, ``frame-ancestors 'none'``, same-origin referrers, ``no-store``."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: Chromium then sends "Origin: null" on form POSTs (refused as cross-site)
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
