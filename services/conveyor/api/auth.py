@@ -125,6 +125,12 @@ class Auth:
         self.anonymous = Principal("anonymous", frozenset(SCOPES), settings.api_expose_tracebacks)
         self._routes: dict[tuple[int, str], tuple[str, str]] = {}
 
+    def scope_of(self, method: str, path: str) -> str | None:
+        """The scope (method, path template) needs here (None: not declared)."""
+        if template(path) == "/metrics" and self.settings.metrics_auth == "required":
+            return READ
+        return declared_scope(method, path)
+
     def _route(self, request: Request) -> tuple[str, str]:
         """(scope needed, path template) of the matched route, computed once per route."""
         route = request.scope.get("route")
