@@ -25,7 +25,7 @@ from ..job_types import KnownTypes
 from ..store import JobRow, NewJob, for_schema
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
-from .auth import full_errors
+from .auth import check_horizon, full_errors
 from .batch import build_batch, build_submit
 from .liveness import PROBE_EVERY, Liveness, LongStatements, unavailable
 from .resource import decode_cursor, encode_cursor, resource
@@ -172,7 +172,9 @@ class Api:
         return 201, {"jobs": [self.render(found[r.id]) for r in rows]}
 
     async def _check_types(self, conn: Any, rows: list[NewJob]) -> None:
-        """Bounded job types (the store's policy): 422 for a type no worker registered."""
+        """Bounded job types (the store's policy): 422 for a type no worker registered; and the
+        schedule horizon (``CONVEYOR_MAX_SCHEDULE_DAYS``): 422 for a run_at beyond it."""
+        check_horizon(rows, self.settings.max_schedule_days)
         if self.known_types is not None:
             await self.known_types.check(conn, [r.job_type for r in rows])
 

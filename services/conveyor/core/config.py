@@ -45,8 +45,9 @@ class Settings(BaseSettings):
     rate_limit: str | None = Field(default=None, pattern=r"^\s*\d+(\.\d+)?\s*/\s*[smh]\s*$")
     # how long a verified key (or a revocation) is trusted without reading PostgreSQL again
     auth_cache_seconds: float = Field(default=2.0, ge=0, le=5)
-    # the latest run_at (or delay) a job may ask for, in days from now
-    max_schedule_days: float = Field(default=366.0, gt=0)
+    # the latest run_at a job submitted through the API may ask for, in days from now (ten
+    # years, like delay_seconds' bound)
+    max_schedule_days: float = Field(default=3650.0, gt=0, le=3_000_000)
 
     # accept job types no worker registered (job_types); off: 422 naming the known types
     accept_unknown_types: bool = False
