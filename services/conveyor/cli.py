@@ -45,6 +45,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         f"database {name!r} {'created and ' if created else ''}migrated to head "
         f"(schema {settings.db_schema!r})"
     )
+    if args.grant_roles:
+        from .cli_keys import grant_roles
+
+        granted = asyncio.run(grant_roles(settings))
+        print(f"granted least privileges to {', '.join(granted) or 'no role (none exists)'}")
     return 0
 
 
@@ -206,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("migrate", help="create the database if missing, then alembic upgrade head")
+    s.add_argument("--grant-roles", action="store_true",
+                   help="then grant each existing role conveyor_api, conveyor_publisher, "
+                   "conveyor_worker, conveyor_sweeper only what it uses "
+                   "(see conveyor roles sql)")  # fmt: skip
     s.set_defaults(func=cmd_migrate)
 
     s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")

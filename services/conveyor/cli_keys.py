@@ -1,5 +1,6 @@
 """``conveyor keys create|list|revoke``: API keys with scopes (SPEC §11, README "Security").
-``create`` prints the key once, on stdout, and stores only its SHA-256."""
+``create`` prints the key once, on stdout, and stores only its SHA-256. ``conveyor roles sql``:
+the least-privilege PostgreSQL grants (``store/roles.py``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,55 @@ def add_parser(sub: Any) -> None:
     r = actions.add_parser("revoke", help="revoke the active key of this name (within 5 s)")
     r.add_argument("name")
     s.set_defaults(func=cmd_keys)
+
+    s = sub.add_parser("roles", help="least-privilege PostgreSQL grants per component")
+    actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = actions.add_parser("sql", help="print the GRANT statements (deploy/postgres-roles.sql)")
+    for component in ("api", "publisher", "worker", "sweeper"):
+        q.add_argument(f"--{component}", default=f"conveyor_{component}",
+                       help=f"the {component}'s role (default conveyor_{component})")  # fmt: skip
+    q = actions.add_parser("amqp", help="print rabbitmqctl commands for the broker users")
+    q.add_argument("--vhost", default="/")
+    q.add_argument("--types", help="comma-separated job types the worker may consume")
+    s.set_defaults(func=cmd_roles)
+
+
+def cmd_roles(args: argparse.Namespace) -> int:
+    from .broker.permissions import rabbitmqctl_commands
+    from .store.roles import COMPONENTS, roles_sql
+
+    try:
+        settings = Settings()
+        if args.action == "amqp":
+            types = [t.strip() for t in args.types.split(",")] if args.types else None
+            sys.stdout.write(rabbitmqctl_commands(settings.namespace, args.vhost, types))
+            return 0
+        roles = {c: getattr(args, c) for c in COMPONENTS}
+        sys.stdout.write(roles_sql(settings.db_schema, roles))
+    except ValueError as exc:
+        print(f"conveyor roles: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def grant_roles(settings: Settings) -> list[str]:
+    """``conveyor migrate --grant-roles``: the grants to the default roles that exist."""
+    import asyncpg
+
+    from .store.roles import DEFAULT_ROLES, grant_statements
+
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        found = {r["rolname"] for r in await conn.fetch(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[])",
+            list(DEFAULT_ROLES.values()))}  # fmt: skip
+        roles = {c: r for c, r in DEFAULT_ROLES.items() if r in found}
+        async with conn.transaction():
+            for statement in grant_statements(settings.db_schema, roles):
+                await conn.execute(statement)
+        return sorted(roles.values())
+    finally:
+        await conn.close()
 
 
 async def create_key(settings: Settings, name: str, scopes: str) -> str:
