@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
@@ -98,14 +97,22 @@ async def test_each_component_under_its_own_role(
                 await asyncio.sleep(0.01)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
                                          headers=headers) as c:  # fmt: skip
-                await _life(c, db, db_url, duties)
+                await _life(c, db_url)
                 gauges = Gauges(relay.metrics, sweeper.store, sweeper.pool, sweeper.topology,
                                 queue_depth=sweeper._queue_depth)  # fmt: skip
                 await gauges.refresh_once()
-        finally:
             await worker.stop(grace=2)
             stop.set()
             await asyncio.gather(*tasks)
+            # the maintenance duties, one step each, under the sweeper's role and then under
+            # the publisher's (which runs them by default); nothing else runs them now
+            for part in (duties, sweeper):
+                await _duties(db, part)
+        finally:
+            if not stop.is_set():
+                await worker.stop(grace=2)
+                stop.set()
+                await asyncio.gather(*tasks)
             for part in (relay, sweeper, duties):
                 await part.close()
         for component, role in roles.items():
@@ -118,7 +125,7 @@ async def test_each_component_under_its_own_role(
                 await conn.close()
 
 
-async def _life(c: httpx.AsyncClient, db: asyncpg.Connection, db_url: str, duties: Sweeper) -> None:
+async def _life(c: httpx.AsyncClient, db_url: str) -> None:
     async def submit(body: dict[str, object]) -> str:
         r = await c.post("/jobs", json=body)
         assert r.status_code == 201, r.text
@@ -139,14 +146,23 @@ async def _life(c: httpx.AsyncClient, db: asyncpg.Connection, db_url: str, dutie
     form = {"content-type": "application/x-www-form-urlencoded"}
     r = await c.post("/ui/dead/purge", content="confirm=yes&type=always_fails", headers=form)
     assert r.status_code == 303 and "purge%3A+1" in r.headers["location"], r.headers
-    # the sweeper's duties, one step each, under the sweeper role
-    await db.execute(
-        "UPDATE jobs SET status = 'IN_PROGRESS', attempts = 1, lease_expires_at = now() - "
-        "interval '1 minute', started_at = now() WHERE id = $1", uuid.UUID(cancelled),
+
+
+async def _duties(db: asyncpg.Connection, sweeper: Sweeper) -> None:
+    late = datetime.now(UTC) - timedelta(minutes=1)
+    lost = await db.fetchval(
+        "INSERT INTO jobs (id, job_type, status, priority, payload, attempts, lease_expires_at, "
+        "started_at) VALUES (gen_random_uuid(), 'echo', 'IN_PROGRESS', 5, '{}', 1, $1, $1) "
+        "RETURNING id", late,
     )  # fmt: skip
-    assert await duties.recover_leases()
-    await duties.promote_due()
-    await duties.reconcile()
-    await db.execute("UPDATE jobs SET finished_at = now() - interval '30 days' "
-                     "WHERE id = $1", uuid.UUID(done))  # fmt: skip
-    assert await duties.delete_expired() >= 1
+    await db.execute(
+        "INSERT INTO jobs (id, job_type, status, priority, payload, run_at) "
+        "VALUES (gen_random_uuid(), 'echo', 'SCHEDULED', 5, '{}', $1)", late,
+    )  # fmt: skip
+    assert await sweeper.recover_leases()
+    assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", lost) != "IN_PROGRESS"
+    assert await sweeper.promote_due() == 1
+    await sweeper.reconcile()
+    await db.execute("UPDATE jobs SET finished_at = now() - interval '30 days', "
+                     "status = 'COMPLETED' WHERE id = $1", lost)  # fmt: skip
+    assert await sweeper.delete_expired() >= 1
