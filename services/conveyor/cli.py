@@ -280,11 +280,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Masked:
+    """stderr with every URL password and API key masked (``core.secrets.mask``): messages that
+    quote an exception or a setting cannot print a credential."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        from .core.secrets import mask
+
+        return int(self.stream.write(mask(text)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from .broker import LIBRARY_LOGGERS
 
+    if not isinstance(sys.stderr, _Masked):
+        sys.stderr = _Masked(sys.stderr)
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()

@@ -103,3 +103,14 @@ def test_deploy_files_are_generated_from_the_tables() -> None:
     amqp = (ROOT / "deploy/rabbitmq-users.sh").read_text()
     assert amqp == rabbitmqctl_commands("jobs"), "regenerate: conveyor roles amqp > deploy/..."
     assert "TRUNCATE" not in sql and "CREATE ON" not in sql and "ALL PRIVILEGES" not in sql
+
+
+def test_cli_stderr_masks_credentials() -> None:
+    import io
+
+    from conveyor.cli import _Masked
+
+    out = io.StringIO()
+    _Masked(out).write(f"failed: postgresql://app:topsecret@db/x and {new_key()[0]}\n")
+    assert "topsecret" not in out.getvalue() and "app:***@db" in out.getvalue()
+    assert "cvk_" in out.getvalue() and out.getvalue().count("***") == 2
