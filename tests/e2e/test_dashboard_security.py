@@ -4,15 +4,17 @@ for admin in the API's job resource and attempt list."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 
 import asyncpg
 import httpx
 
+from conveyor.cli_keys import create_key, revoke_key
 from conveyor.core.config import Settings
 
-from ..security import bearer, keyed_stack
+from ..security import bearer, keyed_stack, required
 from ..stack import running_stack
 
 XSS = "<script>window.pwned=1</script>"
@@ -68,3 +70,41 @@ async def test_tracebacks_only_for_admin(settings: Settings, db: asyncpg.Connect
             assert attempts["attempts"][0]["error"] == (TRACEBACK if full else "KeyError: x")
             page = (await c.get(f"/ui/jobs/{job}", headers=bearer(key))).text
             assert ("/srv/app/h.py" in page) is full
+
+
+async def test_session_cookie_secure_behind_tls_no_open_redirect_and_revocation(
+    settings: Settings,
+) -> None:
+    async with keyed_stack(settings) as (stack, _):
+        c = stack.client
+        key = await create_key(required(settings), "browser", "jobs:read")
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        r = await c.post("/ui/login", content=f"key={key}&next=//evil.example/x",
+                         headers={**form, "x-forwarded-proto": "https"})  # fmt: skip
+        assert r.status_code == 303 and r.headers["location"] == "/ui"
+        cookie = r.headers["set-cookie"]
+        assert all(a in cookie for a in ("HttpOnly", "SameSite=strict", "Secure", "Path=/ui"))
+        assert key.split("_", 2)[2] not in cookie
+        r = await c.post("/ui/login", content=f"key={key}&next=/ui/jobs", headers=form)
+        assert r.headers["location"] == "/ui/jobs" and "Secure" not in r.headers["set-cookie"]
+        session = r.cookies["conveyor_session"]
+        c.cookies.clear()
+
+        async def status(path: str, value: str) -> int:
+            async with httpx.AsyncClient(
+                base_url=c.base_url, cookies={"conveyor_session": value}
+            ) as b:
+                return (await b.get(path)).status_code
+
+        assert await status("/ui", session) == 200
+        assert await status("/jobs", session) == 401  # the cookie is for the dashboard only
+        forged = session[:-1] + ("0" if session[-1] != "0" else "1")
+        assert await status("/ui", forged) == 401
+        r = await c.post("/ui/login", content="key=cvk_nope", headers=form)
+        assert r.status_code == 401 and "set-cookie" not in r.headers
+        assert await revoke_key(required(settings), "browser") == 1
+        for _ in range(60):  # the session ends with its key, within the cache's 2 s
+            if await status("/ui", session) == 401:
+                break
+            await asyncio.sleep(0.1)
+        assert await status("/ui", session) == 401
