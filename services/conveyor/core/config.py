@@ -32,8 +32,8 @@ class Settings(BaseSettings):
     max_batch: int = Field(default=1000, gt=0)
     db_timeout: float = Field(default=1.5, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
-    # serve last_error's full traceback (server file paths) in the job resource; until the
-    # `admin` scope exists, only for deployments whose API callers are all operators
+    # serve full tracebacks (server file paths) to every caller; otherwise only to `admin` keys
+    # (with auth disabled, this is the only switch)
     api_expose_tracebacks: bool = False
 
     # security (README "Security"): API keys with scopes on every route but the probes;
