@@ -114,3 +114,19 @@ def test_cli_stderr_masks_credentials() -> None:
     _Masked(out).write(f"failed: postgresql://app:topsecret@db/x and {new_key()[0]}\n")
     assert "topsecret" not in out.getvalue() and "app:***@db" in out.getvalue()
     assert "cvk_" in out.getvalue() and out.getvalue().count("***") == 2
+
+
+def test_schedule_horizon() -> None:
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from conveyor.api.auth import check_horizon
+    from conveyor.core.errors import InvalidJob
+
+    soon = SimpleNamespace(run_at=datetime.now(UTC) + timedelta(hours=1))
+    later = SimpleNamespace(run_at=datetime.now(UTC) + timedelta(days=2))
+    check_horizon([soon, SimpleNamespace(run_at=None)], 1)
+    with pytest.raises(InvalidJob, match=r"jobs\[1\]"):
+        check_horizon([soon, later], 1)
+    far = SimpleNamespace(run_at=datetime(9998, 12, 31, tzinfo=UTC))
+    check_horizon([far], 3_000_000)  # a horizon past year 9999 is no horizon (no overflow)

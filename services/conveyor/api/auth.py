@@ -111,7 +111,10 @@ def full_errors(settings: Settings) -> bool:
 def check_horizon(rows: Any, max_days: float) -> None:
     """Quota: no job due further ahead than ``max_days`` (a run_at in year 9000 would sit in
     the due index for ever). Raises ``InvalidJob`` (422)."""
-    limit = datetime.now(UTC) + timedelta(days=max_days)
+    try:
+        limit = datetime.now(UTC) + timedelta(days=max_days)
+    except OverflowError:  # a horizon past year 9999: no limit but the run_at range itself
+        return
     for i, row in enumerate(rows):
         if row.run_at is not None and row.run_at > limit:
             where = f"jobs[{i}]: " if len(rows) > 1 else ""
