@@ -55,15 +55,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_api(args: argparse.Namespace) -> int:
     from . import services
+    from .cli_keys import auth_banner
 
     settings = _settings()
     server = services.api_server(settings, args.host, args.port)
-    auth = (
-        "API keys required (conveyor keys create --name NAME --scopes jobs:read,jobs:write)"
-        if settings.auth == "required"
-        else "auth DISABLED (CONVEYOR_AUTH=disabled): anyone who reaches this port is admin"
-    )
-    print(f"conveyor api listening on http://{args.host}:{args.port}; {auth}", file=sys.stderr)
+    print(f"conveyor api listening on http://{args.host}:{args.port}; "
+          f"{auth_banner(settings)}", file=sys.stderr)  # fmt: skip
     services.run(lambda stop: services.serve_api(server, stop))
     return 0
 
@@ -129,21 +126,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
+    from .cli_keys import auth_banner, dev_auth
     from .core.metrics import Metrics
-    from .core.secrets import mask_url
     from .store.legacy import MigrationError
     from .store.migrate import migrate
     from .worker import Worker
 
-    settings = _settings()
-    if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
-        settings = settings.model_copy(update={"auth": "disabled"})
-    if settings.auth == "disabled" and not services.loopback(args.host):
-        print(
-            f"conveyor dev: refusing --host {args.host} with auth disabled: bind 127.0.0.1 "
-            "(the default), or set CONVEYOR_AUTH=required and use API keys",
-            file=sys.stderr,
-        )
+    settings, refusal = dev_auth(_settings(), args.host)
+    if refusal:
+        print(f"conveyor dev: {refusal}", file=sys.stderr)
         return 2
     router = services.load_router(args.app)
     problem = asyncio.run(services.preflight(settings))
@@ -174,13 +165,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             return
         print(
             f"\nConveyor is running: API {url}  (docs {url}/docs)\n"
-            + (
-                "Security: auth disabled (loopback only)\n"
-                if settings.auth == "disabled"
-                else "Security: API keys required (conveyor keys create)\n"
-            )
-            + f"Database {mask_url(settings.database_url)}, "
-            f"broker {mask_url(settings.amqp_url)}\n"
+            f"Security: {auth_banner(settings, dev=True)}\n"
             f"Handlers: {', '.join(router.types)}\n"
             "Try:\n"
             f"  curl -s -X POST {url}/jobs -H 'content-type: application/json' "
@@ -280,29 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Masked:
-    """stderr with every URL password and API key masked (``core.secrets.mask``): messages that
-    quote an exception or a setting cannot print a credential."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        from .core.secrets import mask
-
-        return int(self.stream.write(mask(text)))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from .broker import LIBRARY_LOGGERS
+    from .core.secrets import MaskedStream
 
-    if not isinstance(sys.stderr, _Masked):
-        sys.stderr = _Masked(sys.stderr)
+    if not isinstance(sys.stderr, MaskedStream):  # no credential in any message or traceback
+        sys.stderr = MaskedStream(sys.stderr)
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()

@@ -35,6 +35,39 @@ def add_parser(sub: Any) -> None:
     s.set_defaults(func=cmd_roles)
 
 
+def dev_auth(settings: Settings, host: str) -> tuple[Settings, str | None]:
+    """``conveyor dev``: auth disabled unless CONVEYOR_AUTH says otherwise, and then loopback
+    only. Returns the settings, or a refusal."""
+    import os
+
+    from .services import loopback
+
+    if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
+        settings = settings.model_copy(update={"auth": "disabled"})
+    if settings.auth == "disabled" and not loopback(host):
+        return settings, (
+            f"refusing --host {host} with auth disabled: bind 127.0.0.1 (the default), or set "
+            "CONVEYOR_AUTH=required and use API keys"
+        )
+    return settings, None
+
+
+def auth_banner(settings: Settings, *, dev: bool = False) -> str:
+    """What a starting API says about auth (and, for dev, where its services are, masked)."""
+    from .core.secrets import mask_url
+
+    if settings.auth == "disabled":
+        text = (
+            "auth disabled (loopback only)" if dev else "auth DISABLED: whoever reaches it is admin"
+        )
+    else:
+        text = "API keys required (conveyor keys create --name N --scopes jobs:read,jobs:write)"
+    if dev:
+        text += (f"\nDatabase {mask_url(settings.database_url)}, "
+                 f"broker {mask_url(settings.amqp_url)}")  # fmt: skip
+    return text
+
+
 def cmd_roles(args: argparse.Namespace) -> int:
     from .broker.permissions import rabbitmqctl_commands
     from .store.roles import COMPONENTS, roles_sql

@@ -108,10 +108,10 @@ def test_deploy_files_are_generated_from_the_tables() -> None:
 def test_cli_stderr_masks_credentials() -> None:
     import io
 
-    from conveyor.cli import _Masked
+    from conveyor.core.secrets import MaskedStream
 
     out = io.StringIO()
-    _Masked(out).write(f"failed: postgresql://app:topsecret@db/x and {new_key()[0]}\n")
+    MaskedStream(out).write(f"failed: postgresql://app:topsecret@db/x and {new_key()[0]}\n")
     assert "topsecret" not in out.getvalue() and "app:***@db" in out.getvalue()
     assert "cvk_" in out.getvalue() and out.getvalue().count("***") == 2
 

@@ -4,6 +4,7 @@ every log line passes ``mask`` (a URL's password or an API key becomes ``***``).
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 # scheme://user:password@ in any text (a repr of an exception, a message)
@@ -31,3 +32,16 @@ def mask(text: str) -> str:
     if "cvk_" in text:
         text = _API_KEY.sub(r"\1***", text)
     return text
+
+
+class MaskedStream:
+    """A text stream (``cli.main`` wraps stderr) that masks what is written to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return int(self.stream.write(mask(text)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
