@@ -154,7 +154,9 @@ def namespace() -> str:
 
 @pytest.fixture
 def settings(db_url: str, endpoints: Endpoints, namespace: str) -> Settings:
+    # auth is what tests/e2e/test_security*.py test; elsewhere the API runs without keys
     return Settings(
+        auth="disabled",
         database_url=db_url,
         amqp_url=endpoints.amqp_url,
         namespace=namespace,

@@ -45,18 +45,25 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         f"database {name!r} {'created and ' if created else ''}migrated to head "
         f"(schema {settings.db_schema!r})"
     )
+    if args.grant_roles:
+        from .cli_keys import grant_roles
+
+        granted = asyncio.run(grant_roles(settings))
+        print(f"granted least privileges to {', '.join(granted) or 'no role (none exists)'}")
     return 0
 
 
 def cmd_api(args: argparse.Namespace) -> int:
     from . import services
+    from .cli_keys import auth_banner
 
     settings = _settings()
     if args.workers < 1:
         print("conveyor api: --workers must be at least 1", file=sys.stderr)
         return 2
     processes = f" ({args.workers} processes)" if args.workers > 1 else ""
-    print(f"conveyor api listening on http://{args.host}:{args.port}{processes}", file=sys.stderr)
+    print(f"conveyor api listening on http://{args.host}:{args.port}{processes}; "
+          f"{auth_banner(settings)}", file=sys.stderr)  # fmt: skip
     if args.workers > 1:
         services.serve_api_workers(args.host, args.port, args.workers)
         return 0
@@ -126,12 +133,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
+    from .cli_keys import auth_banner, dev_auth
     from .core.metrics import Metrics
     from .store.legacy import MigrationError
     from .store.migrate import migrate
     from .worker import Worker
 
-    settings = _settings()
+    settings, refusal = dev_auth(_settings(), args.host)
+    if refusal:
+        print(f"conveyor dev: {refusal}", file=sys.stderr)
+        return 2
     router = services.load_router(args.app)
     problem = asyncio.run(services.preflight(settings))
     if problem:
@@ -161,6 +172,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             return
         print(
             f"\nConveyor is running: API {url}  (docs {url}/docs)\n"
+            f"Security: {auth_banner(settings, dev=True)}\n"
             f"Handlers: {', '.join(router.types)}\n"
             "Try:\n"
             f"  curl -s -X POST {url}/jobs -H 'content-type: application/json' "
@@ -191,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("migrate", help="create the database if missing, then alembic upgrade head")
+    s.add_argument("--grant-roles", action="store_true",
+                   help="then grant each existing role conveyor_api, conveyor_publisher, "
+                   "conveyor_worker, conveyor_sweeper only what it uses "
+                   "(see conveyor roles sql)")  # fmt: skip
     s.set_defaults(func=cmd_migrate)
 
     s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")
@@ -251,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_types import add_parser as add_types
 
     add_types(sub)
+
+    from .cli_keys import add_parser as add_keys
+
+    add_keys(sub)
     return p
 
 
@@ -258,7 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from .broker import LIBRARY_LOGGERS
+    from .core.secrets import MaskedStream
 
+    if not isinstance(sys.stderr, MaskedStream):  # no credential in any message or traceback
+        sys.stderr = MaskedStream(sys.stderr)
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()

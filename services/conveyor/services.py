@@ -17,6 +17,7 @@ import uvicorn
 from .core.config import Settings
 from .core.logging import event
 from .core.metrics import Metrics
+from .core.secrets import mask_url
 from .router import JobRouter
 
 log = logging.getLogger("conveyor")
@@ -257,11 +258,16 @@ async def preflight(settings: Settings) -> str | None:
 
 
 def _safe(url: str) -> str:
-    """A URL without its password, for messages."""
-    from urllib.parse import urlsplit, urlunsplit
+    return mask_url(url)
 
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
-        parts = parts._replace(netloc=netloc)
-    return urlunsplit(parts)
+
+def loopback(host: str) -> bool:
+    """Is ``host`` a loopback address (or ``localhost``)?"""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

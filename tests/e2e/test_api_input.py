@@ -16,7 +16,10 @@ from ..stack import Stack, running_stack
 
 @pytest.fixture
 async def stack(settings: Settings) -> AsyncIterator[Stack]:
-    async with running_stack(settings, None, maintenance=False, relays=0) as s:
+    # the round trip of extreme dates (year 9998) is tested here: no schedule horizon (the
+    # horizon's own test is test_quotas.py)
+    far = settings.model_copy(update={"max_schedule_days": 3_000_000})
+    async with running_stack(far, None, maintenance=False, relays=0) as s:
         yield s
 
 

@@ -61,7 +61,10 @@ def accepted_bodies(draw: st.DrawFn) -> dict[str, Any]:
 @pytest.mark.timeout(300)
 async def test_accepted_submissions_round_trip(settings: Settings) -> None:
     # random types: the bounded-types policy (a 422 for unregistered ones) is tested elsewhere
-    open_types = settings.model_copy(update={"accept_unknown_types": True})
+    # the whole documented run_at range (no schedule horizon: test_quotas.py tests that)
+    open_types = settings.model_copy(
+        update={"accept_unknown_types": True, "max_schedule_days": 3_000_000}
+    )
     async with running_stack(open_types, None, maintenance=False, relays=0) as stack:
         base = str(stack.client.base_url)
 

@@ -9,6 +9,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from conveyor.core.config import Settings
 
 from .. import apps
+from ..security import bearer, make_keys, required
 from ..stack import Stack, running_stack, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -78,9 +80,12 @@ async def _drive(
     await goto(f"{base}/ui")
     overview = await text("#overview")
     assert "always_fails" in overview and "echo" in overview
-    await p.wait_for_function(  # type: ignore[attr-defined]
-        "document.getElementById('live').dataset.refreshed >= '1'", timeout=15000
-    )
+    # polled from outside: the page's CSP forbids the eval that wait_for_function would need
+    for _ in range(150):
+        if await p.get_attribute("#live", "data-refreshed"):  # type: ignore[attr-defined]
+            break
+        await p.wait_for_timeout(100)  # type: ignore[attr-defined]
+    assert await p.get_attribute("#live", "data-refreshed")  # type: ignore[attr-defined]
     await p.screenshot(path=str(shots / "overview.png"), full_page=True)  # type: ignore[attr-defined]
 
     # jobs: filter by type, find by id
@@ -127,3 +132,71 @@ async def _drive(
     assert "redrive: 2 job(s)" in await text("#done")
     await wait_for(db_url, failed, statuses=["FAILED"], timeout=30)  # ran again, failed again
     assert [await _attempts(db, j) for j in failed] == [2, 2, 2]
+
+
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "/srv/secret/handlers.py", line 9, in run\n'
+    "    raise ValueError(x)\nValueError: bad input"
+)
+
+
+async def test_dashboard_login_csrf_and_scopes_with_auth_required(
+    settings: Settings, db: asyncpg.Connection, browser_page: object
+) -> None:
+    """Auth required: /ui answers 401 with a login form; a bad key is refused, a good one logs
+    in (HttpOnly, SameSite=Strict cookie); a forged CSRF token is refused and the page's own
+    works; a jobs:read key sees no actions and no traceback (admin sees the whole text); markup
+    in a payload never runs."""
+    p: Any = browser_page
+    s = required(settings, accept_unknown_types=True)
+    keys = await make_keys(s)
+    async with running_stack(s, None, maintenance=False, relays=0) as stack:
+        base = str(stack.client.base_url)
+        r = await stack.client.post("/jobs", json={"type": "x", "payload": {"note": XSS}},
+                                    headers=bearer(keys["jobs:write"]))  # fmt: skip
+        job = r.json()["id"]
+        await db.execute("UPDATE jobs SET last_error = $2 WHERE id = $1", uuid.UUID(job), TRACEBACK)
+
+        async def login(key: str, ok: bool = True) -> None:
+            response = await p.goto(f"{base}/ui/jobs/{job}")
+            assert response.status == 401 and await p.is_visible("#login")
+            assert "script-src 'self'" in response.headers["content-security-policy"]
+            await p.fill("input[name=key]", key)
+            await p.click("#login button")
+            if ok:
+                await p.wait_for_url(f"**/ui/jobs/{job}")
+                assert await p.is_visible("#payload")
+            else:
+                assert "invalid API key" in await p.inner_text("#login-error")
+
+        await login("cvk_0123456789ab_" + "A" * 43, ok=False)
+        await login(keys["admin"])
+        cookie = next(c for c in await p.context.cookies() if c["name"] == "conveyor_session")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+        assert keys["admin"] not in cookie["value"]
+        assert XSS in await p.inner_text("#payload")
+        assert await p.evaluate("window.pwned === undefined")
+        assert "/srv/secret/handlers.py" in await p.inner_text("#fields")  # admin: everything
+
+        # a forged token is refused; the page's own token cancels
+        await p.evaluate("document.querySelector('input[name=csrf]').value = 'forged'")
+        await p.click("button:has-text('Cancel')")
+        assert "CSRF" in await p.inner_text("#refused")
+        assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", uuid.UUID(job)) == (
+            "PENDING"
+        )
+        await p.goto(f"{base}/ui/jobs/{job}")
+        await p.click("button:has-text('Cancel')")
+        await p.wait_for_url(f"**/ui/jobs/{job}")
+        assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", uuid.UUID(job)) == (
+            "CANCELLED"
+        )
+
+        # log out; a jobs:read key sees the job without actions and without the traceback
+        await p.click("button:has-text('Log out')")
+        await login(keys["jobs:read"])
+        fields = await p.inner_text("#fields")
+        assert "ValueError: bad input" in fields and "/srv/secret" not in fields
+        assert not await p.is_visible("button:has-text('Retry')")
+        response = await p.goto(f"{base}/ui/dead")
+        assert response.status == 403

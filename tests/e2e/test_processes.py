@@ -78,6 +78,7 @@ async def test_dev_prints_a_curl_line_that_works(settings: Settings) -> None:
             if line.strip().startswith("curl -s -X POST"):
                 curl = line.strip()
         assert curl is not None
+        assert any("auth disabled (loopback only)" in line for line in lines), lines
         out = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=20)
         job = orjson.loads(out.stdout)
         assert job["status"] in ("PENDING", "IN_PROGRESS", "COMPLETED")

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
-from . import errors, openapi
+from . import auth, errors, openapi
 from .access import AccessLog
 from .attempts import add_attempt_routes
 from .body import BodyLimit, TooManyJobs, count_batch_items
@@ -44,6 +44,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
 
     app = FastAPI(title="Conveyor", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.api = api
+    auth.install(app, api, settings)  # first: every route added below needs its scope
     add_routes(app, api, metrics)
     add_attempt_routes(app, api)
     add_ui(app, api)

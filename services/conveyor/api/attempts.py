@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from ..core.errors import JobNotFound
 from ..store import AttemptRow, Store
+from .auth import full_errors
 from .openapi import errors
 from .resource import error_summary
 
@@ -38,8 +39,9 @@ class HasConnection(Protocol):
 
 
 def _tracebacks(api: Any) -> bool:
+    """``admin`` callers (or CONVEYOR_API_EXPOSE_TRACEBACKS) read whole errors."""
     settings = getattr(api, "settings", None)
-    return bool(getattr(settings, "api_expose_tracebacks", False))
+    return settings is not None and full_errors(settings)
 
 
 def attempt_dict(a: AttemptRow, *, tracebacks: bool = True) -> dict[str, Any]:

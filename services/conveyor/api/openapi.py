@@ -28,6 +28,12 @@ _EXAMPLES: dict[int, tuple[str, str, Any]] = {
           "size).", "invalid_request",
           [{"loc": ["body", "priority"], "msg": "Input should be 'high', 'normal' or 'low'",
             "type": "literal_error"}]),
+    401: ("No API key, or not a valid one (see `WWW-Authenticate`).", "unauthorized",
+          "an API key is required: Authorization: Bearer <key>"),
+    403: ("The key lacks the scope this operation needs.", "forbidden",
+          "this key lacks the scope jobs:write"),
+    429: ("Over this key's submit quota; retry after `Retry-After` seconds.", "rate_limited",
+          "over the submit quota; retry in 1 s"),
     503: ("PostgreSQL is unreachable; answered within 2 s. Safe to retry (with the same "
           "Idempotency-Key for submits).", "service_unavailable", "database unavailable"),
 }  # fmt: skip
@@ -95,7 +101,45 @@ def install(app: FastAPI) -> None:
             for code in ("200", "201"):
                 if code in responses:
                     responses[code]["links"] = links
+        _security(app, schema)
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _security(app: FastAPI, schema: dict[str, Any]) -> None:
+    """With auth required: the bearer scheme, each operation's scope, and its 401/403 (429 for
+    submits), from ``auth.ROUTE_SCOPES`` (with auth disabled nothing is declared: a client needs
+    no key, and a fuzzer must not expect a 401)."""
+    from .auth import OPEN, SUBMITS
+
+    auth = getattr(app.state, "auth", None)
+    if auth is None or not auth.required:
+        return
+    schema["components"]["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer", "description": "An API key, "
+                   "`conveyor keys create --name N --scopes jobs:read,jobs:write`."}
+    }  # fmt: skip
+    for path, operations in schema["paths"].items():
+        for method, op in operations.items():
+            need = auth.scope_of(method.upper(), path)
+            if need is None or need == OPEN:
+                continue
+            op["security"] = [{"bearer": []}]
+            op["description"] = f"{op.get('description', '')}\n\nNeeds scope `{need}`.".strip()
+            codes = (401, 403, 429) if (method.upper(), path) in SUBMITS else (401, 403)
+            for code, spec in errors(*codes).items():
+                op["responses"].setdefault(str(code), {
+                    "description": spec["description"],
+                    "content": {"application/json": {
+                        "schema": {"$ref": REF.format(model="ErrorBody")},
+                        "example": spec["content"]["application/json"]["example"],
+                    }},
+                })  # fmt: skip
+                if code == 401:
+                    op["responses"]["401"]["headers"] = {"WWW-Authenticate": {
+                        "description": "`Bearer`", "schema": {"type": "string"}}}  # fmt: skip
+                if code == 429:
+                    wait = {"description": "Seconds to wait.", "schema": {"type": "integer"}}
+                    op["responses"]["429"]["headers"] = {"Retry-After": wait}

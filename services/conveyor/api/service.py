@@ -28,6 +28,7 @@ from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
+from .auth import check_horizon, full_errors
 from .batch import build_batch, build_submit
 from .liveness import PROBE_EVERY, Liveness, unavailable
 from .resource import decode_cursor, encode_cursor, resource
@@ -183,7 +184,9 @@ class Api:
         return 201, {"jobs": [self.render(found[r.id]) for r in rows]}
 
     async def _check_types(self, conn: Any, rows: list[NewJob]) -> None:
-        """Bounded job types (the store's policy): 422 for a type no worker registered."""
+        """Bounded job types (the store's policy): 422 for a type no worker registered; and the
+        schedule horizon (``CONVEYOR_MAX_SCHEDULE_DAYS``): 422 for a run_at beyond it."""
+        check_horizon(rows, self.settings.max_schedule_days)
         if self.known_types is not None:
             await self.known_types.check(conn, [r.job_type for r in rows])
 
@@ -200,7 +203,7 @@ class Api:
         return {"jobs": jobs}
 
     def render(self, row: JobRow) -> dict[str, Any]:
-        return resource(row, tracebacks=self.settings.api_expose_tracebacks)
+        return resource(row, tracebacks=full_errors(self.settings))
 
     async def get(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn:

@@ -32,9 +32,22 @@ class Settings(BaseSettings):
     max_batch: int = Field(default=1000, gt=0)
     db_timeout: float = Field(default=1.5, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
-    # serve last_error's full traceback (server file paths) in the job resource; until the
-    # `admin` scope exists, only for deployments whose API callers are all operators
+    # serve full tracebacks (server file paths) to every caller; otherwise only to `admin` keys
+    # (with auth disabled, this is the only switch)
     api_expose_tracebacks: bool = False
+
+    # security (README "Security"): API keys with scopes on every route but the probes;
+    # `conveyor dev` defaults to disabled and then binds loopback only
+    auth: Literal["required", "disabled"] = "required"
+    # /metrics: open (the default) or behind a key with jobs:read
+    metrics_auth: Literal["open", "required"] = "open"
+    # per-key submit rate, "<n>/s", "<n>/m" or "<n>/h" (unset: no limit); 429 with Retry-After
+    rate_limit: str | None = Field(default=None, pattern=r"^\s*\d+(\.\d+)?\s*/\s*[smh]\s*$")
+    # how long a verified key (or a revocation) is trusted without reading PostgreSQL again
+    auth_cache_seconds: float = Field(default=2.0, ge=0, le=5)
+    # the latest run_at a job submitted through the API may ask for, in days from now (ten
+    # years, like delay_seconds' bound)
+    max_schedule_days: float = Field(default=3650.0, gt=0, le=3_000_000)
 
     # accept job types no worker registered (job_types); off: 422 naming the known types
     accept_unknown_types: bool = False

@@ -1,5 +1,5 @@
 """Structured logs: one ``action`` key per event, ``key=value`` pairs, configured only in entry
-points (``configure``)."""
+points (``configure``). Every line is masked (``secrets.mask``): no URL password, no API key."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
+
+from .secrets import mask
 
 
 class _KeyValueFormatter(logging.Formatter):
@@ -31,7 +33,7 @@ class _KeyValueFormatter(logging.Formatter):
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return mask(line)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -49,7 +51,7 @@ class _JsonFormatter(logging.Formatter):
         line.update(fields or {"message": record.getMessage()})
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+        return mask(orjson.dumps(line, default=str).decode())
 
 
 FORMATS = ("text", "json")

@@ -16,6 +16,7 @@ from .base import Connection
 from .dashboard import DashboardStatements
 from .history import HistoryStatements
 from .jobs import JobStatements
+from .keys import ApiKeyRow, KeyStatements
 from .maintenance import MaintenanceStatements
 from .outbox import OutboxStatements
 from .probes import HEAD, ProbeStatements
@@ -48,6 +49,7 @@ class Store(
     StatsStatements,
     DashboardStatements,
     TypeStatements,
+    KeyStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -69,6 +71,7 @@ def for_schema(schema: str = DEFAULT_SCHEMA) -> Store:
 __all__ = [
     "DEFAULT_SCHEMA",
     "HEAD",
+    "ApiKeyRow",
     "Attempt",
     "AttemptRow",
     "ClaimedJob",

@@ -139,6 +139,30 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         ),
     )
     _define_attempts(metadata)
+    _define_keys(metadata)
+
+
+def _define_keys(metadata: sa.MetaData) -> None:
+    """API keys (migration 0006): only a SHA-256 of each key, looked up by its public id."""
+    keys = sa.Table(
+        "api_keys",
+        metadata,
+        sa.Column("key_id", sa.Text(), primary_key=True),
+        sa.Column("name", sa.Text(), nullable=False),
+        sa.Column("key_hash", sa.LargeBinary(), nullable=False),
+        sa.Column("scopes", pg.ARRAY(sa.Text()), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
+        sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint("octet_length(key_hash) = 32", name="api_keys_hash_length"),
+    )
+    sa.Index(
+        "api_keys_active_name_idx",
+        keys.c.name,
+        unique=True,
+        postgresql_where=keys.c.revoked_at.is_(None),
+    )
 
 
 ATTEMPT_OUTCOMES = ("completed", "retry", "failed", "cancelled", "released", "lease_expired")

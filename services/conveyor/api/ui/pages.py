@@ -1,6 +1,8 @@
 """The dashboard's routes: overview (live), jobs (filters, keyset pages), one job (cancel,
 retry), dead letters (bulk redrive and purge by type and error, after a confirmation page).
-Actions are HTML form POSTs answered by a redirect; a POST from another origin is refused."""
+Actions are HTML form POSTs answered by a redirect; a POST from another origin, or without the
+page's CSRF token, is refused. Who may see and do what: ``api/auth.py``'s table; login, CSRF
+and the security headers: ``session.py``."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from ...core.jobs import Status
 from ..attempts import HasConnection
+from ..auth import ADMIN, CURRENT, WRITE, full_errors
 from . import render as r
+from .session import add_login_routes, csrf_token, html
 
 STATIC = Path(__file__).parent / "static"
 PAGE = 50
@@ -27,8 +31,15 @@ def uuid7_floor(t: datetime) -> uuid.UUID:
     return uuid.UUID(int=int(t.timestamp() * 1000) << 80)
 
 
-def _html(body: str, status: int = 200) -> HTMLResponse:
-    return HTMLResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
+def _page(request: Request, title: str, body: str, status: int = 200) -> Response:
+    p = CURRENT.get()
+    user = p.name if p is not None and p.via == "session" else ""
+    return html(request, r.page(title, body, user=user), status)
+
+
+def _allows(scope: str) -> bool:
+    p = CURRENT.get()
+    return p is None or p.allows(scope)
 
 
 def _same_origin(request: Request) -> bool:
@@ -47,6 +58,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 def add_ui(app: FastAPI, api: HasConnection) -> None:
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
+    add_login_routes(app, _same_origin)
 
     async def overview_fragment() -> str:
         async with api.connection() as conn:
@@ -58,20 +70,21 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         return r.overview_table(counts, {h["type"]: h for h in hour}, datetime.now(UTC))
 
     @app.get("/ui", include_in_schema=False)
-    async def ui_overview() -> Response:
+    async def ui_overview(request: Request) -> Response:
         body = (
             f'<div id="live" data-refresh="/ui/fragment/overview">{await overview_fragment()}'
             '</div><p class="muted">Counts of finished jobs and waits cover the last hour; '
             "refreshed every 5 s.</p>"
         )
-        return _html(r.page("Overview", body))
+        return _page(request, "Overview", body)
 
     @app.get("/ui/fragment/overview", include_in_schema=False)
-    async def ui_overview_fragment() -> Response:
-        return _html(await overview_fragment())
+    async def ui_overview_fragment(request: Request) -> Response:
+        return html(request, await overview_fragment())
 
     @app.get("/ui/jobs", include_in_schema=False)
     async def ui_jobs(
+        request: Request,
         type: str | None = None,
         status: str | None = None,
         since: str | None = None,
@@ -82,13 +95,13 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             try:
                 return RedirectResponse(f"/ui/jobs/{uuid.UUID(id.strip())}", status_code=303)
             except ValueError:
-                return _html(r.page("Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>'), 400)
+                return _page(request, "Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>', 400)
         try:
             st = Status(status).value if status else None
             cursor = uuid.UUID(before) if before else None
             floor = datetime.fromisoformat(since).replace(tzinfo=UTC) if since else None
         except ValueError as exc:
-            return _html(r.page("Jobs", f'<p class="notice">Bad filter: {r.e(exc)}</p>'), 400)
+            return _page(request, "Jobs", f'<p class="notice">Bad filter: {r.e(exc)}</p>', 400)
         async with api.connection() as conn:
             rows = await api.store.job_page(
                 conn,
@@ -118,21 +131,28 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             else ""
         )
         body = filters + (r.jobs_table(rows) if rows else "<p>No jobs match.</p>") + nxt
-        return _html(r.page("Jobs", body))
+        return _page(request, "Jobs", body)
 
     @app.get("/ui/jobs/{job_id}", include_in_schema=False)
-    async def ui_job(job_id: uuid.UUID) -> Response:
+    async def ui_job(job_id: uuid.UUID, request: Request) -> Response:
         async with api.connection() as conn:
             row = await api.store.job_get(conn, job_id)
             attempts = await api.store.job_attempt_list(conn, job_id) or []
         if row is None:
-            return _html(r.page("Job not found", f"<p>No job {r.e(job_id)}.</p>"), 404)
-        return _html(r.page(f"Job {job_id}", r.job_detail(row, attempts)))
+            return _page(request, "Job not found", f"<p>No job {r.e(job_id)}.</p>", 404)
+        detail = r.job_detail(
+            row,
+            attempts,
+            csrf=csrf_token(request),
+            full_errors=full_errors(api.settings),  # type: ignore[attr-defined]
+            can_cancel=_allows(WRITE),
+            can_retry=_allows(ADMIN),
+        )
+        return _page(request, f"Job {job_id}", detail)
 
-    @app.post("/ui/jobs/{job_id}/{action}", include_in_schema=False)
-    async def ui_job_action(job_id: uuid.UUID, action: str, request: Request) -> Response:
-        if not _same_origin(request) or action not in ("cancel", "retry"):
-            return _html(r.page("Refused", "<p>Refused.</p>"), 403)
+    async def job_action(job_id: uuid.UUID, action: str, request: Request) -> Response:
+        if not _same_origin(request):
+            return _page(request, "Refused", "<p>Refused.</p>", 403)
         async with api.connection() as conn, conn.transaction():
             if action == "cancel":
                 await api.store.job_cancel(conn, job_id)
@@ -141,8 +161,16 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
                 await api.store.outbox_notify(conn)
         return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
+    @app.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)
+    async def ui_job_cancel(job_id: uuid.UUID, request: Request) -> Response:
+        return await job_action(job_id, "cancel", request)
+
+    @app.post("/ui/jobs/{job_id}/retry", include_in_schema=False)
+    async def ui_job_retry(job_id: uuid.UUID, request: Request) -> Response:
+        return await job_action(job_id, "retry", request)
+
     @app.get("/ui/dead", include_in_schema=False)
-    async def ui_dead(done: str | None = None) -> Response:
+    async def ui_dead(request: Request, done: str | None = None) -> Response:
         async with api.connection() as conn:
             groups = await api.store.job_dead_groups(conn)
         rows = [
@@ -171,12 +199,14 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             if rows
             else "<p>No dead letters.</p>"
         )
-        return _html(r.page("Dead letters (FAILED jobs)", body))
+        return _page(request, "Dead letters (FAILED jobs)", body)
 
     @app.get("/ui/dead/confirm", include_in_schema=False)
-    async def ui_dead_confirm(action: str, type: str, error: str | None = None) -> Response:
+    async def ui_dead_confirm(
+        request: Request, action: str, type: str, error: str | None = None
+    ) -> Response:
         if action not in ("redrive", "purge"):
-            return _html(r.page("Dead letters", "<p>Unknown action.</p>"), 400)
+            return _page(request, "Dead letters", "<p>Unknown action.</p>", 400)
         async with api.connection() as conn:
             n = await api.store.job_dead_count(conn, type, error)
         what = "back to PENDING with fresh retries" if action == "redrive" else "deleted for good"
@@ -186,24 +216,27 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             + r.button(
                 f"/ui/dead/{action}",
                 f"Yes, {action} {n} job(s)",
+                csrf=csrf_token(request),
                 type=type,
                 error=error or "",
                 confirm="yes",
             )
             + r.link("/ui/dead", "Cancel")
         )
-        return _html(r.page(f"Confirm {action}", body))
+        return _page(request, f"Confirm {action}", body)
 
-    @app.post("/ui/dead/{action}", include_in_schema=False)
-    async def ui_dead_action(action: str, request: Request) -> Response:
+    @app.post("/ui/dead/redrive", include_in_schema=False)
+    async def ui_dead_redrive(request: Request) -> Response:
+        return await dead_action("redrive", request)
+
+    @app.post("/ui/dead/purge", include_in_schema=False)
+    async def ui_dead_purge(request: Request) -> Response:
+        return await dead_action("purge", request)
+
+    async def dead_action(action: str, request: Request) -> Response:
         form = await _form(request)
-        if (
-            not _same_origin(request)
-            or action not in ("redrive", "purge")
-            or form.get("confirm") != "yes"
-            or not form.get("type")
-        ):
-            return _html(r.page("Refused", "<p>Refused: confirm the action first.</p>"), 403)
+        if not _same_origin(request) or form.get("confirm") != "yes" or not form.get("type"):
+            return _page(request, "Refused", "<p>Refused: confirm the action first.</p>", 403)
         error = form.get("error") or None
         async with api.connection() as conn, conn.transaction():
             if action == "redrive":

@@ -14,6 +14,7 @@ import orjson
 
 from ...core.jobs import Status
 from ...store import AttemptRow, JobRow
+from ..resource import error_summary
 
 ACTIVE = ["SCHEDULED", "PENDING", "RETRYING", "IN_PROGRESS", "FAILED"]
 
@@ -55,11 +56,17 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, id_: str = "
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def page(title: str, body: str) -> str:
+def page(title: str, body: str, *, user: str = "") -> str:
+    """``user``: the logged-in key's name, shown with a Log out button."""
     nav = " ".join(
         link(p, t)
         for p, t in (("/ui", "Overview"), ("/ui/jobs", "Jobs"), ("/ui/dead", "Dead letters"))
     )
+    if user:
+        nav += (
+            f' <span class="muted" id="user">{e(user)}</span> <form method="post" '
+            'action="/ui/logout" class="inline"><button type="submit">Log out</button></form>'
+        )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)} · Conveyor</title>"
@@ -121,7 +128,7 @@ def jobs_table(rows: Sequence[JobRow]) -> str:
                 e(r.attempts),
                 e(when(r.created_at)),
                 e(when(r.finished_at)),
-                e((r.last_error or "")[:120]),
+                e((error_summary(r.last_error) or "")[:120]),
             ]
             for r in rows
         ],
@@ -129,7 +136,9 @@ def jobs_table(rows: Sequence[JobRow]) -> str:
     )
 
 
-def button(action: str, label: str, **fields: str) -> str:
+def button(action: str, label: str, *, csrf: str = "", **fields: str) -> str:
+    """A form POST carrying the page's CSRF token."""
+    fields = {"csrf": csrf, **fields} if csrf else fields
     hidden = "".join(
         f'<input type="hidden" name="{e(k)}" value="{e(v)}">' for k, v in fields.items()
     )
@@ -139,7 +148,21 @@ def button(action: str, label: str, **fields: str) -> str:
     )
 
 
-def job_detail(row: JobRow, attempts: Sequence[AttemptRow]) -> str:
+def job_detail(
+    row: JobRow,
+    attempts: Sequence[AttemptRow],
+    *,
+    csrf: str = "",
+    full_errors: bool = True,
+    can_cancel: bool = True,
+    can_retry: bool = True,
+) -> str:
+    """``full_errors`` False (not ``admin``): each error reduced to its last line, without the
+    traceback's server paths."""
+
+    def err(text: str | None) -> str | None:
+        return text if full_errors else error_summary(text)
+
     fields = [
         ("id", row.id),
         ("type", row.job_type),
@@ -157,13 +180,14 @@ def job_detail(row: JobRow, attempts: Sequence[AttemptRow]) -> str:
         ("finished", when(row.finished_at)),
         ("updated", when(row.updated_at)),
         ("cancel requested", row.cancel_requested),
-        ("last error", row.last_error),
+        ("last error", err(row.last_error)),
     ]
     actions = []
-    if row.status in (Status.PENDING, Status.SCHEDULED, Status.RETRYING, Status.IN_PROGRESS):
-        actions.append(button(f"/ui/jobs/{row.id}/cancel", "Cancel"))
-    if row.status in (Status.FAILED, Status.CANCELLED):
-        actions.append(button(f"/ui/jobs/{row.id}/retry", "Retry"))
+    running = (Status.PENDING, Status.SCHEDULED, Status.RETRYING, Status.IN_PROGRESS)
+    if can_cancel and row.status in running:
+        actions.append(button(f"/ui/jobs/{row.id}/cancel", "Cancel", csrf=csrf))
+    if can_retry and row.status in (Status.FAILED, Status.CANCELLED):
+        actions.append(button(f"/ui/jobs/{row.id}/retry", "Retry", csrf=csrf))
     attempt_rows = [
         [
             e(a.attempt),
@@ -172,7 +196,7 @@ def job_detail(row: JobRow, attempts: Sequence[AttemptRow]) -> str:
             e(when(a.finished_at)),
             e(a.outcome or "running"),
             e(secs(a.duration_seconds)),
-            f"<pre>{e(a.error)}</pre>" if a.error else "",
+            f"<pre>{e(err(a.error))}</pre>" if a.error else "",
         ]
         for a in attempts
     ]

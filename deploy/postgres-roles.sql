@@ -1,0 +1,42 @@
+-- Conveyor least-privilege grants for schema conveyor (generated: conveyor roles sql).
+-- Create the login roles first (as a superuser or CREATEROLE), with your passwords:
+--   CREATE ROLE conveyor_api LOGIN PASSWORD '...';
+--   CREATE ROLE conveyor_publisher LOGIN PASSWORD '...';
+--   CREATE ROLE conveyor_worker LOGIN PASSWORD '...';
+--   CREATE ROLE conveyor_sweeper LOGIN PASSWORD '...';
+-- then run this file as the role that ran `conveyor migrate` (the schema's owner).
+-- Optional, if no other application needs it: REVOKE TEMPORARY ON DATABASE <db> FROM
+-- PUBLIC (temporary tables are the one CREATE a runtime role could still run).
+REVOKE ALL ON SCHEMA conveyor FROM PUBLIC;
+GRANT USAGE ON SCHEMA conveyor TO conveyor_api;
+GRANT SELECT ON conveyor.alembic_version TO conveyor_api;
+GRANT SELECT, INSERT, UPDATE, DELETE ON conveyor.jobs TO conveyor_api;
+GRANT SELECT, DELETE ON conveyor.job_attempts TO conveyor_api;
+GRANT INSERT ON conveyor.job_outbox TO conveyor_api;
+GRANT SELECT ON conveyor.job_types TO conveyor_api;
+GRANT SELECT ON conveyor.api_keys TO conveyor_api;
+GRANT SELECT ON conveyor.backlog, conveyor.stuck_jobs, conveyor.recent_failures, conveyor.throughput TO conveyor_api;
+GRANT USAGE ON SEQUENCE conveyor.job_outbox_id_seq TO conveyor_api;
+GRANT USAGE ON SCHEMA conveyor TO conveyor_publisher;
+GRANT SELECT ON conveyor.alembic_version TO conveyor_publisher;
+GRANT SELECT, UPDATE, DELETE ON conveyor.jobs TO conveyor_publisher;
+GRANT SELECT, INSERT, DELETE ON conveyor.job_attempts TO conveyor_publisher;
+GRANT SELECT ON conveyor.job_types TO conveyor_publisher;
+GRANT SELECT ON conveyor.backlog, conveyor.stuck_jobs, conveyor.recent_failures, conveyor.throughput TO conveyor_publisher;
+GRANT SELECT, INSERT, UPDATE, DELETE ON conveyor.job_outbox TO conveyor_publisher;
+GRANT USAGE ON SEQUENCE conveyor.job_outbox_id_seq TO conveyor_publisher;
+GRANT USAGE ON SCHEMA conveyor TO conveyor_worker;
+GRANT SELECT ON conveyor.alembic_version TO conveyor_worker;
+GRANT SELECT, UPDATE ON conveyor.jobs TO conveyor_worker;
+GRANT SELECT, INSERT ON conveyor.job_attempts TO conveyor_worker;
+GRANT INSERT ON conveyor.job_outbox TO conveyor_worker;
+GRANT SELECT, INSERT, UPDATE ON conveyor.job_types TO conveyor_worker;
+GRANT USAGE ON SEQUENCE conveyor.job_outbox_id_seq TO conveyor_worker;
+GRANT USAGE ON SCHEMA conveyor TO conveyor_sweeper;
+GRANT SELECT ON conveyor.alembic_version TO conveyor_sweeper;
+GRANT SELECT, UPDATE, DELETE ON conveyor.jobs TO conveyor_sweeper;
+GRANT SELECT, INSERT, DELETE ON conveyor.job_attempts TO conveyor_sweeper;
+GRANT SELECT, INSERT ON conveyor.job_outbox TO conveyor_sweeper;
+GRANT SELECT ON conveyor.job_types TO conveyor_sweeper;
+GRANT SELECT ON conveyor.backlog, conveyor.stuck_jobs, conveyor.recent_failures, conveyor.throughput TO conveyor_sweeper;
+GRANT USAGE ON SEQUENCE conveyor.job_outbox_id_seq TO conveyor_sweeper;

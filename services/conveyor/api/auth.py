@@ -1,0 +1,228 @@
+"""Who may call what (SPEC §11, README "Security"). ``ROUTE_SCOPES`` is the one table from
+(method, path template) to the scope a route needs, or ``OPEN``; ``Auth`` is a dependency of the
+whole app that enforces it on every route, the dashboard's included. A route missing from the
+table needs ``admin`` (fail closed) and ``tests/unit/test_route_scopes.py`` fails until it is
+declared: add new routes here.
+
+Credentials: ``Authorization: Bearer <key>`` only (never a query string); the dashboard also
+accepts its session cookie (``ui/session.py``) on ``/ui`` paths. 401 (with ``WWW-Authenticate:
+Bearer``) for a missing or bad key, 403 for a missing scope, 429 (``Retry-After``) over the
+submit quota. Keys are never logged: the access log writes no header."""
+
+from __future__ import annotations
+
+import contextvars
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.params import Depends
+from fastapi.responses import Response
+
+from ..core.apikeys import SCOPES, effective
+from ..core.config import Settings
+from ..core.errors import InvalidJob
+from .errors import error_response
+from .keycache import KeyCache, RateLimiter
+
+OPEN = "open"
+READ, WRITE, ADMIN = SCOPES
+
+ROUTE_SCOPES: dict[tuple[str, str], str] = {
+    # probes and documents
+    ("GET", "/healthz"): OPEN,
+    ("GET", "/readyz"): OPEN,
+    ("GET", "/openapi.json"): OPEN,
+    ("GET", "/docs"): OPEN,
+    ("GET", "/docs/oauth2-redirect"): OPEN,
+    ("GET", "/redoc"): OPEN,
+    ("GET", "/metrics"): OPEN,  # READ under CONVEYOR_METRICS_AUTH=required
+    # jobs
+    ("POST", "/jobs"): WRITE,
+    ("POST", "/jobs/batch"): WRITE,
+    ("GET", "/jobs"): READ,
+    ("GET", "/jobs/{job_id}"): READ,
+    ("GET", "/jobs/{job_id}/attempts"): READ,
+    ("POST", "/jobs/{job_id}/cancel"): WRITE,
+    ("POST", "/jobs/{job_id}/retry"): ADMIN,
+    # dashboard
+    ("GET", "/ui/login"): OPEN,
+    ("POST", "/ui/login"): OPEN,
+    ("POST", "/ui/logout"): OPEN,
+    ("GET", "/ui"): READ,
+    ("GET", "/ui/fragment/overview"): READ,
+    ("GET", "/ui/jobs"): READ,
+    ("GET", "/ui/jobs/{job_id}"): READ,
+    ("POST", "/ui/jobs/{job_id}/cancel"): WRITE,
+    ("POST", "/ui/jobs/{job_id}/retry"): ADMIN,
+    ("GET", "/ui/dead"): ADMIN,
+    ("GET", "/ui/dead/confirm"): ADMIN,
+    ("POST", "/ui/dead/redrive"): ADMIN,
+    ("POST", "/ui/dead/purge"): ADMIN,
+}
+# mounted static files (no data): open
+OPEN_MOUNTS = ("/ui/static", "/docs-assets")
+# routes that count against CONVEYOR_RATE_LIMIT
+SUBMITS = frozenset({("POST", "/jobs"), ("POST", "/jobs/batch")})
+
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
+
+
+def template(path: str) -> str:
+    """``/jobs/{job_id:uuid}`` → ``/jobs/{job_id}``, the path as OpenAPI names it."""
+    return _CONVERTER.sub(r"{\1}", path)
+
+
+def declared_scope(method: str, path: str) -> str | None:
+    """The table's entry (HEAD is GET's), or None when the route was not declared."""
+    return ROUTE_SCOPES.get(("GET" if method == "HEAD" else method, template(path)))
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller of the current request. ``via``: bearer, session or none (auth disabled)."""
+
+    name: str
+    scopes: frozenset[str]
+    full_errors: bool
+    via: str = "none"
+    key_id: str | None = None
+    key_hash: bytes = field(default=b"", repr=False)
+    session: str | None = field(default=None, repr=False)
+
+    def allows(self, scope: str) -> bool:
+        return scope == OPEN or scope in self.scopes
+
+
+CURRENT: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "conveyor_principal", default=None
+)
+
+
+def full_errors(settings: Settings) -> bool:
+    """May the current caller read tracebacks (server paths)? ``admin`` may; with auth disabled
+    (or outside a request), ``CONVEYOR_API_EXPOSE_TRACEBACKS`` decides."""
+    p = CURRENT.get()
+    return settings.api_expose_tracebacks if p is None else p.full_errors
+
+
+def check_horizon(rows: Any, max_days: float) -> None:
+    """Quota: no job due further ahead than ``max_days`` (a run_at in year 9000 would sit in
+    the due index for ever). Raises ``InvalidJob`` (422)."""
+    try:
+        limit = datetime.now(UTC) + timedelta(days=max_days)
+    except OverflowError:  # a horizon past year 9999: no limit but the run_at range itself
+        return
+    for i, row in enumerate(rows):
+        if row.run_at is not None and row.run_at > limit:
+            where = f"jobs[{i}]: " if len(rows) > 1 else ""
+            raise InvalidJob(f"{where}run_at is more than {max_days:g} days ahead "
+                             "(CONVEYOR_MAX_SCHEDULE_DAYS)")  # fmt: skip
+
+
+class AuthError(Exception):
+    def __init__(self, status: int, error: str, detail: str, *, html: bool = False,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(detail)
+        self.status, self.error, self.detail, self.html = status, error, detail, html
+        self.headers = headers or {}
+
+
+class Auth:
+    """The app-wide dependency (``install``)."""
+
+    def __init__(self, settings: Settings, api: Any) -> None:
+        self.settings = settings
+        self.required = settings.auth == "required"
+        self.keys = KeyCache(api, settings.auth_cache_seconds)
+        self.limiter = RateLimiter(settings.rate_limit)
+        self.anonymous = Principal("anonymous", frozenset(SCOPES), settings.api_expose_tracebacks)
+        self._routes: dict[tuple[int, str], tuple[str, str]] = {}
+
+    def scope_of(self, method: str, path: str) -> str | None:
+        """The scope (method, path template) needs here (None: not declared)."""
+        if template(path) == "/metrics" and self.settings.metrics_auth == "required":
+            return READ
+        return declared_scope(method, path)
+
+    def _route(self, request: Request) -> tuple[str, str]:
+        """(scope needed, path template) of the matched route, computed once per route."""
+        route = request.scope.get("route")
+        k = (id(route), request.method)
+        found = self._routes.get(k)
+        if found is None:
+            path = template(getattr(route, "path", ""))
+            need = ROUTE_SCOPES.get((request.method, path), ADMIN)  # undeclared: fail closed
+            if path == "/metrics" and self.settings.metrics_auth == "required":
+                need = READ
+            found = self._routes[k] = (need, path)
+        return found
+
+    async def __call__(self, request: Request) -> None:
+        need, path = self._route(request)
+        if need == OPEN:
+            CURRENT.set(None)
+            return
+        ui = path.startswith("/ui")
+        if self.required:
+            p = await self.authenticate(request, ui)
+            if not p.allows(need):
+                raise AuthError(403, "forbidden", f"this key lacks the scope {need}", html=ui)
+        else:
+            p = self.anonymous
+        if ui and request.method == "POST" and p.via != "bearer":
+            from .ui.session import check_csrf
+
+            await check_csrf(request, p)
+        if (request.method, path) in SUBMITS:
+            wait = self.limiter.take(p.key_id or p.name)
+            if wait is not None:
+                raise AuthError(429, "rate_limited", f"over the submit quota; retry in {wait} s",
+                                headers={"Retry-After": str(wait)})  # fmt: skip
+        CURRENT.set(p)
+
+    async def authenticate(self, request: Request, ui: bool) -> Principal:
+        header = request.headers.get("authorization")
+        if header is not None:
+            scheme, _, key = header.partition(" ")
+            row = await self.keys.verify(key.strip()) if scheme.lower() == "bearer" else None
+            if row is None:
+                raise _unauthorized("invalid API key", ui, invalid=True)
+            return self.principal(row, "bearer")
+        if ui:
+            from .ui.session import from_cookie
+
+            p = await from_cookie(self, request)
+            if p is not None:
+                return p
+        raise _unauthorized("an API key is required: Authorization: Bearer <key>", ui)
+
+    def principal(self, row: Any, via: str, session: str | None = None) -> Principal:
+        scopes = effective(row.scopes)
+        full = ADMIN in scopes or self.settings.api_expose_tracebacks
+        return Principal(row.name, scopes, full, via, row.key_id, row.key_hash, session)
+
+
+def _unauthorized(detail: str, ui: bool, *, invalid: bool = False) -> AuthError:
+    challenge = 'Bearer error="invalid_token"' if invalid else "Bearer"
+    return AuthError(401, "unauthorized", detail, html=ui, headers={"WWW-Authenticate": challenge})
+
+
+def install(app: FastAPI, api: Any, settings: Settings) -> Auth:
+    """Call before any route is added: every route added afterwards runs ``Auth`` first."""
+    auth = Auth(settings, api)
+    app.router.dependencies.append(Depends(auth))
+    app.state.auth = auth
+
+    @app.exception_handler(AuthError)
+    async def _refused(request: Request, exc: AuthError) -> Response:
+        api.metrics.api_errors.labels(str(exc.status)).inc()
+        if exc.html:
+            from .ui.session import refused_page
+
+            return refused_page(request, exc)
+        return error_response(exc.status, exc.error, exc.detail, exc.headers)
+
+    return auth

@@ -1,0 +1,170 @@
+"""The dashboard's login, session cookie, CSRF tokens and security headers.
+
+- Login: ``/ui/login`` takes a key once and sets ``conveyor_session`` = ``<key id>.<expiry>.<mac>``
+  with mac = HMAC-SHA256(the key's stored hash, id and expiry): every replica can check it
+  through its key cache (no shared secret, no session table), and revoking the key ends its
+  sessions. Cookie: ``HttpOnly``, ``SameSite=Strict``, ``Path=/ui``, ``Secure`` when the request
+  came over https (or ``X-Forwarded-Proto: https``).
+- CSRF: every form POST carries ``csrf``: HMAC(the key's hash, the session cookie) when logged
+  in; with auth disabled, the value of a random ``conveyor_csrf`` cookie (double submit).
+  A request authenticated by an ``Authorization`` header carries no ambient credential and needs
+  none. Checked by ``auth.Auth`` before the route runs.
+- Every page: a strict Content-Security-Policy (scripts and styles from ``/ui/static`` only, no
+  inline script), ``nosniff``, ``frame-ancestors 'none'``, same-origin referrers, ``no-store``."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from . import render as r
+
+if TYPE_CHECKING:
+    from ..auth import Auth, AuthError, Principal
+
+SESSION, CSRF = "conveyor_session", "conveyor_csrf"
+SESSION_SECONDS = 12 * 3600
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    # not no-referrer: Chromium then sends "Origin: null" on form POSTs (refused as cross-site)
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def _mac(key_hash: bytes, text: str) -> str:
+    return hmac.new(key_hash, text.encode(), hashlib.sha256).hexdigest()
+
+
+def _https(request: Request) -> bool:
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+
+
+def _cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, path="/ui", httponly=True,
+                        samesite="strict", secure=_https(request))  # fmt: skip
+
+
+async def from_cookie(auth: Auth, request: Request) -> Principal | None:
+    value = request.cookies.get(SESSION)
+    if not value or len(value) > 200:
+        return None
+    key_id, _, rest = value.partition(".")
+    expiry, _, mac = rest.partition(".")
+    if not expiry.isdigit() or int(expiry) < time.time():
+        return None
+    row = await auth.keys.row(key_id)
+    if row is None or row.revoked_at is not None:
+        return None
+    if not hmac.compare_digest(_mac(row.key_hash, f"session.{key_id}.{expiry}"), mac):
+        return None
+    return auth.principal(row, "session", session=value)
+
+
+def csrf_token(request: Request) -> str:
+    """The token forms of this page carry."""
+    from ..auth import CURRENT
+
+    p = CURRENT.get()
+    if p is not None and p.via == "session" and p.session:
+        return _mac(p.key_hash, "csrf." + p.session)[:32]
+    token = request.cookies.get(CSRF) or getattr(request.state, "new_csrf", None)
+    if not token:
+        token = request.state.new_csrf = secrets.token_urlsafe(24)
+    return str(token)
+
+
+async def check_csrf(request: Request, p: Principal) -> None:
+    from ..auth import AuthError
+
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    sent = (form.get("csrf") or [request.headers.get("x-csrf-token", "")])[0]
+    if p.via == "session" and p.session:
+        expected = _mac(p.key_hash, "csrf." + p.session)[:32]
+    else:
+        expected = request.cookies.get(CSRF, "")
+    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
+        raise AuthError(403, "csrf_failed", "missing or wrong CSRF token: reload the page",
+                        html=True)  # fmt: skip
+
+
+def html(request: Request, body: str, status: int = 200) -> HTMLResponse:
+    """A dashboard page with the security headers (and the CSRF cookie it introduced)."""
+    response = HTMLResponse(body, status_code=status, headers=HEADERS)
+    new = getattr(request.state, "new_csrf", None)
+    if new:
+        _cookie(response, request, CSRF, new, SESSION_SECONDS)
+    return response
+
+
+def _login_form(request: Request, message: str = "") -> str:
+    nxt = request.query_params.get("next") or (
+        request.url.path if request.method == "GET" and request.url.path != "/ui/login" else "/ui"
+    )
+    notice = f'<p class="notice" id="login-error">{r.e(message)}</p>' if message else ""
+    return r.page("Log in", notice + (
+        '<form method="post" action="/ui/login" id="login">'
+        f'<input type="hidden" name="next" value="{r.e(_safe_next(nxt))}">'
+        '<label>API key <input type="password" name="key" size="70" autocomplete="off" '
+        'required></label> <button type="submit">Log in</button></form>'
+        '<p class="muted">Any key works; pages and actions follow its scopes.</p>'
+    ))  # fmt: skip
+
+
+def refused_page(request: Request, exc: AuthError) -> Response:
+    if exc.status == 401:
+        body = _login_form(request, "" if request.url.path == "/ui" else exc.detail)
+    else:
+        body = r.page("Refused", f'<p class="notice" id="refused">{r.e(exc.detail)}</p>')
+    response = html(request, body, exc.status)
+    response.headers.update(exc.headers)
+    return response
+
+
+def _safe_next(value: str) -> str:
+    """Only a dashboard path (no open redirect)."""
+    ok = value.startswith("/ui") and not value.startswith("//") and "\\" not in value
+    return value if ok else "/ui"
+
+
+def add_login_routes(app: FastAPI, same_origin: Any) -> None:
+    @app.get("/ui/login", include_in_schema=False)
+    async def ui_login(request: Request) -> Response:
+        if app.state.auth.settings.auth != "required":
+            return RedirectResponse("/ui", status_code=303)
+        return html(request, _login_form(request))
+
+    @app.post("/ui/login", include_in_schema=False)
+    async def ui_login_post(request: Request) -> Response:
+        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"))
+                .items()}  # fmt: skip
+        auth: Auth = app.state.auth
+        if not same_origin(request):
+            return html(request, r.page("Refused", "<p>Refused.</p>"), 403)
+        row = await auth.keys.verify(form.get("key", "").strip())
+        if row is None:
+            return html(request, _login_form(request, "invalid API key"), 401)
+        expiry = int(time.time()) + SESSION_SECONDS
+        value = f"{row.key_id}.{expiry}.{_mac(row.key_hash, f'session.{row.key_id}.{expiry}')}"
+        response = RedirectResponse(_safe_next(form.get("next", "/ui")), status_code=303)
+        _cookie(response, request, SESSION, value, SESSION_SECONDS)
+        return response
+
+    @app.post("/ui/logout", include_in_schema=False)
+    async def ui_logout(request: Request) -> Response:
+        response = RedirectResponse("/ui/login", status_code=303)
+        response.delete_cookie(SESSION, path="/ui", httponly=True, samesite="strict")
+        return response

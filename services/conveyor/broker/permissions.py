@@ -1,0 +1,68 @@
+"""Least privilege in RabbitMQ (README "Security"): the configure / write / read patterns of
+each component's user, for ``rabbitmqctl set_permissions -p <vhost> <user> <conf> <write>
+<read>``. Every component declares the part of the topology it uses (idempotent), so each may
+configure those names only; the rest follows AMQP's rules:
+
+- publish: write on the exchange; consume: read on the queue;
+- queue.bind: write on the queue, read on the exchange.
+
+publisher: publishes to the work, pen and dead-letter exchanges, declares work queues and pens,
+reads queue depths (maintenance). worker: consumes its types' queues; of the exchanges it may
+write only the dead-letter one (RabbitMQ asks that of whoever declares a queue dead-lettering
+to it; Conveyor's worker publishes nothing: retries and dead letters go through the outbox), so
+it can neither inject work nor read another type's queue. sweeper: declares the base topology
+and reads depths. The API never connects to RabbitMQ. ``conveyor roles amqp`` prints the
+commands."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from ..core.jobs import check_type
+
+COMPONENTS = ("publisher", "worker", "sweeper")
+
+
+def permissions(
+    namespace: str, component: str, types: Sequence[str] | None = None
+) -> tuple[str, str, str]:
+    """(configure, write, read) regexes; ``types``: the worker's job types (default: all)."""
+    ns = re.escape(namespace)
+    queues = (
+        "queue\\.(" + "|".join(re.escape(check_type(t)) for t in types) + ")"
+        if types
+        else "queue\\.[^.]+"
+    )
+    base = "exchange|dead_letter|dead_letter\\.queue|retry"  # declare_base (+ legacy delete)
+    if component == "publisher":
+        conf = f"^{ns}\\.({base}|retry\\.[^.]+|queue\\.[^.]+)$"
+        write = f"^{ns}\\.(exchange|dead_letter|dead_letter\\.queue|retry\\.[^.]+|queue\\.[^.]+)$"
+        read = f"^{ns}\\.(exchange|dead_letter|retry\\.[^.]+)$"
+    elif component == "worker":
+        conf = f"^{ns}\\.({base}|{queues})$"
+        # dead_letter: declaring a queue whose x-dead-letter-exchange it is needs write on it
+        write = f"^{ns}\\.(dead_letter|dead_letter\\.queue|{queues})$"
+        read = f"^{ns}\\.(exchange|dead_letter|{queues})$"
+    elif component == "sweeper":
+        conf = f"^{ns}\\.({base}|queue\\.[^.]+)$"
+        write = f"^{ns}\\.(dead_letter\\.queue)$"
+        read = f"^{ns}\\.(dead_letter)$"
+    else:
+        raise ValueError(f"no broker permissions for {component!r} (the API uses none)")
+    return conf, write, read
+
+
+def rabbitmqctl_commands(
+    namespace: str, vhost: str = "/", types: Sequence[str] | None = None
+) -> str:
+    """The ``rabbitmqctl`` lines creating one user per component (passwords to fill in)."""
+    lines = [f"# Conveyor broker users for namespace {namespace} (conveyor roles amqp)"]
+    for c in COMPONENTS:
+        user = f"conveyor_{c}"
+        conf, write, read = permissions(namespace, c, types if c == "worker" else None)
+        lines += [
+            f'rabbitmqctl add_user {user} "$CONVEYOR_{c.upper()}_AMQP_PASSWORD"',
+            f"rabbitmqctl set_permissions -p '{vhost}' {user} '{conf}' '{write}' '{read}'",
+        ]
+    return "\n".join(lines) + "\n"

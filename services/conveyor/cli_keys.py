@@ -1,0 +1,185 @@
+"""``conveyor keys create|list|revoke``: API keys with scopes (SPEC §11, README "Security").
+``create`` prints the key once, on stdout, and stores only its SHA-256. ``conveyor roles sql``:
+the least-privilege PostgreSQL grants (``store/roles.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from .core.config import Settings
+
+
+def add_parser(sub: Any) -> None:
+    s = sub.add_parser("keys", help="create, list and revoke API keys")
+    actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = actions.add_parser("create", help="create a key and print it once")
+    c.add_argument("--name", required=True, help="a name for the key (unique among active keys)")
+    c.add_argument("--scopes", required=True, help="comma-separated: jobs:read,jobs:write,admin")
+    actions.add_parser("list", help="every key: name, id, scopes, created, revoked")
+    r = actions.add_parser("revoke", help="revoke the active key of this name (within 5 s)")
+    r.add_argument("name")
+    s.set_defaults(func=cmd_keys)
+
+    s = sub.add_parser("roles", help="least-privilege PostgreSQL grants per component")
+    actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = actions.add_parser("sql", help="print the GRANT statements (deploy/postgres-roles.sql)")
+    for component in ("api", "publisher", "worker", "sweeper"):
+        q.add_argument(f"--{component}", default=f"conveyor_{component}",
+                       help=f"the {component}'s role (default conveyor_{component})")  # fmt: skip
+    q = actions.add_parser("amqp", help="print rabbitmqctl commands for the broker users")
+    q.add_argument("--vhost", default="/")
+    q.add_argument("--types", help="comma-separated job types the worker may consume")
+    s.set_defaults(func=cmd_roles)
+
+
+def dev_auth(settings: Settings, host: str) -> tuple[Settings, str | None]:
+    """``conveyor dev``: auth disabled unless CONVEYOR_AUTH says otherwise, and then loopback
+    only. Returns the settings, or a refusal."""
+    import os
+
+    from .services import loopback
+
+    if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
+        settings = settings.model_copy(update={"auth": "disabled"})
+    if settings.auth == "disabled" and not loopback(host):
+        return settings, (
+            f"refusing --host {host} with auth disabled: bind 127.0.0.1 (the default), or set "
+            "CONVEYOR_AUTH=required and use API keys"
+        )
+    return settings, None
+
+
+def auth_banner(settings: Settings, *, dev: bool = False) -> str:
+    """What a starting API says about auth (and, for dev, where its services are, masked)."""
+    from .core.secrets import mask_url
+
+    if settings.auth == "disabled":
+        text = (
+            "auth disabled (loopback only)" if dev else "auth DISABLED: whoever reaches it is admin"
+        )
+    else:
+        text = "API keys required (conveyor keys create --name N --scopes jobs:read,jobs:write)"
+    if dev:
+        text += (f"\nDatabase {mask_url(settings.database_url)}, "
+                 f"broker {mask_url(settings.amqp_url)}")  # fmt: skip
+    return text
+
+
+def cmd_roles(args: argparse.Namespace) -> int:
+    from .broker.permissions import rabbitmqctl_commands
+    from .store.roles import COMPONENTS, roles_sql
+
+    try:
+        settings = Settings()
+        if args.action == "amqp":
+            types = [t.strip() for t in args.types.split(",")] if args.types else None
+            sys.stdout.write(rabbitmqctl_commands(settings.namespace, args.vhost, types))
+            return 0
+        roles = {c: getattr(args, c) for c in COMPONENTS}
+        sys.stdout.write(roles_sql(settings.db_schema, roles))
+    except ValueError as exc:
+        print(f"conveyor roles: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def grant_roles(settings: Settings) -> list[str]:
+    """``conveyor migrate --grant-roles``: the grants to the default roles that exist."""
+    import asyncpg
+
+    from .store.roles import DEFAULT_ROLES, grant_statements
+
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        found = {r["rolname"] for r in await conn.fetch(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[])",
+            list(DEFAULT_ROLES.values()))}  # fmt: skip
+        roles = {c: r for c, r in DEFAULT_ROLES.items() if r in found}
+        async with conn.transaction():
+            for statement in grant_statements(settings.db_schema, roles):
+                await conn.execute(statement)
+        return sorted(roles.values())
+    finally:
+        await conn.close()
+
+
+async def create_key(settings: Settings, name: str, scopes: str) -> str:
+    """The new key (raises ValueError for bad scopes or a name in use)."""
+    from .core.apikeys import new_key, parse_scopes
+    from .store import for_schema
+    from .store.connect import create_pool
+
+    wanted = parse_scopes(scopes)
+    if not name.strip() or len(name) > 100:
+        raise ValueError("a key name is 1 to 100 characters")
+    key, key_id, key_hash = new_key()
+    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            ok = await for_schema(settings.db_schema).api_key_insert(
+                conn, key_id, name, key_hash, wanted
+            )
+    finally:
+        await pool.close()
+    if not ok:
+        raise ValueError(f"an active key is already named {name!r}: revoke it or pick a name")
+    return key
+
+
+async def revoke_key(settings: Settings, name: str) -> int:
+    from .store import for_schema
+    from .store.connect import create_pool
+
+    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            return await for_schema(settings.db_schema).api_key_revoke(conn, name)
+    finally:
+        await pool.close()
+
+
+async def _list(settings: Settings) -> int:
+    from .store import for_schema
+    from .store.connect import create_pool
+
+    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            rows = await for_schema(settings.db_schema).api_key_list(conn)
+    finally:
+        await pool.close()
+    for k in rows:
+        revoked = f"revoked {k.revoked_at:%Y-%m-%d %H:%M:%S}" if k.revoked_at else "active"
+        print(f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
+              f"created {k.created_at:%Y-%m-%d %H:%M:%S}  {revoked}")  # fmt: skip
+    if not rows:
+        print("no keys: conveyor keys create --name NAME --scopes jobs:read,jobs:write")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    settings = Settings()
+    try:
+        if args.action == "create":
+            key = asyncio.run(create_key(settings, args.name, args.scopes))
+            print(key)
+            print(f"key {args.name!r} created: this is the only time it is shown; send it as "
+                  "'Authorization: Bearer <key>'", file=sys.stderr)  # fmt: skip
+            return 0
+        if args.action == "revoke":
+            if asyncio.run(revoke_key(settings, args.name)) == 0:
+                print(f"conveyor keys: no active key named {args.name!r}", file=sys.stderr)
+                return 1
+            print(f"key {args.name!r} revoked (refused by every API within "
+                  f"{settings.auth_cache_seconds:g} s)", file=sys.stderr)  # fmt: skip
+            return 0
+        return asyncio.run(_list(settings))
+    except ValueError as exc:
+        print(f"conveyor keys: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"conveyor keys: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

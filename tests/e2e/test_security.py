@@ -1,0 +1,196 @@
+"""Issue 13.1-13.3 over real HTTP: every route x {no key, bad key, wrong scope, right scope},
+keys only in the Authorization header, revocation on every replica within 5 s, the per-key
+submit quota, and no key in logs, error bodies, /metrics or OpenAPI."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from conveyor.api.auth import OPEN, ROUTE_SCOPES
+from conveyor.cli_keys import create_key, revoke_key
+from conveyor.core.config import Settings
+from conveyor.services import api_server, serve_api
+
+from ..security import BAD_KEYS, RIGHT, WRONG, bearer, keyed_stack, required
+from ..stack import free_port
+
+Req = tuple[str, str, dict[str, Any]]
+
+
+def _requests(job: str, cancelled: str) -> dict[tuple[str, str], tuple[Req, int]]:
+    """(method, template) → (a request, its status with the right scope)."""
+    form = {"headers": {"content-type": "application/x-www-form-urlencoded"}}
+    batch = {"json": {"jobs": [{"type": "e"}]}}
+    return {
+        ("POST", "/jobs"): (("POST", "/jobs", {"json": {"type": "echo"}}), 201),
+        ("POST", "/jobs/batch"): (("POST", "/jobs/batch", batch), 201),
+        ("GET", "/jobs"): (("GET", "/jobs", {}), 200),
+        ("GET", "/jobs/{job_id}"): (("GET", f"/jobs/{job}", {}), 200),
+        ("GET", "/jobs/{job_id}/attempts"): (("GET", f"/jobs/{job}/attempts", {}), 200),
+        ("POST", "/jobs/{job_id}/cancel"): (("POST", f"/jobs/{job}/cancel", {}), 409),
+        ("POST", "/jobs/{job_id}/retry"): (("POST", f"/jobs/{cancelled}/retry", {}), 200),
+        ("GET", "/ui"): (("GET", "/ui", {}), 200),
+        ("GET", "/ui/fragment/overview"): (("GET", "/ui/fragment/overview", {}), 200),
+        ("GET", "/ui/jobs"): (("GET", "/ui/jobs", {}), 200),
+        ("GET", "/ui/jobs/{job_id}"): (("GET", f"/ui/jobs/{job}", {}), 200),
+        ("POST", "/ui/jobs/{job_id}/cancel"): (("POST", f"/ui/jobs/{job}/cancel", form), 303),
+        ("POST", "/ui/jobs/{job_id}/retry"): (("POST", f"/ui/jobs/{job}/retry", form), 303),
+        ("GET", "/ui/dead"): (("GET", "/ui/dead", {}), 200),
+        ("GET", "/ui/dead/confirm"): (("GET", "/ui/dead/confirm?action=purge&type=e", {}), 200),
+        ("POST", "/ui/dead/redrive"): (
+            ("POST", "/ui/dead/redrive", {**form, "content": "confirm=yes&type=e"}), 303),
+        ("POST", "/ui/dead/purge"): (
+            ("POST", "/ui/dead/purge", {**form, "content": "confirm=yes&type=e"}), 303),
+    }  # fmt: skip
+
+
+def _generic(method: str, path: str) -> Req:
+    """A request for a route added since this test was written: its path parameters filled."""
+    filled = path.replace("{job_id}", str(uuid.uuid4())).replace("{", "").replace("}", "")
+    return (method, filled, {"json": {}} if method != "GET" else {})
+
+
+async def test_every_route_by_key(settings: Settings) -> None:
+    async with keyed_stack(settings) as (stack, keys):
+        c = stack.client
+        r = await c.post("/jobs", json={"type": "echo"}, headers=bearer(keys["jobs:write"]))
+        job = r.json()["id"]
+        r = await c.post("/jobs", json={"type": "echo"}, headers=bearer(keys["jobs:write"]))
+        cancelled = r.json()["id"]
+        r = await c.post(f"/jobs/{cancelled}/cancel", headers=bearer(keys["jobs:write"]))
+        assert r.status_code == 200, r.text
+        await c.post(f"/jobs/{job}/cancel", headers=bearer(keys["jobs:write"]))
+        specific = _requests(job, cancelled)
+        rows, failures = [], []
+        for (method, path), need in sorted(ROUTE_SCOPES.items()):
+            if need == OPEN:
+                continue
+            (m, url, kw), ok = specific.get((method, path), (_generic(method, path), 0))
+            kw = dict(kw)
+            base_headers = kw.pop("headers", {})
+            got = {}
+            cases = [("none", None), *[(f"bad{i}", k) for i, k in enumerate(BAD_KEYS)],
+                     ("wrong", keys[WRONG[need]]), ("right", keys[RIGHT[need]])]  # fmt: skip
+            for case, key in cases:
+                headers = dict(base_headers)
+                if key is not None:
+                    headers["Authorization"] = f"Bearer {key}"
+                resp = await c.request(m, url, headers=headers, **kw)
+                got[case] = resp.status_code
+                if resp.status_code == 401:
+                    assert resp.headers["www-authenticate"].startswith("Bearer"), (path, case)
+            expect = {c: 401 for c in got} | {"wrong": 403}
+            expect["right"] = ok or got["right"]  # a newer route: past auth is enough
+            if got != expect or got["right"] in (401, 403):
+                failures.append((method, path, need, got, expect))
+            rows.append(f"{method:5} {path:28} {need:10} " + " ".join(f"{got[k]}" for k in got))
+        print("\n".join(["route x {none, badx4, wrong, right}:", *rows]))
+        assert not failures, failures
+        assert len(rows) == sum(1 for s in ROUTE_SCOPES.values() if s != OPEN)
+
+
+async def test_open_routes_and_no_query_string_keys(settings: Settings) -> None:
+    async with keyed_stack(settings) as (stack, keys):
+        c = stack.client
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
+            for headers in ({}, bearer(BAD_KEYS[0]), bearer(keys["jobs:read"])):
+                assert (await c.get(path, headers=headers)).status_code == 200, path
+        key = keys["jobs:read"]
+        for query in ("access_token", "key", "api_key", "token", "authorization"):
+            r = await c.get(f"/jobs?{query}={key}")
+            assert r.status_code in (401, 422), (query, r.status_code)  # never accepted
+            assert key not in r.text
+        r = await c.get("/jobs", headers={"Authorization": f"Basic {key}"})
+        assert r.status_code == 401
+        r = await c.get("/jobs", headers={"Authorization": f"bearer {key}"})  # scheme: any case
+        assert r.status_code == 200
+
+
+async def test_metrics_behind_a_key_when_asked(settings: Settings) -> None:
+    async with keyed_stack(settings, metrics_auth="required") as (stack, keys):
+        c = stack.client
+        assert (await c.get("/metrics")).status_code == 401
+        assert (await c.get("/metrics", headers=bearer(keys["jobs:write"]))).status_code == 403
+        assert (await c.get("/metrics", headers=bearer(keys["jobs:read"]))).status_code == 200
+        assert (await c.get("/healthz")).status_code == 200
+
+
+async def test_a_revoked_key_is_refused_by_every_replica_within_5s(settings: Settings) -> None:
+    s = required(settings, accept_unknown_types=True)
+    key = await create_key(s, "rotating", "jobs:read,jobs:write")
+    stop = asyncio.Event()
+    ports = [free_port(), free_port()]
+    servers = [api_server(s, "127.0.0.1", p) for p in ports]
+    tasks = [asyncio.create_task(serve_api(srv, stop)) for srv in servers]
+    try:
+        while not all(srv.started for srv in servers):
+            await asyncio.sleep(0.01)
+        clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}") for p in ports]
+        for c in clients:
+            for _ in range(50):
+                assert (await c.get("/jobs", headers=bearer(key))).status_code == 200
+        # 100 requests, a few key reads: no PostgreSQL round trip per request
+        reads = [srv.config.app.state.auth.keys.reads for srv in servers]
+        assert all(1 <= n <= 3 for n in reads), reads
+        assert await revoke_key(s, "rotating") == 1
+        t0 = time.monotonic()
+        refused_after = []
+        for c in clients:
+            while (await c.get("/jobs", headers=bearer(key))).status_code != 401:
+                assert time.monotonic() - t0 < 5, "still accepted 5 s after the revocation"
+                await asyncio.sleep(0.05)
+            refused_after.append(round(time.monotonic() - t0, 2))
+        print(f"[security] revoked key refused by both replicas after {refused_after} s")
+        for c in clients:
+            await c.aclose()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
+async def test_submit_quota_per_key(settings: Settings, db: asyncpg.Connection) -> None:
+    async with keyed_stack(settings, rate_limit="5/s") as (stack, keys):
+        c = stack.client
+        a, b = bearer(keys["jobs:write"]), bearer(keys["jobs:read,jobs:write"])
+        statuses = [(await c.post("/jobs", json={"type": "e"}, headers=a)).status_code
+                    for _ in range(8)]  # fmt: skip
+        assert statuses[:5] == [201] * 5 and 429 in statuses[5:], statuses
+        r = await c.post("/jobs/batch", json={"jobs": [{"type": "e"}]}, headers=a)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.headers
+        assert r.json()["error"] == "rate_limited"
+        assert (await c.post("/jobs", json={"type": "e"}, headers=b)).status_code == 201
+        assert (await c.get("/jobs", headers=b)).status_code == 200  # reads are not limited
+        await asyncio.sleep(1.1)
+        assert (await c.post("/jobs", json={"type": "e"}, headers=a)).status_code == 201
+        assert await db.fetchval("SELECT count(*) FROM jobs") == 7
+
+
+async def test_no_key_in_logs_bodies_metrics_or_openapi(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with keyed_stack(settings) as (stack, keys):
+        c = stack.client
+        key = keys["admin"]
+        texts = []
+        for method, url in [("POST", "/jobs"), ("GET", "/jobs"), ("GET", "/nope"),
+                            ("GET", "/jobs/not-a-uuid"), ("POST", "/jobs/batch")]:  # fmt: skip
+            for k in (key, key[:-1] + "x", "cvk_0123456789ab_" + "A" * 43):
+                r = await c.request(method, url, headers=bearer(k), content=b"{")
+                texts.append(r.text)
+                assert k not in r.text and k not in str(r.headers)
+        texts.append((await c.get("/metrics")).text)
+        texts.append((await c.get("/openapi.json")).text)
+    logged = "\n".join(rec.getMessage() + str(rec.__dict__) for rec in caplog.records)
+    assert "http_request" in logged  # the access log ran
+    secret = key.split("_", 2)[2]
+    for text in [*texts, logged]:
+        assert secret not in text

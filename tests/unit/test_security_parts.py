@@ -1,0 +1,132 @@
+"""Issue 13, the parts without services: key format and hashing, scopes, the rate limiter and
+the key cache on injected clocks, URL and key masking, and the deploy files generated from the
+least-privilege tables."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.api.keycache import KeyCache, RateLimiter, parse_rate
+from conveyor.broker.permissions import rabbitmqctl_commands
+from conveyor.core.apikeys import digest, effective, key_id_of, new_key, parse_scopes
+from conveyor.core.secrets import mask, mask_url
+from conveyor.store import ApiKeyRow
+from conveyor.store.roles import roles_sql
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_keys_are_random_and_only_their_id_is_public() -> None:
+    key, key_id, key_hash = new_key()
+    assert key_id_of(key) == key_id and key_hash == digest(key) and len(key_hash) == 32
+    assert len({new_key()[0] for _ in range(100)}) == 100
+    for bad in ("", key + "x", key[:-1], key.replace("cvk_", "cvx_"), " " + key):
+        assert key_id_of(bad) is None
+
+
+def test_scopes() -> None:
+    assert parse_scopes("jobs:write, jobs:read") == ("jobs:read", "jobs:write")
+    for bad in ("", "root", "jobs:read,root", "ADMIN"):
+        with pytest.raises(ValueError):
+            parse_scopes(bad)
+    assert effective(["admin"]) == {"admin", "jobs:read", "jobs:write"}
+    assert effective(["jobs:write"]) == {"jobs:write"}
+
+
+def test_rate_limiter_refills_and_says_how_long_to_wait() -> None:
+    now = [0.0]
+    limiter = RateLimiter("2/s", clock=lambda: now[0])
+    assert [limiter.take("a") for _ in range(3)] == [None, None, 1]
+    assert limiter.take("b") is None  # per key
+    now[0] = 0.5
+    assert limiter.take("a") is None and limiter.take("a") == 1
+    slow = RateLimiter("6/m", clock=lambda: now[0])
+    assert [slow.take("a") for _ in range(7)][-1] == 10
+    assert RateLimiter(None).take("a") is None
+    assert parse_rate("50/s") == (50.0, 50.0)
+    for bad in ("50", "x/s", "0/s", "5/d"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
+
+
+class _FakeApi:
+    def __init__(self, row: ApiKeyRow | None) -> None:
+        self.row, self.calls = row, 0
+        self.store = self
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        yield None
+
+    async def api_key_get(self, conn: Any, key_id: str) -> ApiKeyRow | None:
+        self.calls += 1
+        await asyncio.sleep(0.01)
+        return self.row
+
+
+async def test_key_cache_ttl_single_flight_and_revocation() -> None:
+    key, key_id, key_hash = new_key()
+    row = ApiKeyRow(key_id, "k", key_hash, ("jobs:read",), None, None)  # type: ignore[arg-type]
+    api, now = _FakeApi(row), [0.0]
+    cache = KeyCache(api, ttl=2, clock=lambda: now[0])
+    got = await asyncio.gather(*[cache.verify(key) for _ in range(50)])
+    assert all(g == row for g in got) and api.calls == 1  # one read for 50 concurrent requests
+    assert await cache.verify(key[:-1] + ("A" if key[-1] != "A" else "B")) is None  # wrong secret
+    api.row = ApiKeyRow(key_id, "k", key_hash, ("jobs:read",), None, 1)  # type: ignore[arg-type]
+    now[0] = 1.9
+    assert await cache.verify(key) == row  # still within the TTL
+    now[0] = 2.1
+    assert await cache.verify(key) is None and api.calls == 2  # revoked, seen after the TTL
+    assert await cache.verify("not a key") is None and api.calls == 2  # no lookup at all
+
+
+def test_masking() -> None:
+    assert mask_url("postgresql://app:s3cret@db:5432/x") == "postgresql://app:***@db:5432/x"
+    assert mask_url("amqp://guest:guest@127.0.0.1:5672/") == "amqp://guest:***@127.0.0.1:5672/"
+    assert mask_url("postgresql://postgres@127.0.0.1/x") == "postgresql://postgres@127.0.0.1/x"
+    key = new_key()[0]
+    text = mask(f"connect amqp://u:p%40ss@h/ failed; key {key}")
+    assert "p%40ss" not in text and key.split("_", 2)[2] not in text and key[:16] in text
+
+
+def test_deploy_files_are_generated_from_the_tables() -> None:
+    sql = (ROOT / "deploy/postgres-roles.sql").read_text()
+    assert sql == roles_sql("conveyor"), (
+        "regenerate: conveyor roles sql > deploy/postgres-roles.sql"
+    )
+    amqp = (ROOT / "deploy/rabbitmq-users.sh").read_text()
+    assert amqp == rabbitmqctl_commands("jobs"), "regenerate: conveyor roles amqp > deploy/..."
+    assert "TRUNCATE" not in sql and "CREATE ON" not in sql and "ALL PRIVILEGES" not in sql
+
+
+def test_cli_stderr_masks_credentials() -> None:
+    import io
+
+    from conveyor.core.secrets import MaskedStream
+
+    out = io.StringIO()
+    MaskedStream(out).write(f"failed: postgresql://app:topsecret@db/x and {new_key()[0]}\n")
+    assert "topsecret" not in out.getvalue() and "app:***@db" in out.getvalue()
+    assert "cvk_" in out.getvalue() and out.getvalue().count("***") == 2
+
+
+def test_schedule_horizon() -> None:
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from conveyor.api.auth import check_horizon
+    from conveyor.core.errors import InvalidJob
+
+    soon = SimpleNamespace(run_at=datetime.now(UTC) + timedelta(hours=1))
+    later = SimpleNamespace(run_at=datetime.now(UTC) + timedelta(days=2))
+    check_horizon([soon, SimpleNamespace(run_at=None)], 1)
+    with pytest.raises(InvalidJob, match=r"jobs\[1\]"):
+        check_horizon([soon, later], 1)
+    far = SimpleNamespace(run_at=datetime(9998, 12, 31, tzinfo=UTC))
+    check_horizon([far], 3_000_000)  # a horizon past year 9999 is no horizon (no overflow)
