@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.metrics import Metrics
+from ..router import Middleware
 from . import outcomes
+from .middleware import chain, sync_call
 from .outcomes import Outcome
 from .running import Running
 from .threads import HandlerThreads, HandlerTimeout
@@ -42,9 +44,11 @@ class Executor:
         concurrency: int,
         abandoned_limit: int,
         report: Report,
+        middlewares: Sequence[Middleware] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics
+        self.middlewares = list(middlewares)
         self.report = report
         self.clock = clock
         self.threads = HandlerThreads(concurrency, abandoned_limit, clock=clock)
@@ -92,9 +96,10 @@ class Executor:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
             if spec.is_async:
                 async with asyncio.timeout(timeout) as deadline:
-                    result = await spec.func(job)
-            else:
-                result = await self.threads.call(spec.func, job, timeout)
+                    result = await chain(self.middlewares, spec.func)(job)
+            else:  # the timeout counts from the thread's start, inside the chain
+                inner = sync_call(self.threads.call, spec.func, timeout)
+                result = await chain(self.middlewares, inner)(job)
             return outcomes.completed(result)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()

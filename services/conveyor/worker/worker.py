@@ -109,7 +109,7 @@ class Worker:
         self.executor = Executor(
             self.metrics, concurrency=concurrency,
             abandoned_limit=settings.worker_abandoned_thread_limit,
-            report=self._report, clock=clock,
+            report=self._report, middlewares=router.middlewares, clock=clock,
         )  # fmt: skip
         self.completer = Completer(None, self.store, self.metrics, done=self._done, clock=clock)
         self.heartbeater = Heartbeater(
