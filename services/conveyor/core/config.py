@@ -72,3 +72,7 @@ class Settings(BaseSettings):
     worker_outcome_deadline: float = Field(default=60.0, gt=0)
     # ... or more handler threads abandoned (past their timeout, still running) than this
     worker_abandoned_thread_limit: int = Field(default=4, ge=0)
+    # how often a worker re-reads the job types' pause flags and limits (changes made through
+    # the API/CLI take effect within this), and writes handlers' progress reports (per job)
+    type_refresh_interval: float = Field(default=2.0, gt=0)
+    progress_interval: float = Field(default=0.5, gt=0)

@@ -70,3 +70,22 @@ def allowed_starts(
             wait = max(wait, in_window[len(in_window) - rate.limit] + rate.period - now)
         allowed = free if allowed is None else min(allowed, free)
     return allowed, wait
+
+
+def shares(concurrency: int, weights: dict[str, int], types: Sequence[str]) -> dict[str, int]:
+    """Each type's share of a worker's ``concurrency`` in proportion to its weight (a type
+    without one weighs 1), at least 1 each, largest remainders first. Empty when no type of
+    ``types`` has a weight: then nothing is reserved and the types share the slots freely."""
+    if not any(t in weights for t in types):
+        return {}
+    w = {t: weights.get(t, 1) for t in types}
+    total = sum(w.values())
+    exact = {t: concurrency * w[t] / total for t in types}
+    out = {t: max(1, int(exact[t])) for t in types}
+    left = concurrency - sum(out.values())
+    for t in sorted(types, key=lambda t: exact[t] - int(exact[t]), reverse=True):
+        if left <= 0:
+            break
+        out[t] += 1
+        left -= 1
+    return out

@@ -13,12 +13,14 @@ import functools
 
 from .attempts import AttemptStatements
 from .base import Connection
+from .controls import ControlStatements
 from .dashboard import DashboardStatements
 from .history import HistoryStatements
 from .jobs import JobStatements
 from .maintenance import MaintenanceStatements
 from .outbox import OutboxStatements
 from .probes import HEAD, ProbeStatements
+from .progress import ProgressReport, ProgressStatements
 from .registry import render
 from .rows import (
     Attempt,
@@ -32,6 +34,7 @@ from .rows import (
     JobTypeDefaults,
     NewJob,
     OutboxRow,
+    TypeControl,
 )
 from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
@@ -48,6 +51,8 @@ class Store(
     StatsStatements,
     DashboardStatements,
     TypeStatements,
+    ProgressStatements,
+    ControlStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -81,6 +86,8 @@ __all__ = [
     "JobTypeDefaults",
     "NewJob",
     "OutboxRow",
+    "ProgressReport",
     "Store",
+    "TypeControl",
     "for_schema",
 ]

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..broker.consume import Delivery
 from ..router import HandlerSpec, Job
+from ..store import NewJob
 
 
 @dataclass(eq=False)
@@ -22,3 +23,5 @@ class Running:
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
     lease_lost: bool = False
     releasing: bool = False  # the drain cancelled it: hand it back, no retry consumed
+    # job.enqueue: inserted with the COMPLETED transition, only if it completes (followups.py)
+    followups: list[NewJob] = field(default_factory=list, repr=False)

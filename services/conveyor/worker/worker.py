@@ -27,6 +27,7 @@ from typing import Any
 from ..broker.acks import Acks, AckStatus
 from ..broker.consume import Delivery, Subscription
 from ..core.config import Settings
+from ..core.limits import shares
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..job_types import router_types
@@ -34,11 +35,15 @@ from ..router import Job, JobRouter
 from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
 from .completer import Completer, CompleterStatus, Pending
-from .consumer import Consumer, ConsumerStatus
+from .consumer import ConsumerStatus
+from .controls import TypeControls
 from .drain import Drain, DrainStatus, _quietly
 from .executor import Executor, ExecutorStatus
 from .heartbeater import Heartbeater, HeartbeatStatus, take_deliveries
+from .jobctx import AttemptHooks
+from .limits import LimitedConsumer
 from .loop import LoopMonitor, LoopStatus
+from .progress import ProgressWriter
 from .running import Running
 
 log = logging.getLogger("conveyor.worker")
@@ -63,6 +68,8 @@ class WorkerStatus:
 
 
 class Worker:
+    heartbeater: Heartbeater
+
     def __init__(
         self,
         settings: Settings,
@@ -70,6 +77,7 @@ class Worker:
         *,
         types: list[str] | None = None,
         concurrency: int = 16,
+        weights: dict[str, int] | None = None,
         metrics: Metrics | None = None,
         worker_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -92,14 +100,21 @@ class Worker:
         self.running: dict[uuid.UUID, Running] = {}
         self.slots = asyncio.Semaphore(concurrency)
         self.acks = Acks()
+        declared = {t: s.weight for t, s in router.handlers.items() if s.weight is not None}
+        self.shares = shares(concurrency, {**declared, **(weights or {})}, self.types)
         self.subscription = Subscription(
             settings.amqp_url, settings.namespace,
-            name=f"conveyor-worker {self.worker_id}", prefetch=concurrency,
+            name=f"conveyor-worker {self.worker_id}", prefetch=concurrency, shares=self.shares,
         )  # fmt: skip
         self.store = for_schema(settings.db_schema)
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
-        self.consumer = Consumer(
-            None, self.store, self.metrics, slots=self.slots, acks=self.acks, start=self._start,
+        self.controls = TypeControls(None, self.store, types=self.types,
+                                     interval=settings.type_refresh_interval,
+                                     on_pause=self._on_pause)  # fmt: skip
+        self.progress = ProgressWriter(None, self.store, interval=settings.progress_interval)
+        self.consumer = LimitedConsumer(
+            None, self.store, self.metrics, controls=self.controls, slots=self.slots,
+            acks=self.acks, start=self._start,
             worker_id=self.worker_id, types=self.types,
             handler_defaults=defaults,
             visibility_timeout=settings.visibility_timeout,
@@ -135,9 +150,11 @@ class Worker:
             command_timeout=30,
         )
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
+        self.controls.pool = self.progress.pool = self.pool
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
             await self.store.job_type_register_many(conn, router_types(self.router, self.types))
         await self.subscription.open(self.types)
+        await self.controls.refresh_once()  # paused types are not consumed from the start
         for t in self.types:
             self.metrics.queue_messages.labels(
                 self.subscription.topology.work_queue(t), "unacked"
@@ -149,6 +166,8 @@ class Worker:
             "completer": self._loop("completer", self.completer.run()),
             "heartbeater": self._loop("heartbeater", self.heartbeater.run()),
             "loop_monitor": self._loop("loop_monitor", self.monitor.run()),
+            "type_controls": self._loop("type_controls", self.controls.run()),
+            "progress": self._loop("progress", self.progress.run()),
         }
         await self.subscription.consume(self.consumer.offer)
         self._snapshot()
@@ -213,8 +232,18 @@ class Worker:
         spec = self.router.handlers.get(job.type)
         self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
+        known = None if self.settings.accept_unknown_types else (lambda: self.controls.known)
+        job._hooks = AttemptHooks(running, self.progress, known_types=known,
+                                  max_payload_bytes=self.settings.max_payload_bytes)  # fmt: skip
         self.running[job.id] = running
         self.executor.start(running)
+
+    async def _on_pause(self, job_type: str, paused: bool) -> None:
+        """A type was paused or resumed (``TypeControls``): stop or resume consuming it."""
+        if paused:
+            await self.subscription.pause(job_type)
+        elif not self.stopping:
+            await self.subscription.resume(job_type)
 
     def _unacked(self, job_type: str) -> int:
         """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
