@@ -75,3 +75,39 @@ def sync_parent(job: Job) -> str:
 @router.job("f_child")
 async def child(job: Job) -> dict[str, Any]:
     return {"child_of": job.payload["of"]}
+
+
+@router.job("f_pausable")
+async def pausable(job: Job) -> int:
+    return job.attempt
+
+
+limited = JobRouter()  # run in worker processes by test_type_limits (3 of them)
+
+
+@limited.job("f_limited", concurrency=3, timeout=30)
+async def limited_job(job: Job) -> None:
+    await asyncio.sleep(float(job.payload.get("seconds", 0.3)))
+
+
+@limited.job("f_rated", rate_limit="10/2s", timeout=30)
+async def rated_job(job: Job) -> None:
+    return None
+
+
+@limited.job("f_free", timeout=30)
+async def free_job(job: Job) -> None:
+    await asyncio.sleep(float(job.payload.get("seconds", 0.3)))
+
+
+weighted = JobRouter()
+
+
+@weighted.job("f_heavy", weight=3)
+async def heavy(job: Job) -> None:
+    await asyncio.sleep(0.1)
+
+
+@weighted.job("f_light")
+async def light(job: Job) -> None:
+    await asyncio.sleep(0.1)
