@@ -72,10 +72,22 @@ def allowed_starts(
     return allowed, wait
 
 
-def shares(concurrency: int, weights: dict[str, int], types: Sequence[str]) -> dict[str, int]:
+def shares(
+    concurrency: int,
+    weights: dict[str, int],
+    types: Sequence[str],
+    *,
+    given: dict[str, int] | None = None,
+) -> dict[str, int]:
     """Each type's share of a worker's ``concurrency`` in proportion to its weight (a type
     without one weighs 1), at least 1 each, largest remainders first. Empty when no type of
-    ``types`` has a weight: then nothing is reserved and the types share the slots freely."""
+    ``types`` has a weight: then nothing is reserved and the types share the slots freely.
+    ``given`` (the operator's ``--weights``) must name only ``types``."""
+    unknown = sorted(set(given or {}) - set(types))
+    if unknown:
+        raise ValueError(f"weights for types this worker does not run: {', '.join(unknown)}")
+    if len(types) > concurrency and any(t in weights for t in types):
+        raise ValueError("weighted types need --concurrency of at least one slot per type")
     if not any(t in weights for t in types):
         return {}
     w = {t: weights.get(t, 1) for t in types}
@@ -88,4 +100,17 @@ def shares(concurrency: int, weights: dict[str, int], types: Sequence[str]) -> d
             break
         out[t] += 1
         left -= 1
+    return out
+
+
+def parse_weights(text: str | None) -> dict[str, int] | None:
+    """``"emails=3,reports=1"`` → ``{"emails": 3, "reports": 1}`` (``worker --weights``)."""
+    if not text:
+        return None
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"invalid weight {part.strip()!r}: use TYPE=N with N >= 1")
+        out[name.strip()] = int(value)
     return out

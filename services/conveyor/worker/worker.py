@@ -101,7 +101,8 @@ class Worker:
         self.slots = asyncio.Semaphore(concurrency)
         self.acks = Acks()
         declared = {t: s.weight for t, s in router.handlers.items() if s.weight is not None}
-        self.shares = shares(concurrency, {**declared, **(weights or {})}, self.types)
+        self.shares = shares(concurrency, {**declared, **(weights or {})}, self.types,
+                             given=weights)  # fmt: skip
         self.subscription = Subscription(
             settings.amqp_url, settings.namespace,
             name=f"conveyor-worker {self.worker_id}", prefetch=concurrency, shares=self.shares,
