@@ -51,6 +51,17 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         for w in stack.workers:  # not spinning: no delivery reached a worker at all
             assert w.consumer.held_total == 0 and w.consumer.status().dropped_total == 0
             assert w.status().consuming  # still ready: the other types are consumed
+        put = stack.client.put
+        r = await put("/types/f_child/limits", json={"rate_limit": "5/30s", "concurrency": 2.0})
+        assert r.status_code == 200 and r.json()["rate_limit"] == "5/30s", r.text
+        r = await put("/types/f_child/limits", json={"concurrency": None})  # rate kept
+        assert (r.json()["concurrency"], r.json()["rate_limit"]) == (None, "5/30s")
+        assert r.json()["limits_source"] == "operator"
+        assert (await put("/types/f_child/limits", content=b"{")).status_code == 400
+        for bad in ({"rate_limit": "5/fortnight"}, {"concurrency": 0}, {"other": 1},
+                    {"concurrency": True}):  # fmt: skip
+            assert (await put("/types/f_child/limits", json=bad)).status_code == 422, bad
+        assert (await put("/types/nope/limits", json={})).status_code == 404
         listed = {t["name"]: t for t in (await stack.client.get("/types")).json()["types"]}
         assert listed["f_pausable"]["paused"] is True and listed["f_child"]["paused"] is False
         out = _cli(settings, "list")

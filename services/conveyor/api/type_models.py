@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+
+# what ``core.limits.parse_rate`` accepts, as the schema states it
+RATE_PATTERN = r"^[1-9][0-9]{0,4}/([1-9][0-9]{0,2})?[smhd]$"
 
 
 class Progress(BaseModel):
@@ -45,5 +49,14 @@ class LimitsBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     concurrency: StrictInt | None = Field(default=None, ge=1, le=1_000_000, examples=[5])
-    rate_limit: StrictStr | None = Field(default=None, examples=["100/m"],
+    rate_limit: StrictStr | None = Field(default=None, examples=["100/m"], pattern=RATE_PATTERN,
                                          description="N/s, N/m, N/h, N/d or N/<k>s")  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral(cls, data: Any) -> Any:
+        """JSON Schema's integer: ``2.0`` is 2 (``true`` is not)."""
+        c = data.get("concurrency") if isinstance(data, dict) else None
+        if isinstance(c, float) and c.is_integer():
+            return {**data, "concurrency": int(c)}
+        return data

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Path
+import orjson
+from fastapi import FastAPI, Path, Request
 
 from ..core.errors import InvalidJob, JobNotFound
 from ..core.jobs import TYPE_PATTERN
 from ..core.limits import Rate, parse_rate
 from ..store import JobType
 from .attempts import HasConnection
+from .body import BodyError
 from .openapi import errors
 from .type_models import LimitsBody, TypeList, TypeResource
 
@@ -100,9 +102,16 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         "most N starts per window (`100/m`). A field left out keeps its value; `null` removes "
         "the limit. From then on, workers registering the type keep these limits instead of "
         "their handler's.",
-        responses=errors(404, 422, 503),
-    )
-    async def set_limits(name: TypeName, body: Annotated[LimitsBody, Body()]) -> dict[str, Any]:
+        responses=errors(400, 404, 422, 503),
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": LimitsBody.model_json_schema()}}}},
+    )  # fmt: skip
+    async def set_limits(name: TypeName, request: Request) -> dict[str, Any]:
+        try:
+            data = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            raise BodyError(400, "malformed_json", "the body is not JSON") from None
+        body = LimitsBody.model_validate(data)  # ValidationError: 422 invalid_request
         rate: Rate | None = None
         if body.rate_limit is not None:
             try:

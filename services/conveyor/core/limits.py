@@ -7,9 +7,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-_RATE = re.compile(r"^\s*([1-9][0-9]{0,8})\s*/\s*([1-9][0-9]{0,5})?\s*(s|m|h|d)\s*$")
+_RATE = re.compile(r"^\s*([1-9][0-9]{0,8})\s*/\s*([1-9][0-9]{0,2})?\s*(s|m|h|d)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_PERIOD = 7 * 86400
+MAX_PERIOD = 999 * 86400
 MAX_RATE = 100_000  # starts per window: the window's log is an array of start times
 
 
@@ -35,7 +35,7 @@ def parse_rate(text: str) -> Rate:
     if limit > MAX_RATE:
         raise ValueError(f"a rate limit allows at most {MAX_RATE} starts per window")
     if period > MAX_PERIOD:
-        raise ValueError("a rate limit's window is at most 7 days")
+        raise ValueError("a rate limit's window is at most 999 days")
     return Rate(limit, period)
 
 
