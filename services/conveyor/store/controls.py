@@ -8,7 +8,10 @@ committed before the lock was granted) counts the type's IN_PROGRESS jobs and th
 in its rate window, claims at most what the limits allow, appends the starts to the window, and
 *holds* the rest: their ``updated_at`` is touched (the reconciler sees them in hand) and an outbox
 row sends each through a holding pen back to its queue — no retry consumed, nothing spins hot.
-Held jobs wait in a pen of: 5 s while paused; until the rate window frees a start for a rate
+Times are ``statement_timestamp()``, taken after the lock was granted, so starts are recorded in
+the order the lock serialises them (``now()`` is the transaction's start, which can be earlier
+than a start recorded by the claim that held the lock). Held jobs wait in a pen of: 5 s while
+paused; until the rate window frees a start for a rate
 limit; 1-10 s (a quarter of the time it has waited) for a full concurrency limit."""
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ JOB_CLAIM_CONTROLLED = statement(
 WITH t AS (
     SELECT name, paused, concurrency, rate_limit, rate_period,
            ARRAY(SELECT s FROM unnest(recent_starts) s
-                 WHERE rate_period IS NOT NULL AND s > now() - make_interval(secs => rate_period)
+                 WHERE rate_period IS NOT NULL
+                   AND s > statement_timestamp() - make_interval(secs => rate_period)
                  ORDER BY s) AS win
     FROM __schema__.job_types WHERE name = ANY($6::text[])
 ), c AS (
@@ -64,9 +68,9 @@ WITH t AS (
     UPDATE __schema__.jobs j SET
         status = 'IN_PROGRESS',
         attempts = j.attempts + 1,
-        started_at = now(),
-        updated_at = now(),
-        lease_expires_at = now() + make_interval(secs => $2),
+        started_at = statement_timestamp(),
+        updated_at = statement_timestamp(),
+        lease_expires_at = statement_timestamp() + make_interval(secs => $2),
         worker_id = $3,
         max_retries = COALESCE(j.max_retries, ($4::jsonb -> j.job_type ->> 'max_retries')::int, $5),
         timeout_seconds = COALESCE(j.timeout_seconds,
@@ -75,26 +79,29 @@ WITH t AS (
     WHERE j.id = pick.id AND pick.go AND {_CLAIMABLE}
     RETURNING j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts,
               j.retry_count, j.max_retries, j.timeout_seconds,
-              greatest(0, extract(epoch FROM now() - COALESCE(j.run_at, j.created_at)))::float8
-                  AS wait
+              greatest(0, extract(epoch FROM statement_timestamp()
+                                              - COALESCE(j.run_at, j.created_at)))::float8 AS wait
 ), starts AS (
-    UPDATE __schema__.job_types ty SET recent_starts = c.win || array_fill(now(), ARRAY[n.n])
+    UPDATE __schema__.job_types ty
+    SET recent_starts = c.win || array_fill(statement_timestamp(), ARRAY[n.n])
     FROM (SELECT job_type, count(*)::int AS n FROM upd GROUP BY job_type) n, c
     WHERE ty.name = n.job_type AND c.name = ty.name AND c.rate_limit IS NOT NULL
 ), held AS (
-    UPDATE __schema__.jobs j SET updated_at = now()
+    UPDATE __schema__.jobs j SET updated_at = statement_timestamp()
     FROM pick
     WHERE j.id = pick.id AND NOT pick.go
     RETURNING j.id, j.job_type, j.priority, greatest(
         CASE WHEN pick.paused THEN {PAUSED_HOLD_SECONDS} ELSE 1 END,
         CASE WHEN pick.conc_free IS NOT NULL AND pick.rn > pick.conc_free
-             THEN least(10, extract(epoch FROM now() - COALESCE(pick.run_at, pick.created_at)) / 4)
+             THEN least(10, extract(epoch FROM statement_timestamp()
+                                                - COALESCE(pick.run_at, pick.created_at)) / 4)
              ELSE 0 END,
         CASE WHEN pick.rate_free IS NOT NULL AND pick.rn > pick.rate_free
              THEN extract(epoch FROM COALESCE(
                  pick.win[(cardinality(pick.win) - pick.rate_limit + pick.rn - pick.rate_free)::int]
                      + make_interval(secs => pick.rate_period),
-                 now() + make_interval(secs => pick.rate_period)) - now())
+                 statement_timestamp() + make_interval(secs => pick.rate_period))
+                 - statement_timestamp())
              ELSE 0 END) AS wait_for
 ), pen AS (
     SELECT held.*, coalesce((SELECT min(p) FROM unnest($7::int4[]) p WHERE p >= held.wait_for),
