@@ -12,6 +12,7 @@ import asyncpg
 
 from conveyor import enqueue
 from conveyor.api.models import JobResource
+from conveyor.api.ui.render import job_detail
 from conveyor.core.config import Settings
 from conveyor.core.metrics import Metrics
 from conveyor.router import Job
@@ -85,6 +86,9 @@ async def test_a_stale_attempts_progress_is_ignored(db: asyncpg.Connection) -> N
     assert row is not None and row.progress is not None and row.progress["percent"] == 20
     shown = JobResource.from_row(row).model_dump(mode="json")  # what `conveyor jobs show` prints
     assert shown["progress"]["percent"] == 20 and shown["progress"]["message"] is None
+    await store.job_progress_many(db, [ProgressReport(job_id, 2, 30.0, "<b>rows</b>")])
+    page = job_detail(await store.job_get(db, job_id), [])  # type: ignore[arg-type]
+    assert "30 % — &lt;b&gt;rows&lt;/b&gt;" in page  # the dashboard's job page, escaped
 
 
 async def test_follow_ups_commit_with_the_completion_and_middleware_wraps_calls(
