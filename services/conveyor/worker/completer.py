@@ -31,7 +31,7 @@ from ..core.backoff import Backoff
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Attempt, Completion, Failure, Store
-from . import followups, outcomes
+from . import followups, outcomes, progress
 from .outcomes import Kind, Outcome
 from .running import Running
 
@@ -215,6 +215,7 @@ class Completer:
         release = [p for p in batch if p.outcome.kind is Kind.RELEASE]
         written: set[uuid.UUID] = set()
         async with self.pool.acquire() as conn, conn.transaction():
+            await progress.write_last(self.store, conn, [p.running.last_progress for p in batch])
             if done:
                 completed = await self.store.job_complete_many(
                     conn,

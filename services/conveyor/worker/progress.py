@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from ..core.logging import event
-from ..store import ProgressReport, Store
+from ..store import Connection, ProgressReport, Store
 from .outcomes import clean_text
 
 log = logging.getLogger("conveyor.worker")
@@ -49,6 +49,12 @@ class ProgressWriter:
         with self._lock:
             self._pending[r.job_id] = r
 
+    def take(self, job_id: uuid.UUID) -> ProgressReport | None:
+        """The attempt ended: its report not yet written goes with its outcome instead
+        (``write_last``), so a finished job shows the last progress its handler reported."""
+        with self._lock:
+            return self._pending.pop(job_id, None)
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
@@ -70,3 +76,11 @@ class ProgressWriter:
         self.written_total += len(written)
         self.fenced_total += len(batch) - len(written)
         return len(batch)
+
+
+async def write_last(store: Store, conn: Connection, reports: list[ProgressReport | None]) -> None:
+    """In the outcome's transaction, before the outcome (the report is fenced on IN_PROGRESS):
+    the reports ``take`` kept back. Costs nothing when there are none."""
+    kept = [r for r in reports if r is not None]
+    if kept:
+        await store.job_progress_many(conn, kept)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..broker.consume import Delivery
 from ..router import HandlerSpec, Job
-from ..store import NewJob
+from ..store import NewJob, ProgressReport
 
 
 @dataclass(eq=False)
@@ -25,3 +25,4 @@ class Running:
     releasing: bool = False  # the drain cancelled it: hand it back, no retry consumed
     # job.enqueue: inserted with the COMPLETED transition, only if it completes (followups.py)
     followups: list[NewJob] = field(default_factory=list, repr=False)
+    last_progress: ProgressReport | None = None  # not yet written when the handler returned

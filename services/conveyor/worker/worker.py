@@ -254,6 +254,7 @@ class Worker:
         )  # fmt: skip
 
     def _report(self, running: Running, outcome: Any) -> None:
+        running.last_progress = self.progress.take(running.job.id)
         self.completer.put(running, outcome)
 
     async def _done(self, batch: list[Pending]) -> None:
