@@ -88,6 +88,22 @@ async def test_the_rate_limit_is_a_sliding_window(db: asyncpg.Connection) -> Non
     assert len(later) == 2
 
 
+async def test_each_held_job_waits_for_its_own_start_to_leave_the_window(
+    db: asyncpg.Connection,
+) -> None:
+    await _register(db, "lim_s", rate_limit="3/20s")
+    await db.execute(
+        "UPDATE job_types SET recent_starts = ARRAY[now() - interval '15 seconds', "
+        "now() - interval '5 seconds'] WHERE name = 'lim_s'"
+    )
+    ids = [await enqueue(db, "lim_s", {"i": i}) for i in range(4)]
+    claimed, held = await _claim(db, ids, "lim_s")
+    assert len(claimed) == 1  # the window had room for one more
+    # the 1st held job waits for the start 15 s ago (5 s), the 2nd for the one 5 s ago (15 s),
+    # the 3rd for the one just made (20 s)
+    assert sorted(held.values()) == [5, 15, 20]
+
+
 async def test_a_paused_type_is_held_not_claimed(db: asyncpg.Connection) -> None:
     await _register(db, "lim_p")
     job_id = await enqueue(db, "lim_p", {})

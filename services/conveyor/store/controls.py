@@ -87,6 +87,8 @@ WITH t AS (
     FROM (SELECT job_type, count(*)::int AS n FROM upd GROUP BY job_type) n, c
     WHERE ty.name = n.job_type AND c.name = ty.name AND c.rate_limit IS NOT NULL
 ), held AS (
+    -- the n-th job over a full window waits for the window's (size - limit + n)-th start to
+    -- leave it (the starts claimed just now included: when that index is past the window)
     UPDATE __schema__.jobs j SET updated_at = statement_timestamp()
     FROM pick
     WHERE j.id = pick.id AND NOT pick.go
@@ -98,7 +100,7 @@ WITH t AS (
              ELSE 0 END,
         CASE WHEN pick.rate_free IS NOT NULL AND pick.rn > pick.rate_free
              THEN extract(epoch FROM COALESCE(
-                 pick.win[(cardinality(pick.win) - pick.rate_limit + pick.rn - pick.rate_free)::int]
+                 pick.win[(cardinality(pick.win) - pick.rate_limit + pick.rn)::int]
                      + make_interval(secs => pick.rate_period),
                  statement_timestamp() + make_interval(secs => pick.rate_period))
                  - statement_timestamp())
