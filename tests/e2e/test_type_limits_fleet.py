@@ -24,7 +24,7 @@ from ..integration import feature_apps as apps
 from ..stack import running_stack, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-SCALE = int(os.environ.get("LIMITS_SCALE", "1"))
+SOAK_SCALE = int(os.environ.get("LIMITS_SCALE", "5"))
 
 
 async def _workers(settings: Settings, n: int) -> list[asyncio.subprocess.Process]:
@@ -86,6 +86,19 @@ def _max_in_window(starts: list[float], period: float) -> int:
 async def test_three_workers_keep_concurrency_and_rate_limits(
     settings: Settings, db: asyncpg.Connection
 ) -> None:
+    await _fleet(settings, db, 1)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+async def test_three_workers_keep_the_limits_over_a_longer_run(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """``LIMITS_SCALE`` (5) times the jobs of the quick test."""
+    await _fleet(settings, db, SOAK_SCALE)
+
+
+async def _fleet(settings: Settings, db: asyncpg.Connection, scale: int) -> None:
     await register_router_types(db, apps.limited)
     procs = await _workers(settings, 3)
     sampler = Sampler(settings.database_url)
@@ -94,11 +107,11 @@ async def test_three_workers_keep_concurrency_and_rate_limits(
         async with running_stack(settings, None) as stack:
             t0 = time.monotonic()
             limited = [await stack.submit("f_limited", {"seconds": 0.3})
-                       for _ in range(24 * SCALE)]  # fmt: skip
-            rated = [await stack.submit("f_rated") for _ in range(30 * SCALE)]
+                       for _ in range(24 * scale)]  # fmt: skip
+            rated = [await stack.submit("f_rated") for _ in range(30 * scale)]
             free = [await stack.submit("f_free", {"seconds": 1.0}) for _ in range(12)]
             await wait_for(settings.database_url, limited + rated + free, ["COMPLETED"],
-                           timeout=60 * SCALE)  # fmt: skip
+                           timeout=60 * scale)  # fmt: skip
             took = time.monotonic() - t0
             peak_limited, peak_free = sampler.peak["f_limited"], sampler.peak["f_free"]
             starts = [r["t"] for r in await db.fetch(

@@ -5,10 +5,14 @@ real worker, plus ``router.middleware`` around real handler calls."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import uuid
 
 import asyncpg
+import orjson
 
 from conveyor import enqueue
 from conveyor.api.models import JobResource
@@ -76,7 +80,7 @@ async def test_progress_writes_are_rate_limited_last_value_wins(settings: Settin
     assert writer.written_total <= elapsed / 0.5 + 2  # ...at most one write per 0.5 s
 
 
-async def test_a_stale_attempts_progress_is_ignored(db: asyncpg.Connection) -> None:
+async def test_a_stale_attempts_progress_is_ignored(db: asyncpg.Connection, db_url: str) -> None:
     store = for_schema()
     job_id = await enqueue(db, "t", {})
     await db.execute("UPDATE jobs SET status = 'IN_PROGRESS', attempts = 2 WHERE id = $1", job_id)
@@ -92,6 +96,14 @@ async def test_a_stale_attempts_progress_is_ignored(db: asyncpg.Connection) -> N
     await store.job_progress_many(db, [ProgressReport(job_id, 2, 30.0, "<b>rows</b>")])
     page = job_detail(await store.job_get(db, job_id), [])  # type: ignore[arg-type]
     assert "30 % — &lt;b&gt;rows&lt;/b&gt;" in page  # the dashboard's job page, escaped
+    env = {**os.environ, "CONVEYOR_DATABASE_URL": db_url}
+    out = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "conveyor.cli", "jobs", "show", str(job_id)],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    shown = orjson.loads(out.stdout)["progress"]
+    assert (shown["percent"], shown["message"]) == (30, "<b>rows</b>")
 
 
 async def test_follow_ups_commit_with_the_completion_and_middleware_wraps_calls(

@@ -18,12 +18,26 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..broker.consume import Subscription
 from ..core.logging import event
 from ..store import Store, TypeControl
 
 log = logging.getLogger("conveyor.worker")
 
 OnPause = Callable[[str, bool], Awaitable[None]]
+
+
+def consumer_switch(subscription: Subscription, stopping: Callable[[], bool]) -> OnPause:
+    """``on_pause`` for a worker: stop consuming a paused type's queue, consume it again on
+    resume (unless the worker is draining)."""
+
+    async def switch(job_type: str, paused: bool) -> None:
+        if paused:
+            await subscription.pause(job_type)
+        elif not stopping():
+            await subscription.resume(job_type)
+
+    return switch
 
 
 class TypeControls:

@@ -36,7 +36,7 @@ from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
 from .completer import Completer, CompleterStatus, Pending
 from .consumer import ConsumerStatus
-from .controls import TypeControls
+from .controls import TypeControls, consumer_switch
 from .drain import Drain, DrainStatus, _quietly
 from .executor import Executor, ExecutorStatus
 from .heartbeater import Heartbeater, HeartbeatStatus, take_deliveries
@@ -111,7 +111,8 @@ class Worker:
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
         self.controls = TypeControls(None, self.store, types=self.types,
                                      interval=settings.type_refresh_interval,
-                                     on_pause=self._on_pause)  # fmt: skip
+                                     on_pause=consumer_switch(self.subscription,
+                                                              lambda: self.stopping))  # fmt: skip
         self.progress = ProgressWriter(None, self.store, interval=settings.progress_interval)
         self.consumer = LimitedConsumer(
             None, self.store, self.metrics, controls=self.controls, slots=self.slots,
@@ -238,13 +239,6 @@ class Worker:
                                   max_payload_bytes=self.settings.max_payload_bytes)  # fmt: skip
         self.running[job.id] = running
         self.executor.start(running)
-
-    async def _on_pause(self, job_type: str, paused: bool) -> None:
-        """A type was paused or resumed (``TypeControls``): stop or resume consuming it."""
-        if paused:
-            await self.subscription.pause(job_type)
-        elif not self.stopping:
-            await self.subscription.resume(job_type)
 
     def _unacked(self, job_type: str) -> int:
         """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
