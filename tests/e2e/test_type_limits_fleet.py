@@ -107,9 +107,9 @@ async def _fleet(settings: Settings, db: asyncpg.Connection, scale: int) -> None
         async with running_stack(settings, None) as stack:
             t0 = time.monotonic()
             limited = [await stack.submit("f_limited", {"seconds": 0.3})
-                       for _ in range(24 * scale)]  # fmt: skip
-            rated = [await stack.submit("f_rated") for _ in range(30 * scale)]
-            free = [await stack.submit("f_free", {"seconds": 1.0}) for _ in range(12)]
+                       for _ in range(15 * scale)]  # fmt: skip
+            rated = [await stack.submit("f_rated") for _ in range(25 * scale)]
+            free = [await stack.submit("f_free", {"seconds": 1.0}) for _ in range(8)]
             await wait_for(settings.database_url, limited + rated + free, ["COMPLETED"],
                            timeout=60 * scale)  # fmt: skip
             took = time.monotonic() - t0
@@ -128,7 +128,7 @@ async def _fleet(settings: Settings, db: asyncpg.Connection, scale: int) -> None
             assert r.json()["concurrency"] == 1 and r.json()["limits_source"] == "operator"
             await asyncio.sleep(0.6)
             sampler.peak.pop("f_limited")
-            more = [await stack.submit("f_limited", {"seconds": 0.2}) for _ in range(6)]
+            more = [await stack.submit("f_limited", {"seconds": 0.2}) for _ in range(4)]
             await wait_for(settings.database_url, more, ["COMPLETED"], timeout=60)
             peak_after = sampler.peak["f_limited"]
             listed = {t["name"]: t for t in (await stack.client.get("/types")).json()["types"]}

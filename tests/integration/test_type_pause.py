@@ -75,8 +75,3 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         assert await db.fetchval(
             "SELECT max(attempts) FROM jobs WHERE id = ANY($1::uuid[])", ids
         ) == 1  # fmt: skip
-
-
-def test_the_cli_refuses_an_unknown_type(settings: Settings) -> None:
-    out = _cli(settings, "pause", "never_registered")
-    assert out.returncode == 1 and "no job type" in out.stderr
