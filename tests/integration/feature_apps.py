@@ -82,6 +82,11 @@ async def pausable(job: Job) -> int:
     return job.attempt
 
 
+@router.job("f_single", concurrency=1)
+async def single(job: Job) -> None:
+    await asyncio.sleep(0.2)
+
+
 limited = JobRouter()  # run in worker processes by test_type_limits (3 of them)
 
 

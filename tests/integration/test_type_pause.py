@@ -72,6 +72,18 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         assert out.returncode == 0 and "paused=False" in out.stdout, out.stderr
         done = await wait_for(settings.database_url, ids, ["COMPLETED"], timeout=15)
         assert len(done) == 10
+
+        # in-process workers hold what a limit refuses (concurrency=1, two workers)
+        single = [await stack.submit("f_single") for _ in range(4)]
+        await wait_for(settings.database_url, single, ["COMPLETED"], timeout=30)
+        held = sum(w.consumer.held_total for w in stack.workers)
+        sample = "conveyor_jobs_held_total"
+        metric = sum(w.metrics.registry.get_sample_value(sample, {"type": "f_single"}) or 0
+                     for w in stack.workers)  # fmt: skip
+        assert held > 0 and metric == held
+        assert await db.fetchval(
+            "SELECT max(attempts) FROM jobs WHERE job_type = 'f_single'"
+        ) == 1  # fmt: skip
         assert await db.fetchval(
             "SELECT max(attempts) FROM jobs WHERE id = ANY($1::uuid[])", ids
         ) == 1  # fmt: skip

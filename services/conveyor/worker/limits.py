@@ -95,8 +95,10 @@ class LimitedConsumer(Consumer):
         self._held.update(held)
         self.held_total += len(held)
         for job_id, pen in held.items():
-            event(log, "job_held", logging.DEBUG, job_id=str(job_id),
-                  type=self._type_of.get(job_id), pen=pen)  # fmt: skip
+            job_type = self._type_of.get(job_id, "")
+            self.metrics.jobs_held.labels(job_type).inc()
+            event(log, "job_held", logging.DEBUG, job_id=str(job_id), type=job_type,
+                  pen=pen)  # fmt: skip
         return rows
 
     async def _explain_dropped(self, ids: list[uuid.UUID]) -> None:
