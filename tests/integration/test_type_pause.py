@@ -68,6 +68,8 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         assert out.returncode == 0 and any(
             line.startswith("f_pausable") and "PAUSED" in line for line in out.stdout.splitlines()
         ), out.stdout
+        out = _cli(settings, "limit", "f_child", "--concurrency", "4", "--rate-limit", "none")
+        assert out.returncode == 0 and "concurrency=4 rate_limit=None" in out.stdout, out.stderr
         out = _cli(settings, "resume", "f_pausable")
         assert out.returncode == 0 and "paused=False" in out.stdout, out.stderr
         done = await wait_for(settings.database_url, ids, ["COMPLETED"], timeout=15)
