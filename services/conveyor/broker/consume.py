@@ -101,6 +101,7 @@ class Subscription:
         self.consumer_tags: dict[str, str] = {}
         self.paused: set[str] = set()
         self._on_delivery: OnDelivery | None = None
+        self._stopped = False  # cancel() was called: nothing resumes after it
 
     async def open(self, types: list[str]) -> None:
         self.connection = await connect(self.amqp_url, name=self.name)
@@ -150,13 +151,15 @@ class Subscription:
 
     async def resume(self, t: str) -> None:
         self.paused.discard(t)
-        if self._on_delivery is not None and t in self.queues and t not in self.consumer_tags:
+        if self._stopped or self._on_delivery is None:
+            return
+        if t in self.queues and t not in self.consumer_tags:
             await self._consume_one(t)
 
     async def cancel(self) -> None:
         """Stop taking deliveries (those in hand stay unsettled until settled)."""
         tags, self.consumer_tags = self.consumer_tags, {}
-        self._on_delivery = None  # a resume after this point consumes nothing
+        self._stopped = True  # a resume after this point consumes nothing
         if self.connection is None or self.connection.is_closed:
             return
         for t, tag in tags.items():
@@ -181,6 +184,6 @@ class Subscription:
     @property
     def consuming(self) -> bool:
         """Consuming every queue that is not paused (all of them paused counts)."""
-        if self._on_delivery is None:
+        if self._on_delivery is None or self._stopped:
             return False
         return bool(self.consumer_tags) or bool(self.queues and set(self.queues) <= self.paused)
