@@ -98,6 +98,7 @@ def _types(value: str | None) -> list[str] | None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from . import services
+    from .core.limits import parse_weights
     from .worker import Worker
     from .worker.health import serve_health
 
@@ -106,7 +107,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"shutdown_grace": args.shutdown_grace})
     router = services.load_router(args.app)
     try:
-        worker = Worker(settings, router, types=_types(args.types), concurrency=args.concurrency)
+        worker = Worker(settings, router, types=_types(args.types), concurrency=args.concurrency,
+                        weights=parse_weights(args.weights))  # fmt: skip
     except ValueError as exc:
         print(f"conveyor worker: {exc}", file=sys.stderr)
         return 2
@@ -242,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--types", help="comma-separated job types to consume (default: all handlers)")
     s.add_argument("--concurrency", type=int, default=16,
                    help="jobs run at once; also the prefetch bound (default 16)")  # fmt: skip
+    s.add_argument("--weights", help="shares of --concurrency per type, e.g. emails=3,reports=1 "
+                   "(default: the handlers' weight=, else shared freely)")  # fmt: skip
     s.add_argument("--shutdown-grace", type=float, default=None,
                    help="seconds in-flight jobs get to finish on SIGTERM (default "
                    "CONVEYOR_SHUTDOWN_GRACE or 25)")  # fmt: skip

@@ -1,4 +1,5 @@
-"""``conveyor types list|register``: the job types the API accepts (see ``job_types``)."""
+"""``conveyor types list|register|pause|resume|limit``: the job types the API accepts (see
+``job_types``), their pause flag and fleet-wide limits (``store/controls.py``)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,24 @@ def add_parser(sub: Any) -> None:
     )
     r.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
     r.add_argument("--types", help="comma-separated subset (default: every handler)")
+    for name, help_ in (("pause", "pause a type fleet-wide: its jobs are accepted and wait"),
+                        ("resume", "resume a paused type")):  # fmt: skip
+        actions.add_parser(name, help=help_).add_argument("type")
+    lim = actions.add_parser("limit", help="change a type's fleet-wide limits at run time")
+    lim.add_argument("type")
+    lim.add_argument("--concurrency", help="at most N IN_PROGRESS across all workers; 'none'")
+    lim.add_argument("--rate-limit", help="at most N starts per window, e.g. 100/m; 'none'")
     s.set_defaults(func=cmd_types)
+
+
+def _limit_value(text: str | None, parse: Any) -> Any:
+    return None if text is None or text.lower() == "none" else parse(text)
 
 
 def cmd_types(args: argparse.Namespace) -> int:
     from . import services
+    from .api.types_routes import type_dict
+    from .core.limits import check_concurrency, parse_rate
     from .job_types import router_types
     from .store import for_schema
     from .store.connect import create_pool
@@ -32,10 +46,41 @@ def cmd_types(args: argparse.Namespace) -> int:
     store = for_schema(settings.db_schema)
     router = services.load_router(args.app) if args.action == "register" else None
 
+    async def change(conn: Any) -> int:
+        name = args.type
+        if args.action in ("pause", "resume"):
+            found = await store.type_set_paused(conn, name, args.action == "pause")
+        else:
+            current = {t.name: t for t in await store.job_type_list(conn)}.get(name)
+            if current is None:
+                found = False
+            else:
+                conc = current.concurrency
+                if args.concurrency is not None:
+                    conc = check_concurrency(_limit_value(args.concurrency, int))
+                limit, period = current.rate_limit, current.rate_period
+                if args.rate_limit is not None:
+                    rate = _limit_value(args.rate_limit, parse_rate)
+                    limit, period = (rate.limit, rate.period) if rate else (None, None)
+                found = await store.type_set_limits(
+                    conn, name, concurrency=conc, rate_limit=limit, rate_period=period
+                )
+        if not found:
+            print(f"conveyor types: no job type {name!r}", file=sys.stderr)
+            return 1
+        t = {t.name: t for t in await store.job_type_list(conn)}[name]
+        d = type_dict(t)
+        print(f"{name}: paused={d['paused']} concurrency={d['concurrency']} "
+              f"rate_limit={d['rate_limit']} ({d['limits_source']}); workers apply it within "
+              f"{settings.type_refresh_interval:g} s")  # fmt: skip
+        return 0
+
     async def go() -> int:
         pool = await create_pool(settings.database_url, application_name="conveyor-cli")
         try:
             async with pool.acquire() as conn:
+                if args.action in ("pause", "resume", "limit"):
+                    return await change(conn)
                 if router is not None:
                     wanted = [t.strip() for t in args.types.split(",")] if args.types else None
                     rows = router_types(router, wanted)
@@ -43,9 +88,13 @@ def cmd_types(args: argparse.Namespace) -> int:
                     print(f"registered {', '.join(r.name for r in rows) or 'nothing'}")
                     return 0
                 for t in await store.job_type_list(conn):
+                    d = type_dict(t)
                     delays = ",".join(map(str, t.retry_delays)) or "-"
                     seen = f"{t.last_seen:%Y-%m-%d %H:%M:%S}"
-                    print(f"{t.name:<32} max_retries={t.max_retries} timeout={t.timeout_seconds}"
+                    state = "PAUSED" if t.paused else "active"
+                    print(f"{t.name:<32} {state:<6} concurrency={t.concurrency or '-'}"
+                          f" rate_limit={d['rate_limit'] or '-'} running={t.running}"
+                          f" max_retries={t.max_retries} timeout={t.timeout_seconds}"
                           f" retry_delays={delays} last_seen={seen}")  # fmt: skip
                 return 0
         finally:

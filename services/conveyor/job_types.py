@@ -28,7 +28,18 @@ def router_types(router: JobRouter, types: Iterable[str] | None = None) -> list[
         if wanted is not None and name not in wanted:
             continue
         delays = tuple(round(d) for d in spec.retry_delays) if spec.retry_delays else None
-        out.append(JobTypeDefaults(name, spec.max_retries, spec.timeout, delays))
+        rate = spec.rate
+        out.append(
+            JobTypeDefaults(
+                name,
+                spec.max_retries,
+                spec.timeout,
+                delays,
+                spec.concurrency,
+                rate.limit if rate else None,
+                rate.period if rate else None,
+            )
+        )
     return out
 
 

@@ -5,14 +5,51 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .core.jobs import check_type
+from .core.limits import Rate, check_concurrency, parse_rate
 
 Handler = Callable[["Job"], Any]
 F = TypeVar("F", bound=Handler)
+CallNext = Callable[["Job"], Awaitable[Any]]
+Middleware = Callable[["Job", CallNext], Awaitable[Any]]
+M = TypeVar("M", bound=Middleware)
+
+
+class Ready:
+    """What ``job.set_progress`` returns: awaitable (async handlers may ``await`` it) but already
+    done, so a sync handler can ignore it."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # pragma: no cover - makes this a generator
+
+
+class JobId(uuid.UUID):
+    """What ``job.enqueue`` returns: the new job's id, which ``await`` also gives back."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, uuid.UUID]:
+        return self._value()
+
+    def _value(self) -> Generator[Any, None, uuid.UUID]:
+        return self
+        yield  # pragma: no cover - makes this a generator
+
+
+class JobHooks(Protocol):
+    """The worker's side of ``Job.set_progress`` and ``Job.enqueue`` (``worker/jobctx.py``)."""
+
+    def progress(self, job: Job, percent: float, message: str | None) -> None: ...
+    def enqueue(
+        self, job: Job, job_type: str, payload: Any, options: dict[str, Any]
+    ) -> uuid.UUID: ...
 
 
 @dataclass
@@ -27,6 +64,7 @@ class Job:
     retry_count: int = 0
     max_retries: int = 0
     _cancel: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _hooks: JobHooks | None = field(default=None, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -37,6 +75,22 @@ class Job:
     async def wait_cancelled(self) -> None:
         await self._cancel.wait()
 
+    def set_progress(self, percent: float, message: str | None = None) -> Ready:
+        """Report progress (0-100, with an optional message) for ``GET /jobs/{id}``. Cheap: the
+        worker writes at most one value per job every 0.5 s (the last one wins), fenced by this
+        attempt. ``await`` it in async handlers or just call it (sync handlers, any thread)."""
+        if self._hooks is not None:
+            self._hooks.progress(self, percent, message)
+        return Ready()
+
+    def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> JobId:
+        """A follow-up job, committed in the same transaction as this attempt's COMPLETED
+        transition and only if the attempt completes. Options as ``conveyor.enqueue``. Returns
+        the new job's id (also when awaited). Raises ``UnknownJobType`` / ``InvalidJob`` now."""
+        if self._hooks is None:
+            raise RuntimeError("job.enqueue works inside a handler run by a worker")
+        return JobId(int=self._hooks.enqueue(self, job_type, payload, options).int)
+
 
 @dataclass(frozen=True)
 class HandlerSpec:
@@ -46,6 +100,9 @@ class HandlerSpec:
     max_retries: int | None = None
     retry_delays: tuple[float, ...] | None = None
     timeout: float | None = None
+    concurrency: int | None = None  # fleet-wide: at most this many IN_PROGRESS
+    rate: Rate | None = None  # fleet-wide: at most this many starts per window
+    weight: int | None = None  # this type's share of a worker's concurrency
 
     def defaults(self) -> dict[str, float | int]:
         d: dict[str, float | int] = {}
@@ -67,6 +124,18 @@ class JobRouter:
 
     def __init__(self) -> None:
         self.handlers: dict[str, HandlerSpec] = {}
+        self.middlewares: list[Middleware] = []
+
+    def middleware(self, func: M) -> M:
+        """Register ``async def mw(job, call_next)`` around every handler call (async and sync
+        handlers alike; ``await call_next(job)`` runs the rest of the chain and returns the
+        handler's result). Applied in registration order: the first registered is outermost.
+        What a middleware raises is the attempt's failure, as if the handler had raised it."""
+        registered: Middleware = func
+        if not inspect.iscoroutinefunction(registered):
+            raise TypeError("middleware must be an async function (job, call_next)")
+        self.middlewares.append(registered)
+        return func
 
     def job(
         self,
@@ -75,8 +144,18 @@ class JobRouter:
         max_retries: int | None = None,
         retry_delays: Sequence[float] | None = None,
         timeout: float | None = None,
+        concurrency: int | None = None,
+        rate_limit: str | None = None,
+        weight: int | None = None,
     ) -> Callable[[F], F]:
+        """``concurrency`` and ``rate_limit`` (``"100/m"``) hold across all workers (operators can
+        change them at run time: ``conveyor types limit``); ``weight`` is this type's share of
+        the ``--concurrency`` of a worker that runs several types."""
         check_type(job_type)
+        check_concurrency(concurrency)
+        rate = parse_rate(rate_limit) if rate_limit is not None else None
+        if weight is not None and (not isinstance(weight, int) or not 1 <= weight <= 1000):
+            raise ValueError("weight must be an integer from 1 to 1000")
         if max_retries is not None and max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         if retry_delays is not None and (not retry_delays or any(d < 0 for d in retry_delays)):
@@ -94,6 +173,9 @@ class JobRouter:
                 max_retries=max_retries,
                 retry_delays=tuple(retry_delays) if retry_delays is not None else None,
                 timeout=timeout,
+                concurrency=concurrency,
+                rate=rate,
+                weight=weight,
             )
             return func
 
@@ -104,6 +186,7 @@ class JobRouter:
             if spec.job_type in self.handlers:
                 raise ValueError(f"a handler for {spec.job_type!r} is already registered")
             self.handlers[spec.job_type] = spec
+        self.middlewares.extend(m for m in other.middlewares if m not in self.middlewares)
 
     @property
     def types(self) -> list[str]:

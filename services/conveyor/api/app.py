@@ -19,6 +19,7 @@ from .body import BodyLimit, TooManyJobs, count_batch_items
 from .docs import install_docs
 from .routes import add_routes
 from .service import Api
+from .types_routes import add_type_routes
 from .ui import add_ui
 
 log = logging.getLogger("conveyor.api")
@@ -47,6 +48,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     auth.install(app, api, settings)  # first: every route added below needs its scope
     add_routes(app, api, metrics)
     add_attempt_routes(app, api)
+    add_type_routes(app, api)
     add_ui(app, api)
     install_docs(app)
     errors.install(app, metrics)

@@ -2,7 +2,7 @@
 
 Submit fields are strict: no coercion (``true`` is not 1, ``"30"`` is not 30, ``0`` is not a
 date), numbers are finite, ``run_at`` is an ISO 8601 string with an offset whose UTC time lies
-inside years 1-9999."""
+inside years 1-9999. The job-type bodies are in ``type_models.py``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from typing_extensions import TypeAliasType
 
 from ..core.jobs import TYPE_PATTERN, Status
 from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, JobSpec
+from .type_models import Progress
 
 PriorityName = Literal["high", "normal", "low"]
 PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
@@ -239,6 +240,7 @@ class JobResource(BaseModel):
     updated_at: datetime = Field(description="Last change.")
     started_at: datetime | None = Field(description="Last attempt started at.")
     finished_at: datetime | None = Field(description="Reached a terminal status at.")
+    progress: Progress | None = Field(default=None, description="The handler's last report.")
 
     @classmethod
     def from_row(cls, row: Any) -> JobResource:

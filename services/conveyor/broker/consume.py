@@ -74,17 +74,34 @@ OnDelivery = Callable[[Delivery], Awaitable[None]]
 
 class Subscription:
     """A robust connection, one channel with a global prefetch, and consumers on the work queues
-    of ``types``."""
+    of ``types``.
 
-    def __init__(self, amqp_url: str, namespace: str, *, name: str, prefetch: int) -> None:
+    ``shares`` (weighted types): each type's consumer gets a prefetch of its share (RabbitMQ's
+    per-consumer ``basic.qos``), under the channel's global prefetch, so a flood of one type
+    holds at most its share of the worker's slots. ``pause(type)`` / ``resume(type)`` cancel and
+    re-create one queue's consumer (a paused type's messages stay in its queue)."""
+
+    def __init__(
+        self,
+        amqp_url: str,
+        namespace: str,
+        *,
+        name: str,
+        prefetch: int,
+        shares: dict[str, int] | None = None,
+    ) -> None:
         self.amqp_url = amqp_url
         self.topology = Topology(namespace)
         self.name = name
         self.prefetch = prefetch
+        self.shares = shares or {}
         self.connection: AbstractRobustConnection | None = None
         self.channel: AbstractChannel | None = None
         self.queues: dict[str, AbstractQueue] = {}
         self.consumer_tags: dict[str, str] = {}
+        self.paused: set[str] = set()
+        self._on_delivery: OnDelivery | None = None
+        self._stopped = False  # cancel() was called: nothing resumes after it
 
     async def open(self, types: list[str]) -> None:
         self.connection = await connect(self.amqp_url, name=self.name)
@@ -95,15 +112,54 @@ class Subscription:
             self.queues[t] = await self.topology.declare_work_queue(self.channel, t)
 
     async def consume(self, on_delivery: OnDelivery) -> None:
-        async def callback(message: AbstractIncomingMessage) -> None:
-            await on_delivery(Delivery.of(message))
+        self._on_delivery = on_delivery
+        for t in self.queues:
+            if t not in self.paused:
+                await self._consume_one(t)
+        if self.shares and self.connection is not None:
+            self.connection.reconnect_callbacks.add(self._reapply_shares)
 
-        for t, q in self.queues.items():
-            self.consumer_tags[t] = await q.consume(callback)
+    async def _callback(self, message: AbstractIncomingMessage) -> None:
+        if self._on_delivery is not None:
+            await self._on_delivery(Delivery.of(message))
+
+    async def _consume_one(self, t: str) -> None:
+        if self.shares and self.channel is not None:
+            # per-consumer prefetch for the consumer created next, then the global limit again
+            # (the robust channel restores only the last qos it was given)
+            await self.channel.set_qos(prefetch_count=self.shares.get(t, 0), global_=False)
+            self.consumer_tags[t] = await self.queues[t].consume(self._callback)
+            await self.channel.set_qos(prefetch_count=self.prefetch, global_=True)
+        else:
+            self.consumer_tags[t] = await self.queues[t].consume(self._callback)
+
+    async def _reapply_shares(self, *_: object) -> None:
+        """After a reconnect the consumers come back without their per-consumer prefetch:
+        re-create them with it."""
+        for t in list(self.consumer_tags):
+            with contextlib.suppress(Exception):
+                await self.queues[t].cancel(self.consumer_tags.pop(t))
+                await self._consume_one(t)
+
+    async def pause(self, t: str) -> None:
+        """Stop consuming ``t``'s queue (its messages stay there)."""
+        self.paused.add(t)
+        tag = self.consumer_tags.pop(t, None)
+        if tag is not None and t in self.queues:
+            with contextlib.suppress(Exception):
+                await self.queues[t].cancel(tag)
+
+    async def resume(self, t: str) -> None:
+        self.paused.discard(t)
+        if self._stopped or self._on_delivery is None:
+            return
+        if t in self.queues and t not in self.consumer_tags:
+            await self._consume_one(t)
 
     async def cancel(self) -> None:
         """Stop taking deliveries (those in hand stay unsettled until settled)."""
         tags, self.consumer_tags = self.consumer_tags, {}
+        self._stopped = True  # a resume after this point consumes nothing
         if self.connection is None or self.connection.is_closed:
             return
         for t, tag in tags.items():
@@ -127,4 +183,7 @@ class Subscription:
 
     @property
     def consuming(self) -> bool:
-        return bool(self.consumer_tags)
+        """Consuming every queue that is not paused (all of them paused counts)."""
+        if self._on_delivery is None or self._stopped:
+            return False
+        return bool(self.consumer_tags) or bool(self.queues and set(self.queues) <= self.paused)

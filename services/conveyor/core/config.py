@@ -88,3 +88,7 @@ class Settings(BaseSettings):
     # a handler's result larger than this (encoded JSON, bytes) fails its job ("result too
     # large") instead of becoming a giant row that every outcome of the worker waits behind
     max_result_bytes: int = Field(default=1024 * 1024, gt=0)
+    # how often a worker re-reads the job types' pause flags and limits (changes made through
+    # the API/CLI take effect within this), and writes handlers' progress reports (per job)
+    type_refresh_interval: float = Field(default=2.0, gt=0)
+    progress_interval: float = Field(default=0.5, gt=0)

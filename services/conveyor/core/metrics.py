@@ -43,6 +43,10 @@ class Metrics:
             "conveyor_messages_rejected", "Deliveries rejected to the dead-letter queue",
             ["reason"], registry=r,
         )  # fmt: skip
+        self.jobs_held = Counter(
+            "conveyor_jobs_held", "Jobs of a paused or limited type held back through a pen",
+            ["type"], registry=r,
+        )  # fmt: skip
         self.fenced_writes = Counter(
             "conveyor_fenced_writes", "State writes refused because the attempt was superseded",
             registry=r,

@@ -13,6 +13,7 @@ import functools
 
 from .attempts import AttemptStatements
 from .base import Connection
+from .controls import ControlStatements
 from .dashboard import DashboardStatements
 from .history import HistoryStatements
 from .jobs import JobStatements
@@ -20,6 +21,7 @@ from .keys import ApiKeyRow, KeyStatements
 from .maintenance import MaintenanceStatements
 from .outbox import OutboxStatements
 from .probes import HEAD, ProbeStatements
+from .progress import ProgressReport, ProgressStatements
 from .registry import render
 from .rows import (
     Attempt,
@@ -33,6 +35,7 @@ from .rows import (
     JobTypeDefaults,
     NewJob,
     OutboxRow,
+    TypeControl,
 )
 from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
@@ -50,6 +53,8 @@ class Store(
     DashboardStatements,
     TypeStatements,
     KeyStatements,
+    ProgressStatements,
+    ControlStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -84,6 +89,8 @@ __all__ = [
     "JobTypeDefaults",
     "NewJob",
     "OutboxRow",
+    "ProgressReport",
     "Store",
+    "TypeControl",
     "for_schema",
 ]

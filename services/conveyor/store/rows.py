@@ -53,9 +53,11 @@ class JobRow:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    progress: dict[str, Any] | None = None  # {"percent", "message", "updated_at"}
 
     @classmethod
     def from_record(cls, r: Any) -> JobRow:
+        progress = r.get("progress")
         return cls(
             id=r["id"],
             job_type=r["job_type"],
@@ -78,6 +80,7 @@ class JobRow:
             updated_at=r["updated_at"],
             started_at=r["started_at"],
             finished_at=r["finished_at"],
+            progress=None if progress is None else orjson.loads(progress),
         )
 
 
@@ -155,6 +158,9 @@ class JobTypeDefaults:
     max_retries: int | None = None
     timeout_seconds: float | None = None
     retry_delays: tuple[int, ...] | None = None
+    concurrency: int | None = None  # the handler's fleet-wide limits
+    rate_limit: int | None = None
+    rate_period: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +171,27 @@ class JobType:
     retry_delays: tuple[int, ...]
     first_seen: datetime
     last_seen: datetime
+    paused: bool = False
+    concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_period: int | None = None
+    limits_set_at: datetime | None = None  # an operator's limits (None: the handler's)
+    running: int = 0  # IN_PROGRESS now
+
+
+@dataclass(frozen=True, slots=True)
+class TypeControl:
+    """What a worker needs to know about a type to claim it (``store/controls.py``)."""
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate_limit: int | None
+    rate_period: int | None
+
+    @property
+    def controlled(self) -> bool:
+        return self.paused or self.concurrency is not None or self.rate_limit is not None
 
 
 @dataclass(frozen=True, slots=True)

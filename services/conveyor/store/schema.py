@@ -6,6 +6,7 @@ table, type and index lives in one PostgreSQL schema, ``CONVEYOR_DB_SCHEMA`` (de
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -70,6 +71,8 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         ),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        # {"percent", "message", "updated_at"}: the running attempt's report (job.set_progress)
+        sa.Column("progress", pg.JSONB(), nullable=True),
         sa.CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
         sa.CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_object"),
     )
@@ -137,6 +140,7 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         sa.Column(
             "last_seen", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
+        *_type_controls(),
     )
     _define_attempts(metadata)
     _define_keys(metadata)
@@ -163,6 +167,30 @@ def _define_keys(metadata: sa.MetaData) -> None:
         unique=True,
         postgresql_where=keys.c.revoked_at.is_(None),
     )
+
+
+def _type_controls() -> list[sa.Column[Any] | sa.CheckConstraint]:
+    """Pause and fleet-wide limits of a job type (``store/controls.py``). ``limits_set_at``: an
+    operator changed the limits at run time, so registering workers keep them; ``recent_starts``:
+    the sliding window of a rate limit."""
+    return [
+        sa.Column("paused", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.Column("concurrency", sa.Integer(), nullable=True),
+        sa.Column("rate_limit", sa.Integer(), nullable=True),
+        sa.Column("rate_period", sa.Integer(), nullable=True),
+        sa.Column("limits_set_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column(
+            "recent_starts",
+            pg.ARRAY(sa.DateTime(timezone=True)),
+            nullable=False,
+            server_default="{}",
+        ),
+        sa.CheckConstraint("concurrency > 0", name="job_types_concurrency_positive"),
+        sa.CheckConstraint(
+            "(rate_limit IS NULL) = (rate_period IS NULL) AND rate_limit > 0 AND rate_period > 0",
+            name="job_types_rate_positive",
+        ),
+    ]
 
 
 ATTEMPT_OUTCOMES = ("completed", "retry", "failed", "cancelled", "released", "lease_expired")

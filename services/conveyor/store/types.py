@@ -12,15 +12,24 @@ from .rows import JobType, JobTypeDefaults
 JOB_TYPE_REGISTER_MANY = statement(
     "job_type_register_many",
     """
-INSERT INTO __schema__.job_types AS t (name, max_retries, timeout_seconds, retry_delays)
+INSERT INTO __schema__.job_types AS t (name, max_retries, timeout_seconds, retry_delays,
+                                       concurrency, rate_limit, rate_period)
 SELECT u.name, u.max_retries, u.timeout_seconds,
-       CASE WHEN u.retry_delays = '' THEN NULL ELSE string_to_array(u.retry_delays, ',')::int4[] END
-FROM unnest($1::text[], $2::int4[], $3::float8[], $4::text[])
-    AS u(name, max_retries, timeout_seconds, retry_delays)
+       CASE WHEN u.retry_delays = '' THEN NULL
+            ELSE string_to_array(u.retry_delays, ',')::int4[] END,
+       u.concurrency, u.rate_limit, u.rate_period
+FROM unnest($1::text[], $2::int4[], $3::float8[], $4::text[], $5::int4[], $6::int4[], $7::int4[])
+    AS u(name, max_retries, timeout_seconds, retry_delays, concurrency, rate_limit, rate_period)
 ORDER BY u.name
 ON CONFLICT (name) DO UPDATE SET
     max_retries = EXCLUDED.max_retries, timeout_seconds = EXCLUDED.timeout_seconds,
-    retry_delays = EXCLUDED.retry_delays, last_seen = now()
+    retry_delays = EXCLUDED.retry_delays, last_seen = now(),
+    -- the handler's limits, unless an operator set the type's limits at run time
+    concurrency = CASE WHEN t.limits_set_at IS NULL THEN EXCLUDED.concurrency
+                       ELSE t.concurrency END,
+    rate_limit = CASE WHEN t.limits_set_at IS NULL THEN EXCLUDED.rate_limit ELSE t.rate_limit END,
+    rate_period = CASE WHEN t.limits_set_at IS NULL THEN EXCLUDED.rate_period
+                       ELSE t.rate_period END
 """,
 )
 
@@ -32,8 +41,11 @@ JOB_TYPE_NAMES = statement(
 JOB_TYPE_LIST = statement(
     "job_type_list",
     """
-SELECT name, max_retries, timeout_seconds, retry_delays, first_seen, last_seen
-FROM __schema__.job_types ORDER BY name
+SELECT name, max_retries, timeout_seconds, retry_delays, first_seen, last_seen, paused,
+       concurrency, rate_limit, rate_period, limits_set_at,
+       (SELECT count(*) FROM __schema__.jobs j
+        WHERE j.job_type = t.name AND j.status = 'IN_PROGRESS')::int AS running
+FROM __schema__.job_types t ORDER BY name
 """,
 )
 
@@ -50,6 +62,9 @@ class TypeStatements(Statements):
             [t.max_retries for t in types],
             [t.timeout_seconds for t in types],
             [",".join(str(d) for d in t.retry_delays or ()) for t in types],
+            [t.concurrency for t in types],
+            [t.rate_limit for t in types],
+            [t.rate_period for t in types],
         )
 
     async def job_type_names(self, conn: Connection) -> frozenset[str]:
@@ -65,6 +80,12 @@ class TypeStatements(Statements):
                 retry_delays=tuple(r["retry_delays"] or ()),
                 first_seen=r["first_seen"],
                 last_seen=r["last_seen"],
+                paused=r["paused"],
+                concurrency=r["concurrency"],
+                rate_limit=r["rate_limit"],
+                rate_period=r["rate_period"],
+                limits_set_at=r["limits_set_at"],
+                running=r["running"],
             )
             for r in rows
         ]

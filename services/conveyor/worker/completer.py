@@ -31,7 +31,7 @@ from ..core.backoff import Backoff
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Attempt, Completion, Failure, Store
-from . import outcomes
+from . import followups, outcomes, progress
 from .outcomes import Kind, Outcome
 from .running import Running
 
@@ -217,12 +217,16 @@ class Completer:
         release = [p for p in batch if p.outcome.kind is Kind.RELEASE]
         written: set[uuid.UUID] = set()
         async with self.pool.acquire() as conn, conn.transaction():
+            await progress.write_last(self.store, conn, [p.running.last_progress for p in batch])
             if done:
-                written |= await self.store.job_complete_many(
+                completed = await self.store.job_complete_many(
                     conn,
                     [Completion(p.running.job.id, p.running.job.attempt, p.outcome.result_json)
                      for p in done],
                 )  # fmt: skip
+                written |= completed
+                runs = [p.running for p in done if p.running.job.id in completed]
+                await followups.write(self.store, conn, runs)  # job.enqueue, same transaction
             if fail:
                 failed = await self.store.job_fail_many(
                     conn,

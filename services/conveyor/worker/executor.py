@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.metrics import Metrics
+from ..router import Middleware
 from . import outcomes
 from .guard import LoopBlocked
+from .middleware import chain, sync_call
 from .outcomes import Outcome
 from .running import Running
 from .threads import HandlerThreads, HandlerTimeout
@@ -44,9 +46,11 @@ class Executor:
         abandoned_limit: int,
         report: Report,
         max_result_bytes: int | None = None,
+        middlewares: Sequence[Middleware] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics
+        self.middlewares = list(middlewares)
         self.report = report
         self.max_result_bytes = max_result_bytes
         self.clock = clock
@@ -97,11 +101,12 @@ class Executor:
                 async with asyncio.timeout(timeout) as deadline:
                     running.in_handler = True  # the loop guard may preempt it (guard.py)
                     try:
-                        result = await spec.func(job)
+                        result = await chain(self.middlewares, spec.func)(job)
                     finally:
                         running.in_handler = False
-            else:
-                result = await self.threads.call(spec.func, job, timeout)
+            else:  # the timeout counts from the thread's start, inside the chain
+                inner = sync_call(self.threads.call, spec.func, timeout)
+                result = await chain(self.middlewares, inner)(job)
             return outcomes.completed(result, max_bytes=self.max_result_bytes)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..broker.consume import Delivery
 from ..router import HandlerSpec, Job
+from ..store import NewJob, ProgressReport
 
 
 @dataclass(eq=False)
@@ -23,3 +24,6 @@ class Running:
     lease_lost: bool = False
     releasing: bool = False  # the drain cancelled it: hand it back, no retry consumed
     in_handler: bool = False  # the handler's own code runs (what the loop guard may preempt)
+    # job.enqueue: inserted with the COMPLETED transition, only if it completes (followups.py)
+    followups: list[NewJob] = field(default_factory=list, repr=False)
+    last_progress: ProgressReport | None = None  # not yet written when the handler returned

@@ -27,6 +27,7 @@ from typing import Any
 from ..broker.acks import Acks, AckStatus
 from ..broker.consume import Delivery, Subscription
 from ..core.config import Settings
+from ..core.limits import shares
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..job_types import router_types
@@ -35,12 +36,16 @@ from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .completer import Completer, CompleterStatus, Pending
-from .consumer import Consumer, ConsumerStatus
+from .consumer import ConsumerStatus
+from .controls import TypeControls, consumer_switch
 from .drain import Drain, DrainStatus, _quietly
 from .executor import Executor, ExecutorStatus
 from .guard import GuardStatus, LoopGuard
 from .heartbeater import Heartbeater, HeartbeatStatus, take_deliveries
+from .jobctx import AttemptHooks
+from .limits import LimitedConsumer
 from .loop import LoopMonitor, LoopStatus
+from .progress import ProgressWriter
 from .running import Running
 
 log = logging.getLogger("conveyor.worker")
@@ -66,6 +71,8 @@ class WorkerStatus:
 
 
 class Worker:
+    heartbeater: Heartbeater
+
     def __init__(
         self,
         settings: Settings,
@@ -73,6 +80,7 @@ class Worker:
         *,
         types: list[str] | None = None,
         concurrency: int = 16,
+        weights: dict[str, int] | None = None,
         metrics: Metrics | None = None,
         worker_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -95,14 +103,23 @@ class Worker:
         self.running: dict[uuid.UUID, Running] = {}
         self.slots = asyncio.Semaphore(concurrency)
         self.acks = Acks()
+        declared = {t: s.weight for t, s in router.handlers.items() if s.weight is not None}
+        self.shares = shares(concurrency, {**declared, **(weights or {})}, self.types,
+                             given=weights)  # fmt: skip
         self.subscription = Subscription(
             settings.amqp_url, settings.namespace,
-            name=f"conveyor-worker {self.worker_id}", prefetch=concurrency,
+            name=f"conveyor-worker {self.worker_id}", prefetch=concurrency, shares=self.shares,
         )  # fmt: skip
         self.store = for_schema(settings.db_schema)
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
-        self.consumer = Consumer(
-            None, self.store, self.metrics, slots=self.slots, acks=self.acks, start=self._start,
+        self.controls = TypeControls(None, self.store, types=self.types,
+                                     interval=settings.type_refresh_interval,
+                                     on_pause=consumer_switch(self.subscription,
+                                                              lambda: self.stopping))  # fmt: skip
+        self.progress = ProgressWriter(None, self.store, interval=settings.progress_interval)
+        self.consumer = LimitedConsumer(
+            None, self.store, self.metrics, controls=self.controls, slots=self.slots,
+            acks=self.acks, start=self._start,
             worker_id=self.worker_id, types=self.types,
             handler_defaults=defaults,
             visibility_timeout=settings.visibility_timeout,
@@ -112,7 +129,8 @@ class Worker:
         self.executor = Executor(
             self.metrics, concurrency=concurrency,
             abandoned_limit=settings.worker_abandoned_thread_limit,
-            max_result_bytes=settings.max_result_bytes, report=self._report, clock=clock,
+            max_result_bytes=settings.max_result_bytes, report=self._report,
+            middlewares=router.middlewares, clock=clock,
         )  # fmt: skip
         self.notifier = Notifier(None, self.store)
         self.completer = Completer(None, self.store, self.metrics, done=self._done,
@@ -143,9 +161,11 @@ class Worker:
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
         self.notifier.pool = self.pool
         self.notifier.start()
+        self.controls.pool = self.progress.pool = self.pool
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
             await self.store.job_type_register_many(conn, router_types(self.router, self.types))
         await self.subscription.open(self.types)
+        await self.controls.refresh_once()  # paused types are not consumed from the start
         for t in self.types:
             self.metrics.queue_messages.labels(
                 self.subscription.topology.work_queue(t), "unacked"
@@ -157,6 +177,8 @@ class Worker:
             "completer": self._loop("completer", self.completer.run()),
             "heartbeater": self._loop("heartbeater", self.heartbeater.run()),
             "loop_monitor": self._loop("loop_monitor", self.monitor.run()),
+            "type_controls": self._loop("type_controls", self.controls.run()),
+            "progress": self._loop("progress", self.progress.run()),
         }
         await self.subscription.consume(self.consumer.offer)
         if not self.guard.start(asyncio.get_running_loop()):
@@ -226,6 +248,9 @@ class Worker:
         spec = self.router.handlers.get(job.type)
         self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
+        known = None if self.settings.accept_unknown_types else (lambda: self.controls.known)
+        job._hooks = AttemptHooks(running, self.progress, known_types=known,
+                                  max_payload_bytes=self.settings.max_payload_bytes)  # fmt: skip
         self.running[job.id] = running
         self.executor.start(running)
 
@@ -246,6 +271,7 @@ class Worker:
         )  # fmt: skip
 
     def _report(self, running: Running, outcome: Any) -> None:
+        running.last_progress = self.progress.take(running.job.id)
         self.completer.put(running, outcome)
 
     async def _done(self, batch: list[Pending]) -> None:

@@ -148,6 +148,14 @@ def button(action: str, label: str, *, csrf: str = "", **fields: str) -> str:
     )
 
 
+def _progress(p: dict[str, object] | None) -> str | None:
+    """``job.set_progress``'s last report: ``42 % — message (at …)``."""
+    if not p:
+        return None
+    text = f"{p.get('percent')} %"
+    return text + (f" — {p['message']}" if p.get("message") else "") + f" ({p.get('updated_at')})"
+
+
 def job_detail(
     row: JobRow,
     attempts: Sequence[AttemptRow],
@@ -180,6 +188,7 @@ def job_detail(
         ("finished", when(row.finished_at)),
         ("updated", when(row.updated_at)),
         ("cancel requested", row.cancel_requested),
+        ("progress", _progress(row.progress)),
         ("last error", err(row.last_error)),
     ]
     actions = []

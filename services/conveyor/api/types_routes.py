@@ -1,0 +1,131 @@
+"""``GET /types``, ``POST /types/{type}/pause|resume``, ``PUT /types/{type}/limits``: the
+known job types, their fleet-wide limits and pause flag (SPEC §10). Scopes (SPEC §11): reading
+is ``jobs:read``, every change is ``admin``. Workers apply a change within
+``CONVEYOR_TYPE_REFRESH_INTERVAL`` (2 s)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import FastAPI, Path, Request
+
+from ..core.errors import InvalidJob, JobNotFound
+from ..core.jobs import TYPE_PATTERN
+from ..core.limits import Rate, parse_rate
+from ..store import JobType
+from .attempts import HasConnection
+from .body import BodyError
+from .openapi import errors
+from .type_models import LimitsBody, TypeList, TypeResource
+
+TypeName = Annotated[str, Path(pattern=TYPE_PATTERN, description="The job type.")]
+
+
+def type_dict(t: JobType) -> dict[str, Any]:
+    rate = Rate(t.rate_limit, t.rate_period) if t.rate_limit and t.rate_period else None
+    return {
+        "name": t.name,
+        "max_retries": t.max_retries,
+        "timeout_seconds": t.timeout_seconds,
+        "retry_delays": list(t.retry_delays),
+        "paused": t.paused,
+        "concurrency": t.concurrency,
+        "rate_limit": None if rate is None else str(rate),
+        "limits_source": "handler" if t.limits_set_at is None else "operator",
+        "running": t.running,
+        "first_seen": t.first_seen,
+        "last_seen": t.last_seen,
+    }
+
+
+async def _one(api: HasConnection, conn: Any, name: str) -> dict[str, Any]:
+    for t in await api.store.job_type_list(conn):
+        if t.name == name:
+            return type_dict(t)
+    raise JobNotFound(f"no job type {name!r}")
+
+
+def add_type_routes(app: FastAPI, api: HasConnection) -> None:
+    @app.get(
+        "/types",
+        response_model=TypeList,
+        tags=["types"],
+        operation_id="list_types",
+        summary="Known job types",
+        description="Every registered type with its handler's defaults, its fleet-wide limits "
+        "(`concurrency`, `rate_limit`), whether it is paused, and its running jobs.",
+        responses=errors(503),
+    )
+    async def list_types() -> dict[str, Any]:
+        async with api.connection() as conn:
+            return {"types": [type_dict(t) for t in await api.store.job_type_list(conn)]}
+
+    async def set_paused(name: str, paused: bool) -> dict[str, Any]:
+        async with api.connection() as conn:
+            if not await api.store.type_set_paused(conn, name, paused):
+                raise JobNotFound(f"no job type {name!r}")
+            return await _one(api, conn, name)
+
+    @app.post(
+        "/types/{name}/pause",
+        response_model=TypeResource,
+        tags=["types"],
+        operation_id="pause_type",
+        summary="Pause a job type (admin)",
+        description="Fleet-wide: its jobs are still accepted and wait in its queue (PENDING); "
+        "workers stop consuming it within a few seconds. Running jobs finish.",
+        responses=errors(404, 422, 503),
+    )
+    async def pause(name: TypeName) -> dict[str, Any]:
+        return await set_paused(name, True)
+
+    @app.post(
+        "/types/{name}/resume",
+        response_model=TypeResource,
+        tags=["types"],
+        operation_id="resume_type",
+        summary="Resume a paused job type (admin)",
+        description="Workers consume its queue again; the waiting jobs run.",
+        responses=errors(404, 422, 503),
+    )
+    async def resume(name: TypeName) -> dict[str, Any]:
+        return await set_paused(name, False)
+
+    @app.put(
+        "/types/{name}/limits",
+        response_model=TypeResource,
+        tags=["types"],
+        operation_id="set_type_limits",
+        summary="Change a job type's fleet-wide limits (admin)",
+        description="`concurrency`: at most N IN_PROGRESS across all workers; `rate_limit`: at "
+        "most N starts per window (`100/m`). A field left out keeps its value; `null` removes "
+        "the limit. From then on, workers registering the type keep these limits instead of "
+        "their handler's.",
+        responses=errors(400, 404, 422, 503),
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": LimitsBody.model_json_schema()}}}},
+    )  # fmt: skip
+    async def set_limits(name: TypeName, request: Request) -> dict[str, Any]:
+        try:
+            data = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            raise BodyError(400, "malformed_json", "the body is not JSON") from None
+        body = LimitsBody.model_validate(data)  # ValidationError: 422 invalid_request
+        rate: Rate | None = None
+        if body.rate_limit is not None:
+            try:
+                rate = parse_rate(body.rate_limit)
+            except ValueError as exc:
+                raise InvalidJob(str(exc)) from None
+        async with api.connection() as conn, conn.transaction():
+            current = await _one(api, conn, name)
+            given = body.model_fields_set
+            concurrency = body.concurrency if "concurrency" in given else current["concurrency"]
+            if "rate_limit" not in given and current["rate_limit"] is not None:
+                rate = parse_rate(current["rate_limit"])
+            await api.store.type_set_limits(
+                conn, name, concurrency=concurrency,
+                rate_limit=rate.limit if rate else None, rate_period=rate.period if rate else None,
+            )  # fmt: skip
+            return await _one(api, conn, name)

@@ -1,0 +1,218 @@
+"""Job-type controls: pause, and fleet-wide concurrency and rate limits, enforced in the claim.
+
+Types without controls never come here: the worker claims them with ``job_claim_many``
+(``attempts.py``) unchanged. A batch with controlled types takes the type rows' locks
+(``type_lock_many``, in name order), so every claim of a controlled type is serialised across
+the fleet, then ``job_claim_controlled`` in a new statement (a new snapshot: it sees every claim
+committed before the lock was granted) counts the type's IN_PROGRESS jobs and the starts still
+in its rate window, claims at most what the limits allow, appends the starts to the window, and
+*holds* the rest: their ``updated_at`` is touched (the reconciler sees them in hand) and an outbox
+row sends each through a holding pen back to its queue — no retry consumed, nothing spins hot.
+Times are ``statement_timestamp()``, taken after the lock was granted, so starts are recorded in
+the order the lock serialises them (``now()`` is the transaction's start, which can be earlier
+than a start recorded by the claim that held the lock). Held jobs wait in a pen of: 5 s while
+paused; until the rate window frees a start for a rate
+limit; 1-10 s (a quarter of the time it has waited) for a full concurrency limit."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..core.jobs import PEN_LADDER
+from .base import Connection, Statements
+from .registry import statement
+from .rows import ClaimedJob, TypeControl
+
+PAUSED_HOLD_SECONDS = 5
+
+TYPE_LOCK_MANY = statement(
+    "type_lock_many",
+    "SELECT name FROM __schema__.job_types WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE",
+)
+
+_CLAIMABLE = (
+    "(j.status = 'PENDING' OR (j.status = 'RETRYING' AND j.run_at <= now() + interval '1 second'))"
+)
+
+JOB_CLAIM_CONTROLLED = statement(
+    "job_claim_controlled",
+    f"""
+WITH t AS (
+    SELECT name, paused, concurrency, rate_limit, rate_period,
+           ARRAY(SELECT s FROM unnest(recent_starts) s
+                 WHERE rate_period IS NOT NULL
+                   AND s > statement_timestamp() - make_interval(secs => rate_period)
+                 ORDER BY s) AS win
+    FROM __schema__.job_types WHERE name = ANY($6::text[])
+), c AS (
+    SELECT t.*,
+           t.concurrency - (SELECT count(*) FROM __schema__.jobs r
+                            WHERE r.job_type = t.name AND r.status = 'IN_PROGRESS') AS conc_free,
+           t.rate_limit - cardinality(t.win) AS rate_free
+    FROM t
+), cand AS (
+    SELECT j.id, j.job_type, j.run_at, j.created_at,
+           row_number() OVER (PARTITION BY j.job_type ORDER BY j.priority DESC, j.id) AS rn
+    FROM __schema__.jobs j
+    WHERE j.id = ANY($1::uuid[]) AND j.job_type = ANY($6::text[]) AND {_CLAIMABLE}
+), pick AS (
+    SELECT cand.*, c.paused, c.conc_free, c.rate_free, c.rate_limit, c.rate_period, c.win,
+           (NOT coalesce(c.paused, false) AND cand.rn <= coalesce(least(c.conc_free, c.rate_free),
+                                                                  cand.rn)) AS go
+    FROM cand LEFT JOIN c ON c.name = cand.job_type
+), upd AS (
+    UPDATE __schema__.jobs j SET
+        status = 'IN_PROGRESS',
+        attempts = j.attempts + 1,
+        started_at = statement_timestamp(),
+        updated_at = statement_timestamp(),
+        lease_expires_at = statement_timestamp() + make_interval(secs => $2),
+        worker_id = $3,
+        max_retries = COALESCE(j.max_retries, ($4::jsonb -> j.job_type ->> 'max_retries')::int, $5),
+        timeout_seconds = COALESCE(j.timeout_seconds,
+                                   ($4::jsonb -> j.job_type ->> 'timeout')::float8)
+    FROM pick
+    WHERE j.id = pick.id AND pick.go AND {_CLAIMABLE}
+    RETURNING j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts,
+              j.retry_count, j.max_retries, j.timeout_seconds,
+              greatest(0, extract(epoch FROM statement_timestamp()
+                                              - COALESCE(j.run_at, j.created_at)))::float8 AS wait
+), starts AS (
+    UPDATE __schema__.job_types ty
+    SET recent_starts = c.win || array_fill(statement_timestamp(), ARRAY[n.n])
+    FROM (SELECT job_type, count(*)::int AS n FROM upd GROUP BY job_type) n, c
+    WHERE ty.name = n.job_type AND c.name = ty.name AND c.rate_limit IS NOT NULL
+), held AS (
+    -- the n-th job over a full window waits for the window's (size - limit + n)-th start to
+    -- leave it (the starts claimed just now included: when that index is past the window)
+    UPDATE __schema__.jobs j SET updated_at = statement_timestamp()
+    FROM pick
+    WHERE j.id = pick.id AND NOT pick.go
+    RETURNING j.id, j.job_type, j.priority, greatest(
+        CASE WHEN pick.paused THEN {PAUSED_HOLD_SECONDS} ELSE 1 END,
+        CASE WHEN pick.conc_free IS NOT NULL AND pick.rn > pick.conc_free
+             THEN least(10, extract(epoch FROM statement_timestamp()
+                                                - COALESCE(pick.run_at, pick.created_at)) / 4)
+             ELSE 0 END,
+        CASE WHEN pick.rate_free IS NOT NULL AND pick.rn > pick.rate_free
+             THEN extract(epoch FROM COALESCE(
+                 pick.win[(cardinality(pick.win) - pick.rate_limit + pick.rn)::int]
+                     + make_interval(secs => pick.rate_period),
+                 statement_timestamp() + make_interval(secs => pick.rate_period))
+                 - statement_timestamp())
+             ELSE 0 END) AS wait_for
+), pen AS (
+    SELECT held.*, coalesce((SELECT min(p) FROM unnest($7::int4[]) p WHERE p >= held.wait_for),
+                            {PEN_LADDER[-1]}) AS delay
+    FROM held
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)
+    SELECT id, job_type, priority, 'retry', delay FROM pen
+)
+SELECT false AS held, id, job_type, payload, priority, attempts, retry_count, max_retries,
+       timeout_seconds, wait FROM upd
+UNION ALL
+SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, delay FROM pen
+""",
+)
+
+TYPE_CONTROLS = statement(
+    "type_controls",
+    """
+SELECT name, paused, concurrency, rate_limit, rate_period FROM __schema__.job_types
+ORDER BY name
+""",
+)
+
+
+TYPE_SET_PAUSED = statement(
+    "type_set_paused",
+    "UPDATE __schema__.job_types SET paused = $2 WHERE name = $1 RETURNING name",
+)
+
+# An operator's limits: registering workers keep them from now on (``limits_set_at``).
+TYPE_SET_LIMITS = statement(
+    "type_set_limits",
+    """
+UPDATE __schema__.job_types SET concurrency = $2, rate_limit = $3, rate_period = $4,
+    limits_set_at = now(),
+    recent_starts = CASE WHEN $3::int4 IS NULL THEN '{}' ELSE recent_starts END
+WHERE name = $1 RETURNING name
+""",
+)
+
+
+class ControlStatements(Statements):
+    async def type_set_paused(self, conn: Connection, name: str, paused: bool) -> bool:
+        """False when no such type."""
+        return await conn.fetchval(self.sql[TYPE_SET_PAUSED], name, paused) is not None
+
+    async def type_set_limits(
+        self,
+        conn: Connection,
+        name: str,
+        *,
+        concurrency: int | None,
+        rate_limit: int | None,
+        rate_period: int | None,
+    ) -> bool:
+        """False when no such type."""
+        found = await conn.fetchval(
+            self.sql[TYPE_SET_LIMITS], name, concurrency, rate_limit, rate_period
+        )
+        return found is not None
+
+    async def type_controls(self, conn: Connection) -> list[TypeControl]:
+        rows = await conn.fetch(self.sql[TYPE_CONTROLS])
+        return [
+            TypeControl(r["name"], r["paused"], r["concurrency"], r["rate_limit"], r["rate_period"])
+            for r in rows
+        ]
+
+    async def type_lock_many(self, conn: Connection, types: Sequence[str]) -> None:
+        """Lock the rows of ``types`` (in name order) until the transaction ends."""
+        await conn.fetch(self.sql[TYPE_LOCK_MANY], sorted(types))
+
+    async def job_claim_controlled(
+        self,
+        conn: Connection,
+        ids: Sequence[uuid.UUID],
+        *,
+        lease_seconds: float,
+        worker_id: str,
+        types: Sequence[str],
+        handler_defaults: Mapping[str, Mapping[str, Any]],
+        default_max_retries: int,
+    ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
+        """Within the transaction that holds ``type_lock_many(types)``: claim what the limits
+        allow among ``ids``; returns the claimed jobs, and the held ones (id → pen seconds)."""
+        rows = await conn.fetch(
+            self.sql[JOB_CLAIM_CONTROLLED],
+            list(ids),
+            lease_seconds,
+            worker_id,
+            orjson.dumps(handler_defaults).decode(),
+            default_max_retries,
+            list(types),
+            list(PEN_LADDER),
+        )
+        claimed = [
+            ClaimedJob(
+                id=r["id"],
+                job_type=r["job_type"],
+                payload=orjson.loads(r["payload"]),
+                priority=r["priority"],
+                attempts=r["attempts"],
+                retry_count=r["retry_count"],
+                max_retries=r["max_retries"],
+                timeout_seconds=r["timeout_seconds"],
+                wait_seconds=r["wait"],
+            )
+            for r in rows
+            if not r["held"]
+        ]
+        return claimed, {r["id"]: int(r["wait"]) for r in rows if r["held"]}

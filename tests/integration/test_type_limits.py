@@ -1,0 +1,146 @@
+"""Fleet-wide limits in the claim (``store/controls.py``): at most ``concurrency`` IN_PROGRESS
+and ``rate_limit`` starts per sliding window, whoever claims; the jobs over a limit are held
+(PENDING, no attempt counted, touched, sent through a holding pen), never claimed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+
+from conveyor import JobRouter, enqueue
+from conveyor.job_types import register_router_types, router_types
+from conveyor.store import ClaimedJob, for_schema
+
+from .. import db as tdb
+
+store = for_schema()
+
+
+async def _register(db: asyncpg.Connection, name: str, **limits: object) -> None:
+    r = JobRouter()
+    r.job(name, **limits)(_noop)  # type: ignore[arg-type]
+    await register_router_types(db, r)
+
+
+async def _noop(job: object) -> None:
+    return None
+
+
+async def _claim(conn: asyncpg.Connection, ids: list[uuid.UUID], name: str
+                 ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:  # fmt: skip
+    async with conn.transaction():
+        await store.type_lock_many(conn, [name])
+        return await store.job_claim_controlled(
+            conn, ids, lease_seconds=30.0, worker_id="w", types=[name], handler_defaults={},
+            default_max_retries=3,
+        )  # fmt: skip
+
+
+async def test_concurrency_claims_up_to_the_limit_and_holds_the_rest(
+    db: asyncpg.Connection,
+) -> None:
+    await _register(db, "lim_c", concurrency=2)
+    ids = [await enqueue(db, "lim_c", {"i": i}) for i in range(5)]
+    await db.execute("DELETE FROM job_outbox")
+    claimed, held = await _claim(db, ids, "lim_c")
+    assert len(claimed) == 2 and len(held) == 3
+    assert set(held.values()) == {1}  # fresh jobs: the shortest pen
+    rows = await db.fetch("SELECT id, status::text AS s, attempts FROM jobs WHERE id = ANY($1)",
+                          list(held))  # fmt: skip
+    assert {(r["s"], r["attempts"]) for r in rows} == {("PENDING", 0)}  # no attempt, no retry
+    pens = await db.fetch("SELECT job_id, destination, delay_seconds FROM job_outbox")
+    assert {(p["job_id"], p["destination"], p["delay_seconds"]) for p in pens} == {
+        (i, "retry", 1) for i in held
+    }
+    again, held2 = await _claim(db, list(held), "lim_c")  # still full: held again
+    assert again == [] and set(held2) == set(held)
+    await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE id = $1", claimed[0].id)
+    third, held3 = await _claim(db, list(held), "lim_c")  # one slot freed
+    assert len(third) == 1 and len(held3) == 2
+
+
+async def test_a_long_wait_is_held_in_a_longer_pen(db: asyncpg.Connection) -> None:
+    await _register(db, "lim_w", concurrency=1)
+    ids = [await enqueue(db, "lim_w", {"i": i}) for i in range(2)]
+    await db.execute("UPDATE jobs SET run_at = now() - interval '30 seconds'")
+    claimed, held = await _claim(db, ids, "lim_w")
+    assert len(claimed) == 1 and list(held.values()) == [10]  # a quarter of 30 s, snapped up
+
+
+async def test_the_rate_limit_is_a_sliding_window(db: asyncpg.Connection) -> None:
+    await _register(db, "lim_r", rate_limit="3/20s")
+    ids = [await enqueue(db, "lim_r", {"i": i}) for i in range(5)]
+    claimed, held = await _claim(db, ids, "lim_r")
+    assert len(claimed) == 3 and len(held) == 2
+    assert set(held.values()) == {20}  # until the window's oldest start leaves it
+    starts = await db.fetchval("SELECT cardinality(recent_starts) FROM job_types "
+                               "WHERE name = 'lim_r'")  # fmt: skip
+    assert starts == 3
+    await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE status = 'IN_PROGRESS'")
+    assert (await _claim(db, list(held), "lim_r"))[0] == []  # finishing frees no start
+    await db.execute(  # the window moves on: the starts are 21 s old
+        "UPDATE job_types SET recent_starts = ARRAY(SELECT s - interval '21 seconds' "
+        "FROM unnest(recent_starts) s) WHERE name = 'lim_r'"
+    )
+    later, _ = await _claim(db, list(held), "lim_r")
+    assert len(later) == 2
+
+
+async def test_each_held_job_waits_for_its_own_start_to_leave_the_window(
+    db: asyncpg.Connection,
+) -> None:
+    await _register(db, "lim_s", rate_limit="3/20s")
+    await db.execute(
+        "UPDATE job_types SET recent_starts = ARRAY[now() - interval '15 seconds', "
+        "now() - interval '5 seconds'] WHERE name = 'lim_s'"
+    )
+    ids = [await enqueue(db, "lim_s", {"i": i}) for i in range(4)]
+    claimed, held = await _claim(db, ids, "lim_s")
+    assert len(claimed) == 1  # the window had room for one more
+    # the 1st held job waits for the start 15 s ago (5 s), the 2nd for the one 5 s ago (15 s),
+    # the 3rd for the one just made (20 s)
+    assert sorted(held.values()) == [5, 15, 20]
+
+
+async def test_a_paused_type_is_held_not_claimed(db: asyncpg.Connection) -> None:
+    await _register(db, "lim_p")
+    job_id = await enqueue(db, "lim_p", {})
+    assert await store.type_set_paused(db, "lim_p", True)
+    claimed, held = await _claim(db, [job_id], "lim_p")
+    assert claimed == [] and held == {job_id: 5}
+
+
+async def test_concurrent_claimers_never_exceed_the_limit(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    await _register(db, "lim_x", concurrency=3)
+    ids = [await enqueue(db, "lim_x", {"i": i}) for i in range(12)]
+    conns = [await tdb.connect(db_url) for _ in range(4)]
+    try:
+        results = await asyncio.gather(
+            *(_claim(c, ids[k * 3 : k * 3 + 3], "lim_x") for k, c in enumerate(conns))
+        )
+    finally:
+        for c in conns:
+            await c.close()
+    assert sum(len(r[0]) for r in results) == 3
+    assert await db.fetchval("SELECT count(*) FROM jobs WHERE status = 'IN_PROGRESS'") == 3
+
+
+async def test_operator_limits_survive_a_worker_registering_the_type(
+    db: asyncpg.Connection,
+) -> None:
+    r = JobRouter()
+    r.job("lim_o", concurrency=5, rate_limit="100/m")(_noop)
+    await store.job_type_register_many(db, router_types(r))
+    row = await db.fetchrow("SELECT concurrency, rate_limit, rate_period, limits_set_at "
+                            "FROM job_types WHERE name = 'lim_o'")  # fmt: skip
+    assert tuple(row) == (5, 100, 60, None)
+    await store.type_set_limits(db, "lim_o", concurrency=2, rate_limit=None, rate_period=None)
+    await store.job_type_register_many(db, router_types(r))  # a worker restarts
+    row = await db.fetchrow("SELECT concurrency, rate_limit, limits_set_at FROM job_types "
+                            "WHERE name = 'lim_o'")  # fmt: skip
+    assert row["concurrency"] == 2 and row["rate_limit"] is None
+    assert row["limits_set_at"] is not None
