@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from ..core.jobs import PEN_LADDER
+from .attempts import HandlerDefaults
 from .base import Connection, Statements
 from .registry import statement
 from .rows import ClaimedJob, TypeControl
@@ -185,17 +186,19 @@ class ControlStatements(Statements):
         lease_seconds: float,
         worker_id: str,
         types: Sequence[str],
-        handler_defaults: Mapping[str, Mapping[str, Any]],
+        handler_defaults: HandlerDefaults | Mapping[str, Mapping[str, Any]],
         default_max_retries: int,
     ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
         """Within the transaction that holds ``type_lock_many(types)``: claim what the limits
         allow among ``ids``; returns the claimed jobs, and the held ones (id → pen seconds)."""
+        if not isinstance(handler_defaults, HandlerDefaults):
+            handler_defaults = HandlerDefaults.of(handler_defaults)
         rows = await conn.fetch(
             self.sql[JOB_CLAIM_CONTROLLED],
             list(ids),
             lease_seconds,
             worker_id,
-            orjson.dumps(handler_defaults).decode(),
+            handler_defaults.json,
             default_max_retries,
             list(types),
             list(PEN_LADDER),
