@@ -170,7 +170,8 @@ async def test_submit_quota_per_key(settings: Settings, db: asyncpg.Connection) 
         assert (await c.get("/jobs", headers=b)).status_code == 200  # reads are not limited
         await asyncio.sleep(1.1)
         assert (await c.post("/jobs", json={"type": "e"}, headers=a)).status_code == 201
-        assert await db.fetchval("SELECT count(*) FROM jobs") == 7
+        # a loaded machine may refill a token during the eight requests: count what was accepted
+        assert await db.fetchval("SELECT count(*) FROM jobs") == statuses.count(201) + 2
 
 
 async def test_no_key_in_logs_bodies_metrics_or_openapi(

@@ -47,6 +47,11 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/jobs/{job_id}/attempts"): READ,
     ("POST", "/jobs/{job_id}/cancel"): WRITE,
     ("POST", "/jobs/{job_id}/retry"): ADMIN,
+    # job types (SPEC §10): reading is jobs:read, changing pause/limits is admin
+    ("GET", "/types"): READ,
+    ("POST", "/types/{name}/pause"): ADMIN,
+    ("POST", "/types/{name}/resume"): ADMIN,
+    ("PUT", "/types/{name}/limits"): ADMIN,
     # dashboard
     ("GET", "/ui/login"): OPEN,
     ("POST", "/ui/login"): OPEN,
