@@ -34,18 +34,21 @@ class LimitedConsumer(Consumer):
         self._held: set[uuid.UUID] = set()
         self.held_total = 0
 
-    async def process_batch(self, batch: list[Delivery]) -> None:
+    async def _process(self, batch: list[tuple[Delivery, uuid.UUID | None]]) -> None:
+        # the one path every batch takes (``step`` and ``process_batch`` both end here)
         if not self.controls.controlled:
-            await super().process_batch(batch)
+            await super()._process(batch)
             return
-        for d in batch:
+        for d, job_id in batch:
+            if job_id is None:
+                continue  # the plain path rejects it
             try:
                 m = decode(d.body)
             except MalformedMessage:
-                continue  # the plain path rejects it
+                continue
             self._type_of[m.job_id] = m.job_type
         try:
-            await super().process_batch(batch)
+            await super()._process(batch)
         finally:
             self._type_of.clear()
             self._held.clear()
