@@ -11,8 +11,11 @@ from typing import Any
 
 import orjson
 
+from .core import tracing
 from .core.config import Settings
 from .core.logging import configure
+
+SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
 
 
 def _settings() -> Settings:
@@ -256,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure(settings.log_level, settings.log_format, quiet=(*LIBRARY_LOGGERS, "alembic"))
     except ValidationError:  # reported below, when the command reads its settings
         configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
+    if args.command in SERVICES:  # only OTEL_* variables turn it on (core/tracing.py)
+        tracing.configure(f"conveyor-{args.command}")
     try:
         return int(args.func(args))
     except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback

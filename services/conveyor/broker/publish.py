@@ -136,8 +136,11 @@ class Publisher:
 
     # ------------------------------------------------------------------ publishing
 
-    async def publish_batch(self, rows: Sequence[Outgoing]) -> list[BaseException | None]:
-        """Publish every row, all in flight at once; per row None (confirmed) or the error."""
+    async def publish_batch(
+        self, rows: Sequence[Outgoing], traceparents: Sequence[str | None] | None = None
+    ) -> list[BaseException | None]:
+        """Publish every row, all in flight at once; per row None (confirmed) or the error.
+        ``traceparents``: each row's ``traceparent`` header (tracing on), else none."""
         assert self.channel is not None
         refused = await self._declare_for(rows)
         channel = await self.channel.get_underlay_channel()
@@ -151,12 +154,15 @@ class Publisher:
                 results[i] = error
             else:
                 pending.append(i)
-        sent = await asyncio.gather(*(self._publish(channel, rows[i]) for i in pending))
+        tps = traceparents or [None] * len(rows)
+        sent = await asyncio.gather(*(self._publish(channel, rows[i], tps[i]) for i in pending))
         for i, result in zip(pending, sent, strict=True):
             results[i] = result
         return results
 
-    async def _publish(self, channel: Any, row: Outgoing) -> BaseException | None:
+    async def _publish(
+        self, channel: Any, row: Outgoing, traceparent: str | None = None
+    ) -> BaseException | None:
         """Publish one row and wait for its confirm; the error instead of raising it."""
         if row.destination == "dead":
             body = wire.encode(row.job_id, row.job_type, attempt=row.attempt, error=row.error)
@@ -171,7 +177,7 @@ class Publisher:
                 body,
                 exchange=exchange,
                 routing_key=row.job_type,
-                properties=wire.properties(str(row.job_id), row.priority),
+                properties=wire.properties(str(row.job_id), row.priority, traceparent),
                 mandatory=True,
                 timeout=self.publish_timeout,
             )

@@ -27,10 +27,12 @@ WITH u AS (
     SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
 ), ins AS (
     INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
-                                 timeout_seconds, run_at, idempotency_key, request_hash)
+                                 timeout_seconds, run_at, idempotency_key, request_hash,
+                                 trace_context)
     SELECT id, job_type,
            (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
-           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash,
+           $11::text  -- tracing: one traceparent for the whole request (NULL when off)
     FROM v
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -135,11 +137,12 @@ JOB_STATUS_MANY = statement(
 
 class JobStatements(Statements):
     async def job_insert_many(
-        self, conn: Connection, jobs: Sequence[NewJob]
+        self, conn: Connection, jobs: Sequence[NewJob], trace_context: str | None = None
     ) -> dict[uuid.UUID, JobRow]:
         """Insert jobs and their outbox rows in one statement (atomic without an explicit
         transaction). Returns the inserted rows by id; a job whose idempotency key already
-        exists is not inserted and is missing from the result."""
+        exists is not inserted and is missing from the result. ``trace_context``: the
+        submit's ``traceparent`` (``core/tracing.py``), stored with every job."""
         rows = await conn.fetch(
             self.sql[JOB_INSERT_MANY],
             [j.id for j in jobs],
@@ -152,6 +155,7 @@ class JobStatements(Statements):
             [j.delay_seconds for j in jobs],
             [j.idempotency_key for j in jobs],
             [j.request_hash for j in jobs],
+            trace_context,
         )
         return {r["id"]: JobRow.from_record(r) for r in rows}
 

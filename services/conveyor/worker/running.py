@@ -22,3 +22,4 @@ class Running:
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
     lease_lost: bool = False
     releasing: bool = False  # the drain cancelled it: hand it back, no retry consumed
+    trace_parent: str | None = None  # tracing on: the parent of the attempt's span

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..broker.acks import Acks, AckStatus
 from ..broker.consume import Delivery, Subscription
+from ..core import tracing
 from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
@@ -213,6 +214,8 @@ class Worker:
         spec = self.router.handlers.get(job.type)
         self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
+        if tracing.enabled():  # the attempt's span: child of the message's, else the job's
+            running.trace_parent = tracing.valid(delivery.traceparent) or row.trace_context
         self.running[job.id] = running
         self.executor.start(running)
 
