@@ -58,7 +58,12 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, id_: str = "
 def page(title: str, body: str) -> str:
     nav = " ".join(
         link(p, t)
-        for p, t in (("/ui", "Overview"), ("/ui/jobs", "Jobs"), ("/ui/dead", "Dead letters"))
+        for p, t in (
+            ("/ui", "Overview"),
+            ("/ui/jobs", "Jobs"),
+            ("/ui/dead", "Dead letters"),
+            ("/ui/types", "Types"),
+        )
     )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
