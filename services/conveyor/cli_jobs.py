@@ -62,7 +62,7 @@ def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
         lines.append(
             f"{a['attempt']:>3}  {a['outcome'] or 'running':<13} {a['worker_id'] or '-':<24} "
             f"{when(a['started_at']):<19}  {'-' if seconds is None else f'{seconds:.3f}':>8}  "
-            f"{error[-1][:100] if error else ''}"
+            f"{error[-1][:100] if error else ''}".rstrip()
         )
     return "\n".join(lines)
 

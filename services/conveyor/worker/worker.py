@@ -215,7 +215,8 @@ class Worker:
         self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
         if tracing.enabled():  # the attempt's span: child of the message's, else the job's
-            running.trace_parent = tracing.valid(delivery.traceparent) or row.trace_context
+            header = tracing.valid(getattr(delivery, "traceparent", None))
+            running.trace_parent = header or row.trace_context
         self.running[job.id] = running
         self.executor.start(running)
 
