@@ -66,7 +66,7 @@ def test_off_costs_no_span() -> None:
         assert ctx == VALID
     with tracing.submitting("/jobs", "junk") as ctx:
         assert ctx is None
-    tracing.annotate_submit("t", 1)  # a no-op, never an error
+    tracing.annotate_submit(["t"], 1)  # a no-op, never an error
 
 
 SCRIPT = """

@@ -140,7 +140,7 @@ class Api:
         )
         async with self.connection() as conn:
             await self._check_types(conn, [new])
-            tracing.annotate_submit(new.job_type, 1, new.id)
+            tracing.annotate_submit([new.job_type], 1, new.id)
             inserted = await self.store.job_insert_many(conn, [new], trace_context)  # atomic
             if new.id in inserted:
                 self._wake()
@@ -165,7 +165,8 @@ class Api:
             max_payload_bytes=self.settings.max_payload_bytes,
             idempotency_key=idempotency_key,
         )
-        tracing.annotate_submit(rows[0].job_type if rows else "", len(rows))
+        if tracing.enabled():
+            tracing.annotate_submit([r.job_type for r in rows], len(rows))
         async with self.connection() as conn:
             await self._check_types(conn, rows)
             if idempotency_key is None:

@@ -193,14 +193,19 @@ def _submitting(route: str | None, incoming: str | None) -> Iterator[str | None]
         yield _traceparent(span)
 
 
-def annotate_submit(job_type: str, count: int, job_id: Any = None) -> None:
-    """Name the submitted job(s) on the current ``conveyor.submit`` span (no-op when off)."""
+def annotate_submit(job_types: Sequence[str], count: int, job_id: Any = None) -> None:
+    """Name the submitted job(s) on the current ``conveyor.submit`` span (no-op when off):
+    the type, or for a batch of several types the distinct types."""
     if _tracer is None:
         return
     from opentelemetry import trace
 
     span = trace.get_current_span()
-    span.set_attribute("conveyor.job.type", job_type)
+    distinct = sorted(set(job_types))
+    if len(distinct) == 1:
+        span.set_attribute("conveyor.job.type", distinct[0])
+    elif distinct:
+        span.set_attribute("conveyor.job.types", distinct[:100])
     span.set_attribute("conveyor.job.count", count)
     if job_id is not None:
         span.set_attribute("conveyor.job.id", str(job_id))
