@@ -148,3 +148,35 @@ def test_inside_a_server_span_already_made_the_submit_is_its_child() -> None:
     assert [n for n, _ in second] == ["conveyor.submit", "POST /jobs"]
     assert second[1][1] == int(VALID.split("-")[2], 16)
     assert alone is not None and alone.split("-")[1] == VALID.split("-")[1]
+
+
+def test_a_failed_publish_ends_its_span_as_an_error() -> None:
+    import uuid
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.install(provider)
+    try:
+        rows = [
+            SimpleNamespace(job_id=uuid.uuid4(), job_type="t", destination="work",
+                            trace_context=VALID),
+            SimpleNamespace(job_id=uuid.uuid4(), job_type="t", destination="work",
+                            trace_context=None),  # a job submitted without a trace
+        ]  # fmt: skip
+        started, headers = tracing.start_publishing(rows)
+        assert headers[1] is None and started[1] is None
+        assert tracing.valid(headers[0]) and headers[0].split("-")[1] == VALID.split("-")[1]
+        tracing.end_publishing(started, [ConnectionError("channel closed"), None])
+    finally:
+        tracing.uninstall()
+    (span,) = spans.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR and span.parent is not None
+    assert span.parent.span_id == int(VALID.split("-")[2], 16)
+    assert span.events[0].name == "exception"
