@@ -15,9 +15,7 @@ JOB_COLUMNS = """id, job_type, status::text AS status, priority, payload::text A
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
     created_at, updated_at, started_at, finished_at"""
 
-JOB_INSERT_MANY = statement(
-    "job_insert_many",
-    f"""
+_JOB_INSERT = f"""
 WITH u AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int2[], $5::int4[],
                          $6::float8[], $7::timestamptz[], $8::float8[], $9::text[], $10::text[])
@@ -27,12 +25,10 @@ WITH u AS (
     SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
 ), ins AS (
     INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
-                                 timeout_seconds, run_at, idempotency_key, request_hash,
-                                 trace_context)
+                                 timeout_seconds, run_at, idempotency_key, request_hash)
     SELECT id, job_type,
            (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
-           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash,
-           $11::text  -- tracing: one traceparent for the whole request (NULL when off)
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash
     FROM v
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -41,8 +37,23 @@ WITH u AS (
     SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
 )
 SELECT {JOB_COLUMNS} FROM ins
-""",
-)
+"""
+JOB_INSERT_MANY = statement("job_insert_many", _JOB_INSERT)
+
+
+def _with_trace_context(sql: str) -> str:
+    """The insert that also stores the submit's ``traceparent`` (``$11``, one for the whole
+    request): used only when there is one (tracing on, or an incoming header), so the usual
+    insert stays as it was. Fails at import if the insert changed shape."""
+    edits = [("idempotency_key, request_hash)", "idempotency_key, request_hash, trace_context)"),
+             ("ikey, rhash\n    FROM v", "ikey, rhash, $11::text\n    FROM v")]  # fmt: skip
+    for old, new in edits:
+        assert sql.count(old) == 1, f"job_insert_many changed: {old!r} not found once"
+        sql = sql.replace(old, new)
+    return sql
+
+
+JOB_INSERT_MANY_TRACED = statement("job_insert_many_traced", _with_trace_context(_JOB_INSERT))
 
 JOB_GET = statement("job_get", f"SELECT {JOB_COLUMNS} FROM __schema__.jobs WHERE id = $1")
 
@@ -143,8 +154,9 @@ class JobStatements(Statements):
         transaction). Returns the inserted rows by id; a job whose idempotency key already
         exists is not inserted and is missing from the result. ``trace_context``: the
         submit's ``traceparent`` (``core/tracing.py``), stored with every job."""
+        traced = () if trace_context is None else (trace_context,)
         rows = await conn.fetch(
-            self.sql[JOB_INSERT_MANY],
+            self.sql[JOB_INSERT_MANY_TRACED if traced else JOB_INSERT_MANY],
             [j.id for j in jobs],
             [j.job_type for j in jobs],
             [j.payload_json for j in jobs],
@@ -155,7 +167,7 @@ class JobStatements(Statements):
             [j.delay_seconds for j in jobs],
             [j.idempotency_key for j in jobs],
             [j.request_hash for j in jobs],
-            trace_context,
+            *traced,
         )
         return {r["id"]: JobRow.from_record(r) for r in rows}
 
