@@ -11,8 +11,12 @@ from typing import Any
 
 import orjson
 
+from .cli_support import guarded
+from .core import tracing
 from .core.config import Settings
 from .core.logging import configure
+
+SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
 
 
 def _settings() -> Settings:
@@ -292,8 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure(settings.log_level, settings.log_format, quiet=(*LIBRARY_LOGGERS, "alembic"))
     except ValidationError:  # reported below, when the command reads its settings
         configure(quiet=(*LIBRARY_LOGGERS, "alembic"))
+    if args.command in SERVICES:  # only OTEL_* variables turn it on (core/tracing.py)
+        tracing.configure(f"conveyor-{args.command}")
     try:
-        return int(args.func(args))
+        return guarded(lambda: int(args.func(args)), args.command)
     except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback
         first = exc.errors()[0]
         name = "CONVEYOR_" + "_".join(str(p) for p in first["loc"]).upper()

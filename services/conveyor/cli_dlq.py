@@ -1,5 +1,6 @@
 """``conveyor dlq list|redrive|purge``: the dead-letter queue, for operators (see
-``maintenance/deadletters.py``)."""
+``maintenance/deadletters.py``). A bulk purge (``--type``, ``--all``) first counts what it
+would drop and asks (or takes ``--yes``)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,33 @@ import sys
 import uuid
 from typing import Any
 
-import orjson
-
+from .cli_support import CliError, check_broker, confirm, database, json_doc, json_line
 from .core.config import Settings
 
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("dlq", help="list, redrive or purge the dead-letter queue")
     dlq = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    d = dlq.add_parser("list", help="print dead letters (they stay in the queue)")
-    d.add_argument("--limit", type=int, default=100)
+    d = dlq.add_parser("list", help="print dead letters, oldest first (they stay in the queue)")
+    d.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    d.add_argument("--json", action="store_true", help="one JSON object per letter (JSON Lines)")
     for name, help_ in (("redrive", "re-queue the jobs of matching dead letters"),
                         ("purge", "delete matching dead letters (jobs stay FAILED)")):  # fmt: skip
         d = dlq.add_parser(name, help=help_)
         d.add_argument("--id", action="append", help="a job id (repeatable)")
         d.add_argument("--type", help="every dead letter of this job type")
         d.add_argument("--all", action="store_true", help="every dead letter")
+        if name == "purge":
+            d.add_argument("--yes", action="store_true",
+                           help="purge by --type or --all without asking")  # fmt: skip
     s.set_defaults(func=cmd_dlq)
 
 
-def _print(data: Any) -> None:
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+def _line(d: dict[str, Any]) -> str:
+    error = (d["error"] or d["raw"] or "").strip().splitlines()
+    return (f"{d['job_id'] or '(not a job)':<36}  {d['type'] or '-':<24} "
+            f"{d['attempt'] if d['attempt'] is not None else '-':>7}  {d['status'] or '-':<11} "
+            f"{'stale' if d['stale'] else '':<5}  {error[-1][:100] if error else ''}")  # fmt: skip
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
@@ -37,37 +44,76 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     from .broker.topology import Topology
     from .maintenance import deadletters as dl
     from .store import for_schema
-    from .store.connect import create_pool
 
     settings = Settings()
-    ids = {uuid.UUID(i) for i in (args.id or [])} if args.action != "list" else set()
+    try:
+        ids = {uuid.UUID(i) for i in (args.id or [])} if args.action != "list" else set()
+    except ValueError as exc:
+        raise CliError(f"--id: {exc}") from None
     if args.action != "list" and not (ids or args.type or args.all):
-        print(
-            "conveyor dlq: say which: --id ID (repeatable), --type TYPE or --all", file=sys.stderr
-        )
-        return 2
+        raise CliError("say which: --id ID (repeatable), --type TYPE or --all")
+    if args.action == "list" and args.limit < 1:
+        raise CliError("--limit must be at least 1")
+    bulk = args.action == "purge" and (args.all or args.type is not None)
 
     async def go() -> int:
+        await check_broker(settings)
         inspector = Inspector(settings.amqp_url, Topology(settings.namespace), name="conveyor-dlq")
-        pool = await create_pool(settings.database_url, application_name="conveyor-dlq", max_size=2)
         try:
-            store = for_schema(settings.db_schema)
-            if args.action == "list":
-                seen = await dl.scan(inspector, pool, store, lambda _: "keep", limit=args.limit)
-                _print([d.as_dict() for d, _ in seen])
+            async with database(settings, "conveyor-dlq") as conn:
+                pool = _OneConnection(conn)
+                store = for_schema(settings.db_schema)
+                if args.action == "list":
+                    seen = await dl.scan(inspector, pool, store, lambda _: "keep", limit=args.limit)
+                    if not args.json:
+                        print(f"{'job':<36}  {'type':<24} {'attempt':>7}  {'status':<11} "
+                              f"{'':<5}  error")  # fmt: skip
+                    for letter, _ in seen:
+                        d = letter.as_dict()
+                        if args.json:
+                            json_line(d)
+                        else:
+                            print(_line(d))
+                    return 0
+                match = dl.selector(ids, args.type, args.all)
+                if bulk and not args.yes:
+                    counted = await dl.scan(inspector, pool, store, lambda _: "keep")
+                    n = sum(1 for d, _ in counted if d.stale or match(d))
+                    what = "every dead letter" if args.all else f"type {args.type!r}"
+                    if n and not confirm(f"Purge {n} of {len(counted)} dead letters ({what};"
+                                         " the jobs stay FAILED)?", yes=False):  # fmt: skip
+                        print("nothing purged", file=sys.stderr)
+                        return 1
+                if args.action == "redrive":
+                    decide = dl.redrive_decision(match)
+                else:
+                    decide = dl.purge_decision(match)
+                seen = await dl.scan(inspector, pool, store, decide)
+                summary: dict[str, int] = {}
+                for _, decision in seen:
+                    summary[decision] = summary.get(decision, 0) + 1
+                json_doc({"scanned": len(seen), **summary})
                 return 0
-            match = dl.selector(ids, args.type, args.all)
-            decide = (
-                dl.redrive_decision(match) if args.action == "redrive" else dl.purge_decision(match)
-            )
-            seen = await dl.scan(inspector, pool, store, decide)
-            summary: dict[str, int] = {}
-            for _, decision in seen:
-                summary[decision] = summary.get(decision, 0) + 1
-            _print({"scanned": len(seen), **summary})
-            return 0
         finally:
             await inspector.close()
-            await pool.close()
 
     return asyncio.run(go())
+
+
+class _OneConnection:
+    """``pool.acquire()`` over the command's one connection (what ``deadletters.scan`` takes)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def acquire(self) -> Any:
+        conn = self.conn
+
+        class _Held:
+            async def __aenter__(self) -> Any:
+                return conn
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+        return _Held()

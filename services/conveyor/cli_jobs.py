@@ -1,4 +1,6 @@
-"""``conveyor jobs show|list|cancel|retry``: one job at a time, for operators."""
+"""``conveyor jobs show|list|cancel|retry``: jobs for operators. ``list`` pages like
+``GET /jobs`` (newest first, keyset ``--cursor``; ``--all`` follows every page); ``--json``
+prints what the API answers (``list``: one job per line, JSON Lines)."""
 
 from __future__ import annotations
 
@@ -8,68 +10,113 @@ import sys
 import uuid
 from typing import Any
 
-import orjson
-
+from .cli_support import CliError, database, json_doc, json_line
 from .core.config import Settings
 
-
-def _print(data: Any) -> None:
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED"]
 
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("jobs", help="show, list, cancel or retry jobs")
     jobs = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, help_ in (("show", "print one job"), ("cancel", "cancel a job"),
+    for name, help_ in (("show", "print one job and its attempts"), ("cancel", "cancel a job"),
                         ("retry", "re-queue a FAILED or CANCELLED job")):  # fmt: skip
         j = jobs.add_parser(name, help=help_)
         j.add_argument("id")
-    j = jobs.add_parser("list", help="list jobs, newest first")
+        if name == "show":
+            j.add_argument("--json", action="store_true", help="the job as JSON (as the API)")
+    j = jobs.add_parser("list", help="list jobs, newest first, a page at a time")
     j.add_argument("--type")
-    j.add_argument("--status", choices=[
-        "PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED",
-    ])  # fmt: skip
-    j.add_argument("--limit", type=int, default=50)
+    j.add_argument("--status", choices=STATUSES)
+    j.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
+    j.add_argument("--cursor", help="the page after this cursor (printed after each page)")
+    j.add_argument("--all", action="store_true", help="follow every page")
+    j.add_argument("--json", action="store_true", help="one JSON object per job (JSON Lines)")
     s.set_defaults(func=cmd_jobs)
 
 
-async def _with_pool(fn: Any) -> Any:
-    from .store.connect import create_pool
+def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
+    import orjson
 
-    settings = Settings()
-    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
-    try:
-        async with pool.acquire() as conn:
-            return await fn(conn)
-    finally:
-        await pool.close()
+    def when(value: Any) -> str:
+        return f"{value:%Y-%m-%d %H:%M:%S}" if value is not None else "-"
+
+    retries = f"{row.retry_count} of {row.max_retries if row.max_retries is not None else '?'}"
+    fields = [
+        ("id", row.id), ("type", row.job_type), ("status", row.status),
+        ("priority", row.priority), ("attempts", f"{row.attempts} (retries used: {retries})"),
+        ("created", when(row.created_at)), ("run at", when(row.run_at)),
+        ("started", when(row.started_at)), ("finished", when(row.finished_at)),
+        ("worker", row.worker_id or "-"),
+        ("payload", orjson.dumps(row.payload).decode()),
+        ("result", orjson.dumps(row.result).decode() if row.result is not None else "-"),
+    ]  # fmt: skip
+    lines = [f"{k:<10} {v}" for k, v in fields]
+    if row.last_error:
+        lines.append("last error:")
+        lines += ["  " + line for line in row.last_error.rstrip().splitlines()]
+    lines.append(f"{'#':>3}  {'outcome':<13} {'worker':<24} {'started':<19}  {'seconds':>8}  error")
+    for a in attempts:
+        error = (a["error"] or "").strip().splitlines()
+        seconds = a["duration_seconds"]
+        lines.append(
+            f"{a['attempt']:>3}  {a['outcome'] or 'running':<13} {a['worker_id'] or '-':<24} "
+            f"{when(a['started_at']):<19}  {'-' if seconds is None else f'{seconds:.3f}':>8}  "
+            f"{error[-1][:100] if error else ''}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def _list_line(r: Any) -> str:
+    return (f"{r.id}  {r.job_type:<24} {r.status:<12} attempts={r.attempts}"
+            f"  created={r.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from .api.attempts import attempt_dict
     from .api.models import JobResource
+    from .api.resource import decode_cursor, encode_cursor
     from .store import JobRow, for_schema
 
-    store = for_schema(Settings().db_schema)
+    settings = Settings()
+    store = for_schema(settings.db_schema)
 
     def resource(row: JobRow) -> dict[str, Any]:
         return JobResource.from_row(row).model_dump(mode="json")
 
-    async def go(conn: Any) -> int:
-        if args.action == "list":
-            rows = await store.job_list(
-                conn, job_type=args.type, status=args.status, after=None, limit=args.limit
-            )
+    async def page(conn: Any) -> int:
+        if args.limit < 1:
+            raise CliError("--limit must be at least 1")
+        after = decode_cursor(args.cursor) if args.cursor else None
+        while True:
+            rows = await store.job_list(conn, job_type=args.type, status=args.status,
+                                        after=after, limit=args.limit + 1)  # fmt: skip
+            more = len(rows) > args.limit
+            rows = rows[: args.limit]
             for r in rows:
-                print(f"{r.id}  {r.job_type:<24} {r.status:<12} attempts={r.attempts}"
-                      f"  created={r.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
-            return 0
-        job_id = uuid.UUID(args.id)
-        extra: dict[str, Any] = {}
+                if args.json:
+                    json_line(resource(r))
+                else:
+                    sys.stdout.write(_list_line(r) + "\n")
+            if not (more and rows):
+                return 0
+            if not args.all:
+                print(f"more: --cursor {encode_cursor(rows[-1])}", file=sys.stderr)
+                return 0
+            sys.stdout.flush()  # a page at a time: `| head` stops the walk early
+            after = rows[-1].id
+
+    async def go() -> int:
+        async with database(settings) as conn:
+            if args.action == "list":
+                return await page(conn)
+            return await one(conn, uuid.UUID(args.id))
+
+    async def one(conn: Any, job_id: uuid.UUID) -> int:
+        attempts: list[dict[str, Any]] = []
         if args.action == "show":
             row = await store.job_get(conn, job_id)
-            attempts = await store.job_attempt_list(conn, job_id) or []
-            extra["attempts"] = [attempt_dict(a) for a in attempts]
+            attempts = [attempt_dict(a) for a in await store.job_attempt_list(conn, job_id) or []]
         elif args.action == "cancel":
             async with conn.transaction():
                 ok = await store.job_cancel(conn, job_id)
@@ -89,11 +136,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if row is None:
             print(f"no job {job_id}", file=sys.stderr)
             return 1
-        _print({**resource(row), **extra})
+        if args.action == "show" and not args.json:
+            print(_text(row, attempts))
+        elif args.action == "show":
+            json_doc({**resource(row), "attempts": attempts})
+        else:
+            json_doc(resource(row))
         return 0
 
     try:
-        return int(asyncio.run(_with_pool(go)))
-    except ValueError as exc:
-        print(f"conveyor jobs: {exc}", file=sys.stderr)
-        return 2
+        return int(asyncio.run(go()))
+    except ValueError as exc:  # a malformed id or cursor
+        raise CliError(str(exc)) from None

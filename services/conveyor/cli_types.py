@@ -8,6 +8,7 @@ import asyncio
 import sys
 from typing import Any
 
+from .cli_support import CliError, database
 from .core.config import Settings
 
 
@@ -40,7 +41,6 @@ def cmd_types(args: argparse.Namespace) -> int:
     from .core.limits import check_concurrency, parse_rate
     from .job_types import router_types
     from .store import for_schema
-    from .store.connect import create_pool
 
     settings = Settings()
     store = for_schema(settings.db_schema)
@@ -76,32 +76,27 @@ def cmd_types(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> int:
-        pool = await create_pool(settings.database_url, application_name="conveyor-cli")
-        try:
-            async with pool.acquire() as conn:
-                if args.action in ("pause", "resume", "limit"):
-                    return await change(conn)
-                if router is not None:
-                    wanted = [t.strip() for t in args.types.split(",")] if args.types else None
-                    rows = router_types(router, wanted)
-                    await store.job_type_register_many(conn, rows)
-                    print(f"registered {', '.join(r.name for r in rows) or 'nothing'}")
-                    return 0
-                for t in await store.job_type_list(conn):
-                    d = type_dict(t)
-                    delays = ",".join(map(str, t.retry_delays)) or "-"
-                    seen = f"{t.last_seen:%Y-%m-%d %H:%M:%S}"
-                    state = "PAUSED" if t.paused else "active"
-                    print(f"{t.name:<32} {state:<6} concurrency={t.concurrency or '-'}"
-                          f" rate_limit={d['rate_limit'] or '-'} running={t.running}"
-                          f" max_retries={t.max_retries} timeout={t.timeout_seconds}"
-                          f" retry_delays={delays} last_seen={seen}")  # fmt: skip
+        async with database(settings) as conn:
+            if args.action in ("pause", "resume", "limit"):
+                return await change(conn)
+            if router is not None:
+                wanted = [t.strip() for t in args.types.split(",")] if args.types else None
+                rows = router_types(router, wanted)
+                await store.job_type_register_many(conn, rows)
+                print(f"registered {', '.join(r.name for r in rows) or 'nothing'}")
                 return 0
-        finally:
-            await pool.close()
+            for t in await store.job_type_list(conn):
+                d = type_dict(t)
+                delays = ",".join(map(str, t.retry_delays)) or "-"
+                seen = f"{t.last_seen:%Y-%m-%d %H:%M:%S}"
+                state = "PAUSED" if t.paused else "active"
+                print(f"{t.name:<32} {state:<6} concurrency={t.concurrency or '-'}"
+                      f" rate_limit={d['rate_limit'] or '-'} running={t.running}"
+                      f" max_retries={t.max_retries} timeout={t.timeout_seconds}"
+                      f" retry_delays={delays} last_seen={seen}")  # fmt: skip
+            return 0
 
     try:
         return asyncio.run(go())
-    except Exception as exc:
-        print(f"conveyor types: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    except (ValueError, LookupError) as exc:  # --types naming a type the router lacks
+        raise CliError(f"{type(exc).__name__}: {exc}") from None

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from .core import tracing
 from .core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
 from .core.jobs import check_type, new_job_id, parse_priority
 from .job_types import check_for_enqueue
@@ -224,7 +225,8 @@ async def enqueue_many(
     raw = await _raw_connection(conn)
     rows = [build_job(s) for s in specs]
     await check_for_enqueue(raw, store, {r.job_type for r in rows})
-    inserted = await store.job_insert_many(raw, rows)
+    with tracing.submitting(None) as trace_context:  # tracing: the caller's span is the parent
+        inserted = await store.job_insert_many(raw, rows, trace_context)
     if notify and any(r.status == "PENDING" for r in inserted.values()):
         await store.outbox_notify(raw)  # delivered when the caller's transaction commits
     out: list[uuid.UUID] = []

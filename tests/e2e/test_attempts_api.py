@@ -37,7 +37,13 @@ async def test_a_retried_job_shows_both_attempts_oldest_first(
         bad = await stack.client.get("/jobs/not-a-uuid/attempts")  # names no job: 404
         assert bad.status_code == 404 and set(bad.json()) == {"error", "detail"}
 
-        code, out, _ = await _run(["jobs", "show", job_id], _env(settings))
+        code, out, _ = await _run(["jobs", "show", job_id, "--json"], _env(settings))
         assert code == 0
         shown = orjson.loads(out)["attempts"]
         assert [(a["attempt"], a["outcome"]) for a in shown] == [(1, "retry"), (2, "completed")]
+        # for a person: the job's fields, then one line per attempt with its error's last line
+        code, out, _ = await _run(["jobs", "show", job_id], _env(settings))
+        assert code == 0 and f"id         {job_id}" in out and "status     COMPLETED" in out
+        table = out[out.index("  #  outcome") :].splitlines()[1:]
+        assert [line.split()[:2] for line in table] == [["1", "retry"], ["2", "completed"]]
+        assert table[0].endswith("ConnectionError: boom on attempt 1") and worker_id in table[0]

@@ -40,7 +40,7 @@ def _env(settings: Settings, **extra: str) -> dict[str, str]:
 
 async def _run(args: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        *CONVEYOR, *args, env=env, cwd=ROOT,
+        *CONVEYOR, *args, env=env, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
@@ -156,7 +156,7 @@ async def test_jobs_commands(settings: Settings, db_url: str) -> None:
     env = _env(settings)
     async with running_stack(settings, None) as stack:
         job_id = await stack.submit("noop", {"k": "v"})
-        code, out, _ = await _run(["jobs", "show", job_id], env)
+        code, out, _ = await _run(["jobs", "show", job_id, "--json"], env)
         assert code == 0 and orjson.loads(out)["payload"] == {"k": "v"}
         code, out, _ = await _run(["jobs", "list", "--status", "PENDING"], env)
         assert code == 0 and job_id in out
@@ -185,8 +185,8 @@ async def test_dlq_list_redrive_purge(settings: Settings, db_url: str) -> None:
         ) or 0) < 3:  # fmt: skip
             assert time.monotonic() < deadline, f"{n} dead letters published"
             await asyncio.sleep(0.02)
-        code, out, _ = await _run(["dlq", "list"], env)
-        listed = orjson.loads(out)
+        code, out, _ = await _run(["dlq", "list", "--json"], env)
+        listed = [orjson.loads(line) for line in out.splitlines()]
         assert code == 0 and sorted(d["job_id"] for d in listed) == sorted(failed)
         assert all(d["status"] == "FAILED" and "always fails" in d["error"] for d in listed)
         # one is redriven through the API: its dead-letter copy is stale and is dropped, never
@@ -202,10 +202,16 @@ async def test_dlq_list_redrive_purge(settings: Settings, db_url: str) -> None:
         by_id = {r["id"]: (r["status"], r["attempts"]) for r in rows}
         assert by_id[failed[0]][0] == "PENDING" and by_id[failed[1]][0] == "PENDING"
         assert by_id[failed[2]] == ("FAILED", 1)
-        code, out, _ = await _run(["dlq", "purge", "--type", "always_fails"], env)
-        assert orjson.loads(out) == {"scanned": 1, "drop": 1}
+        # a bulk purge asks first; without a terminal it needs --yes and drops nothing
+        code, _, err = await _run(["dlq", "purge", "--type", "always_fails"], env)
+        assert code == 2 and "Purge 1 of 1 dead letters (type 'always_fails'" in err
+        assert "pass --yes" in err and "Traceback" not in err
         code, out, _ = await _run(["dlq", "list"], env)
-        assert orjson.loads(out) == []
+        assert code == 0 and failed[2] in out and "always fails (attempt 1)" in out
+        code, out, _ = await _run(["dlq", "purge", "--type", "always_fails", "--yes"], env)
+        assert orjson.loads(out) == {"scanned": 1, "drop": 1}
+        code, out, _ = await _run(["dlq", "list", "--json"], env)
+        assert code == 0 and out == ""
         code, _, err = await _run(["dlq", "purge"], env)
         assert code == 2 and "--id" in err
         assert re.search("FAILED", by_id[failed[2]][0])

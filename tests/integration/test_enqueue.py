@@ -94,3 +94,22 @@ async def test_sqlalchemy_async_session(db_url: str, db: asyncpg.Connection, com
     assert await _counts(db) == expected
     if commit:
         assert await db.fetchval("SELECT id FROM jobs") == job_id
+
+
+async def test_enqueue_inside_a_traced_request_stores_the_callers_span(
+    db: asyncpg.Connection,
+) -> None:
+    """Tracing (issue 11.4): an application that traces calls ``enqueue()`` inside its span; the
+    job joins that trace (its attempts become children), even with Conveyor's tracing off."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("app")
+    with tracer.start_as_current_span("checkout") as span:
+        traced = await enqueue(db, "send_email", {"to": "a@example.com"})
+    untraced = await enqueue(db, "send_email", {"to": "b@example.com"})
+    c = span.get_span_context()
+    rows = dict(await db.fetch("SELECT id, trace_context FROM jobs"))
+    assert rows == {
+        traced: f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}",
+        untraced: None,
+    }

@@ -63,6 +63,7 @@ async def test_no_sequential_scan_on_a_million_jobs(db: asyncpg.Connection) -> N
     queries: dict[str, tuple[str, tuple[Any, ...]]] = {
         "backlog view / conveyor_jobs gauge": (sql["job_backlog"], ()),
         "stuck_jobs view": ("SELECT * FROM stuck_jobs", ()),
+        "conveyor_leases_expired gauge": (sql["job_stuck_count"], ()),
         "recent_failures view": ("SELECT * FROM recent_failures", ()),
         "throughput view": ("SELECT * FROM throughput", ()),
         "overview: last hour": (sql["job_overview_hour"], ()),

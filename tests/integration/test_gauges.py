@@ -94,3 +94,23 @@ async def test_a_separate_sweeper_refreshes_the_gauges(
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+async def test_leases_expired_counts_running_jobs_past_their_lease(
+    db: asyncpg.Connection, parts: tuple[Metrics, Sweeper, Relay]
+) -> None:
+    """The "stuck leases" alert's input (deploy/prometheus/alerts.yml)."""
+    metrics, sweeper, _ = parts
+    gauges = Gauges(metrics, sweeper.store, sweeper.pool, sweeper.topology)
+    await enqueue_many(db, [JobSpec("a")] * 3)
+    await db.execute("UPDATE jobs SET status = 'IN_PROGRESS', attempts = 1, "
+                     "lease_expires_at = now() + interval '30 s'")  # fmt: skip
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_leases_expired") == 0
+    await db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 s' WHERE id IN "
+                     "(SELECT id FROM jobs ORDER BY id LIMIT 2)")  # fmt: skip
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_leases_expired") == 2
+    await sweeper.recover_leases()
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_leases_expired") == 0

@@ -100,3 +100,13 @@ def test_escaped_surrogates_huge_numbers_and_deep_nesting_are_malformed() -> Non
         b"[" * (wire.MAX_MESSAGE_BYTES + 1),
     ):
         assert _decode_or_malformed(body) is None
+
+
+def test_the_traceparent_header_is_set_only_when_traced() -> None:
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert wire.properties("x", 5).headers is None
+    assert wire.properties("x", 5, tp).headers == {"traceparent": tp}
+    assert wire.traceparent_of({"traceparent": tp}) == tp
+    assert wire.traceparent_of({"traceparent": tp.encode()}) == tp
+    assert wire.traceparent_of({"traceparent": 7}) is None
+    assert wire.traceparent_of(None) is None and wire.traceparent_of({}) is None

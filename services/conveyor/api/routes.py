@@ -55,7 +55,9 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         openapi_extra=json_body(SubmitJob, "The job to submit."),
     )
     async def submit_job(request: Request, idempotency_key: IdempotencyKey = None) -> Response:
-        status, resource = await api.submit(await request.body(), idempotency_key)
+        status, resource = await api.submit(
+            await request.body(), idempotency_key, request.headers.get("traceparent")
+        )
         return _json(resource, status)
 
     @r.post(
@@ -75,7 +77,9 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         openapi_extra=json_body(SubmitBatch, "The jobs to submit."),
     )
     async def submit_batch(request: Request, idempotency_key: IdempotencyKey = None) -> Response:
-        status, batch = await api.submit_batch(await request.body(), idempotency_key)
+        status, batch = await api.submit_batch(
+            await request.body(), idempotency_key, request.headers.get("traceparent")
+        )
         return _json(batch, status)
 
     @r.get(

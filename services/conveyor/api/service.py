@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from ..core import tracing
 from ..core.config import Settings
 from ..core.errors import IdempotencyConflict, InvalidTransition, JobNotFound, ServiceUnavailable
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
@@ -128,13 +129,29 @@ class Api:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def submit(self, body: bytes, idempotency_key: str | None) -> tuple[int, dict[str, Any]]:
+    # -- tracing (core/tracing.py): a span around each submit; its traceparent is stored
+    async def submit(
+        self, body: bytes, idempotency_key: str | None, traceparent: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        with tracing.submitting("/jobs", traceparent) as trace_context:
+            return await self._submit(body, idempotency_key, trace_context)
+
+    async def submit_batch(
+        self, body: bytes, idempotency_key: str | None, traceparent: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        with tracing.submitting("/jobs/batch", traceparent) as trace_context:
+            return await self._submit_batch(body, idempotency_key, trace_context)
+
+    async def _submit(
+        self, body: bytes, idempotency_key: str | None, trace_context: str | None
+    ) -> tuple[int, dict[str, Any]]:
         new = build_submit(
             body, max_payload_bytes=self.settings.max_payload_bytes, idempotency_key=idempotency_key
         )
         async with self.connection() as conn:
             await self._check_types(conn, [new])
-            inserted = await self.store.job_insert_many(conn, [new])  # one atomic statement
+            tracing.annotate_submit([new.job_type], 1, new.id)
+            inserted = await self.store.job_insert_many(conn, [new], trace_context)  # atomic
             if new.id in inserted:
                 self._wake()
                 self.metrics.jobs_submitted.labels(new.job_type).inc()
@@ -147,8 +164,8 @@ class Api:
             )
         return 200, self.render(existing)
 
-    async def submit_batch(
-        self, body: bytes, idempotency_key: str | None
+    async def _submit_batch(
+        self, body: bytes, idempotency_key: str | None, trace_context: str | None
     ) -> tuple[int, dict[str, Any]]:
         build = functools.partial(
             build_batch,
@@ -161,15 +178,21 @@ class Api:
         # answering; a small one inline: a few ms, and a thread beside the loop costs more
         # (the GIL hand-offs delay every other request's I/O by up to the switch interval)
         rows = build() if len(body) <= INLINE_PARSE_BYTES else await asyncio.to_thread(build)
+        if tracing.enabled():
+            tracing.annotate_submit([r.job_type for r in rows], len(rows))
         async with self.connection() as conn:
             await self._check_types(conn, rows)
             if idempotency_key is None:
-                found = await self.long(conn, lambda c: self.store.job_insert_many(c, rows))
+                found = await self.long(
+                    conn, lambda c: self.store.job_insert_many(c, rows, trace_context)
+                )
             else:
                 tx = conn.transaction()
                 await tx.start()
                 try:
-                    found = await self.long(conn, lambda c: self.store.job_insert_many(c, rows))
+                    found = await self.long(
+                        conn, lambda c: self.store.job_insert_many(c, rows, trace_context)
+                    )
                 except BaseException:
                     with contextlib.suppress(Exception):  # the connection may be terminated
                         await tx.rollback()

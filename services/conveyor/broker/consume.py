@@ -21,7 +21,7 @@ from aio_pika.abc import (
 )
 
 from .topology import Topology, connect
-from .wire import MalformedMessage, decode
+from .wire import MalformedMessage, decode, traceparent_of
 
 __all__ = ["Delivery", "MalformedMessage", "Subscription", "job_id_of"]
 
@@ -39,6 +39,7 @@ class Delivery:
     delivery_tag: int | None
     channel: object  # the AMQP channel it arrived on: tags are numbered per channel
     _message: AbstractIncomingMessage | None = field(default=None, repr=False)
+    traceparent: str | None = None  # the publish span's context (tracing), unchecked
 
     @classmethod
     def of(cls, message: AbstractIncomingMessage) -> Delivery:
@@ -49,6 +50,7 @@ class Delivery:
             message.delivery_tag,
             message.channel,
             message,
+            traceparent_of(message.headers),
         )
 
     async def ack(self, multiple: bool = False) -> None:

@@ -158,8 +158,11 @@ class Publisher:
             return Route(self.topology.pen_exchange(delay), body, (work, ("pen", delay)))
         return Route(self._exchanges["work"], body, (work,))
 
-    async def publish_batch(self, rows: Sequence[Outgoing]) -> list[BaseException | None]:
-        """Publish every row, all in flight at once; per row None (confirmed) or the error."""
+    async def publish_batch(
+        self, rows: Sequence[Outgoing], traceparents: Sequence[str | None] | None = None
+    ) -> list[BaseException | None]:
+        """Publish every row, all in flight at once; per row None (confirmed) or the error.
+        ``traceparents``: each row's ``traceparent`` header (tracing on), else none."""
         assert self.channel is not None
         routes = [self.route(row) for row in rows]
         refused = await self._declare_for(routes)
@@ -172,19 +175,24 @@ class Publisher:
                 results[i] = error
             else:
                 pending.append(i)
-        sent = await asyncio.gather(*(self._publish(channel, rows[i], routes[i]) for i in pending))
+        tps = traceparents or [None] * len(rows)
+        sent = await asyncio.gather(
+            *(self._publish(channel, rows[i], routes[i], tps[i]) for i in pending)
+        )
         for i, result in zip(pending, sent, strict=True):
             results[i] = result
         return results
 
-    async def _publish(self, channel: Any, row: Outgoing, route: Route) -> BaseException | None:
+    async def _publish(
+        self, channel: Any, row: Outgoing, route: Route, traceparent: str | None = None
+    ) -> BaseException | None:
         """Publish one row and wait for its confirm; the error instead of raising it."""
         try:
             result = await channel.basic_publish(
                 route.body,
                 exchange=route.exchange,
                 routing_key=row.job_type,
-                properties=wire.properties(str(row.job_id), row.priority),
+                properties=wire.properties(str(row.job_id), row.priority, traceparent),
                 mandatory=True,
                 timeout=self.publish_timeout,
             )

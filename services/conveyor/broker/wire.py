@@ -8,7 +8,8 @@ reads it in its claim), so messages are tiny whatever the payload:
 - dead letter: the same plus ``"attempt"`` (the attempt whose failure it records, so a redrive
   is fenced by it) and ``"error"`` (the last error, at most ``MAX_ERROR_CHARS``).
 
-Properties: persistent, ``content_type`` JSON, ``message_id`` = job id, ``priority`` set.
+Properties: persistent, ``content_type`` JSON, ``message_id`` = job id, ``priority`` set, and
+with tracing on the header ``traceparent``.
 ``decode`` raises nothing but ``MalformedMessage``, whatever the bytes (a property test holds
 it to that).
 """
@@ -27,6 +28,7 @@ MAX_ERROR_CHARS = 2000
 MAX_MESSAGE_BYTES = 32 * 1024
 MAX_ATTEMPT = 2**31 - 1  # the ``attempts`` column is int4
 PERSISTENT = 2
+TRACEPARENT = "traceparent"  # the W3C Trace Context header (tracing on)
 
 
 class MalformedMessage(ValueError):
@@ -89,11 +91,24 @@ def decode(body: bytes) -> JobMessage:
     return JobMessage(job_id, job_type, attempt, error)
 
 
-def properties(job_id: str, priority: int) -> Basic.Properties:
-    """The AMQP properties of every Conveyor message."""
+def properties(job_id: str, priority: int, traceparent: str | None = None) -> Basic.Properties:
+    """The AMQP properties of every Conveyor message; with tracing on, the header
+    ``traceparent`` (W3C) carries the publish span's context to the worker."""
     return Basic.Properties(
         content_type=CONTENT_TYPE,
         delivery_mode=PERSISTENT,
         message_id=job_id,
         priority=priority,
+        headers={TRACEPARENT: traceparent} if traceparent is not None else None,
     )
+
+
+def traceparent_of(headers: object) -> str | None:
+    """The ``traceparent`` header of a delivery's headers (as published: text; a broker or
+    another client may hand bytes), unchecked; ``core.tracing.valid`` decides."""
+    if not isinstance(headers, dict):
+        return None
+    value = headers.get(TRACEPARENT)
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    return value if isinstance(value, str) else None

@@ -93,3 +93,7 @@ class Metrics:
         self.outbox_lag = Gauge(
             "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row", registry=r
         )
+        self.leases_expired = Gauge(
+            "conveyor_leases_expired", "Running jobs whose lease expired and that maintenance "
+            "has not recovered yet (the stuck_jobs view)", registry=r,
+        )  # fmt: skip

@@ -1,7 +1,7 @@
 """Gauges from the database and the broker, refreshed every few seconds by one process (the
 publisher's maintenance, or ``conveyor dev``), never by a query per scrape: jobs by type and
-status (the ``backlog`` view: an index skip scan), the outbox's size and lag, and each work
-queue's ready messages."""
+status (the ``backlog`` view: an index skip scan), the outbox's size and lag, running jobs whose
+lease expired (the ``stuck_jobs`` view), and each work queue's ready messages."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class Gauges:
         async with self.pool.acquire() as conn:
             backlog = await self.store.job_backlog(conn)
             rows, lag = await self.store.outbox_stats(conn)
+            stuck = await self.store.job_stuck_count(conn)
         now = {(b.job_type, b.status): b.count for b in backlog}
         for key in self._seen - now.keys():
             self.metrics.jobs.labels(*key).set(0)
@@ -55,6 +56,7 @@ class Gauges:
         self._seen |= now.keys()
         self.metrics.outbox_rows.set(rows)
         self.metrics.outbox_lag.set(lag)
+        self.metrics.leases_expired.set(stuck)
         if self.queue_depth is not None:
             for job_type in sorted({t for t, _ in self._seen}):
                 queue = self.topology.work_queue(job_type)

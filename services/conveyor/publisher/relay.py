@@ -15,11 +15,12 @@ from typing import Any
 
 from ..broker.publish import DeclarationFailed, Publisher, PublishFailed
 from ..broker.topology import Topology
+from ..core import tracing
 from ..core.backoff import Backoff
 from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
-from ..store import for_schema
+from ..store import OutboxRow, for_schema
 from ..store.connect import create_pool, listen
 
 log = logging.getLogger("conveyor.publisher")
@@ -78,12 +79,17 @@ class Relay:
         assert self.pool is not None
         types, pens = self.publisher.blocked()
         async with self.pool.acquire() as conn, conn.transaction():
+            traced = tracing.enabled()
             rows = await self.store.outbox_take_batch(
-                conn, limit=self.settings.relay_batch, skip_types=types, skip_pens=pens
-            )
+                conn, limit=self.settings.relay_batch, skip_types=types, skip_pens=pens,
+                traced=traced,
+            )  # fmt: skip
             if not rows:
                 return 0
-            results = await self.publisher.publish_batch(rows)
+            if traced:
+                results = await self._publish_traced(rows)
+            else:
+                results = await self.publisher.publish_batch(rows)
             failed = [r for r, res in zip(rows, results, strict=True) if res is not None]
             # rows whose publish failed for another reason than a refused declaration (those
             # are logged by the publisher), each with its own error
@@ -106,6 +112,20 @@ class Relay:
         if broken and not done:
             raise PublishFailed(f"{len(failed)} outbox rows could not be published")
         return done
+
+    async def _publish_traced(self, rows: list[OutboxRow]) -> list[BaseException | None]:
+        """Tracing on: each row's publish in a span, child of its job's trace context, whose
+        ``traceparent`` the message carries to the worker."""
+        spans, headers = tracing.start_publishing(rows)
+        results: list[BaseException | None] = [None] * len(rows)
+        try:
+            results = await self.publisher.publish_batch(rows, headers)
+        except BaseException as exc:
+            results = [exc] * len(rows)
+            raise
+        finally:
+            tracing.end_publishing(spans, results)
+        return results
 
     # ------------------------------------------------------------------ loop
 

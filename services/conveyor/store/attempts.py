@@ -37,7 +37,8 @@ WHERE id = ANY($1::uuid[])
   AND (status = 'PENDING' OR (status = 'RETRYING' AND run_at <= now() + interval '1 second'))
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
           timeout_seconds,
-          greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait
+          greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
+          trace_context
 """,
 )
 
@@ -207,6 +208,7 @@ class AttemptStatements(Statements):
                 max_retries=r["max_retries"],
                 timeout_seconds=r["timeout_seconds"],
                 wait_seconds=r["wait"],
+                trace_context=r["trace_context"],
             )
             for r in rows
         ]

@@ -18,9 +18,7 @@ INSERTED_COLUMNS = """id, job_type, status::text AS status, priority, payload::t
     created_at, updated_at, started_at, finished_at"""
 JOB_COLUMNS = INSERTED_COLUMNS + ", progress::text AS progress"
 
-JOB_INSERT_MANY = statement(
-    "job_insert_many",
-    f"""
+_JOB_INSERT = f"""
 WITH u AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int2[], $5::int4[],
                          $6::float8[], $7::timestamptz[], $8::float8[], $9::text[], $10::text[])
@@ -42,8 +40,23 @@ WITH u AS (
     SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
 )
 SELECT {INSERTED_COLUMNS} FROM ins
-""",
-)
+"""
+JOB_INSERT_MANY = statement("job_insert_many", _JOB_INSERT)
+
+
+def _with_trace_context(sql: str) -> str:
+    """The insert that also stores the submit's ``traceparent`` (``$11``, one for the whole
+    request): used only when there is one (tracing on, or an incoming header), so the usual
+    insert stays as it was. Fails at import if the insert changed shape."""
+    edits = [("idempotency_key, request_hash)", "idempotency_key, request_hash, trace_context)"),
+             ("ikey, rhash\n    FROM v", "ikey, rhash, $11::text\n    FROM v")]  # fmt: skip
+    for old, new in edits:
+        assert sql.count(old) == 1, f"job_insert_many changed: {old!r} not found once"
+        sql = sql.replace(old, new)
+    return sql
+
+
+JOB_INSERT_MANY_TRACED = statement("job_insert_many_traced", _with_trace_context(_JOB_INSERT))
 
 JOB_GET = statement("job_get", f"SELECT {JOB_COLUMNS} FROM __schema__.jobs WHERE id = $1")
 
@@ -134,13 +147,15 @@ JOB_FENCE_MANY = statement(
 
 class JobStatements(Statements):
     async def job_insert_many(
-        self, conn: Connection, jobs: Sequence[NewJob]
+        self, conn: Connection, jobs: Sequence[NewJob], trace_context: str | None = None
     ) -> dict[uuid.UUID, JobRow]:
         """Insert jobs and their outbox rows in one statement (atomic without an explicit
         transaction). Returns the inserted rows by id; a job whose idempotency key already
-        exists is not inserted and is missing from the result."""
+        exists is not inserted and is missing from the result. ``trace_context``: the
+        submit's ``traceparent`` (``core/tracing.py``), stored with every job."""
+        traced = () if trace_context is None else (trace_context,)
         rows = await conn.fetch(
-            self.sql[JOB_INSERT_MANY],
+            self.sql[JOB_INSERT_MANY_TRACED if traced else JOB_INSERT_MANY],
             [j.id for j in jobs],
             [j.job_type for j in jobs],
             [j.payload_json for j in jobs],
@@ -151,6 +166,7 @@ class JobStatements(Statements):
             [j.delay_seconds for j in jobs],
             [j.idempotency_key for j in jobs],
             [j.request_hash for j in jobs],
+            *traced,
         )
         return {r["id"]: JobRow.from_record(r) for r in rows}
 

@@ -14,9 +14,7 @@ from .rows import OutboxRow
 # publish failed are put back with ``outbox_restore`` before the commit. Rows of job types
 # (``$2``) and retry pens (``$3``) whose declaration the broker refuses stay where they are
 # meanwhile (see ``broker/publish.py``).
-OUTBOX_TAKE_BATCH = statement(
-    "outbox_take_batch",
-    """
+_TAKE_BATCH = """
 DELETE FROM __schema__.job_outbox
 WHERE id IN (
     SELECT id FROM __schema__.job_outbox
@@ -25,6 +23,16 @@ WHERE id IN (
     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
 )
 RETURNING id, job_id, job_type, priority, destination, delay_seconds, error, attempt
+"""
+OUTBOX_TAKE_BATCH = statement("outbox_take_batch", _TAKE_BATCH)
+# Tracing on (``core/tracing.py``): the same, with each job's trace context (a primary-key
+# lookup per row, paid only by a relay that traces), so every message a job ever gets (work,
+# retry, redrive, reconciler) carries its ``traceparent``.
+OUTBOX_TAKE_BATCH_TRACED = statement(
+    "outbox_take_batch_traced",
+    _TAKE_BATCH.rstrip()
+    + """,
+          (SELECT j.trace_context FROM __schema__.jobs j WHERE j.id = job_id) AS trace_context
 """,
 )
 
@@ -51,12 +59,13 @@ class OutboxStatements(Statements):
         limit: int,
         skip_types: Sequence[str] = (),
         skip_pens: Sequence[int] = (),
+        traced: bool = False,
     ) -> list[OutboxRow]:
         """Delete and return up to ``limit`` rows, oldest first (call inside a transaction),
-        leaving alone the rows of ``skip_types`` and the retries into ``skip_pens``."""
-        rows = await conn.fetch(
-            self.sql[OUTBOX_TAKE_BATCH], limit, list(skip_types), list(skip_pens)
-        )
+        leaving alone the rows of ``skip_types`` and the retries into ``skip_pens``.
+        ``traced``: with each job's ``trace_context``."""
+        sql = self.sql[OUTBOX_TAKE_BATCH_TRACED if traced else OUTBOX_TAKE_BATCH]
+        rows = await conn.fetch(sql, limit, list(skip_types), list(skip_pens))
         return sorted(
             (
                 OutboxRow(
@@ -68,6 +77,7 @@ class OutboxStatements(Statements):
                     delay_seconds=r["delay_seconds"],
                     error=r["error"],
                     attempt=r["attempt"],
+                    trace_context=r["trace_context"] if traced else None,
                 )
                 for r in rows
             ),

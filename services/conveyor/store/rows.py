@@ -97,6 +97,7 @@ class ClaimedJob:
     max_retries: int
     timeout_seconds: float | None
     wait_seconds: float = 0.0  # due (run_at, or created_at) → this claim
+    trace_context: str | None = None  # the submit's traceparent (tracing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,7 @@ class OutboxRow:
     delay_seconds: int | None
     error: str | None
     attempt: int | None = None
+    trace_context: str | None = None  # read only by the traced take (tracing on)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,8 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         # {"percent", "message", "updated_at"}: the running attempt's report (job.set_progress)
         sa.Column("progress", pg.JSONB(), nullable=True),
+        # the W3C traceparent of the submit (tracing, migration 0010): attempts join that trace
+        sa.Column("trace_context", sa.Text(), nullable=True),
         sa.CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
         sa.CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_object"),
     )

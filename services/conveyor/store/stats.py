@@ -22,6 +22,10 @@ FROM __schema__.job_outbox
 """,
 )
 
+# Running jobs whose lease expired and that maintenance has not put back yet (the ``stuck_jobs``
+# view: a range of ``jobs_lease_idx``); above 0 for minutes means lease recovery is not running.
+JOB_STUCK_COUNT = statement("job_stuck_count", "SELECT count(*) AS n FROM __schema__.stuck_jobs")
+
 
 @dataclass(frozen=True, slots=True)
 class BacklogRow:
@@ -41,3 +45,7 @@ class StatsStatements(Statements):
         """Rows waiting in the outbox and the age of the oldest, in seconds."""
         row = await conn.fetchrow(self.sql[OUTBOX_STATS])
         return int(row["n"]), float(row["lag"])
+
+    async def job_stuck_count(self, conn: Connection) -> int:
+        """Running jobs whose lease has expired (not yet recovered by maintenance)."""
+        return int(await conn.fetchval(self.sql[JOB_STUCK_COUNT]))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..core import tracing
 from ..core.metrics import Metrics
 from ..router import Middleware
 from . import outcomes
@@ -75,9 +76,20 @@ class Executor:
     async def run_one(self, running: Running) -> Outcome:
         """One step: run the handler to its outcome and report it."""
         started = self.clock()
-        outcome = await self.attempt(running)
+        if tracing.enabled():
+            outcome = await self._traced(running)
+        else:
+            outcome = await self.attempt(running)
         self.metrics.job_duration.labels(running.job.type).observe(self.clock() - started)
         self.report(running, outcome)
+        return outcome
+
+    async def _traced(self, running: Running) -> Outcome:
+        """The attempt inside its span (``core/tracing.py``): the handler's own spans nest."""
+        job = running.job
+        with tracing.attempt(job.type, job.id, job.attempt, running.trace_parent) as span:
+            outcome = await self.attempt(running)
+            tracing.attempt_outcome(span, outcome.label, outcome.error)
         return outcome
 
     async def attempt(self, running: Running) -> Outcome:

@@ -27,3 +27,4 @@ class Running:
     # job.enqueue: inserted with the COMPLETED transition, only if it completes (followups.py)
     followups: list[NewJob] = field(default_factory=list, repr=False)
     last_progress: ProgressReport | None = None  # not yet written when the handler returned
+    trace_parent: str | None = None  # tracing on: the parent of the attempt's span

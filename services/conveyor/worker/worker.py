@@ -26,6 +26,7 @@ from typing import Any
 
 from ..broker.acks import Acks, AckStatus
 from ..broker.consume import Delivery, Subscription
+from ..core import tracing
 from ..core.config import Settings
 from ..core.limits import shares
 from ..core.logging import event
@@ -251,6 +252,9 @@ class Worker:
         known = None if self.settings.accept_unknown_types else (lambda: self.controls.known)
         job._hooks = AttemptHooks(running, self.progress, known_types=known,
                                   max_payload_bytes=self.settings.max_payload_bytes)  # fmt: skip
+        if tracing.enabled():  # the attempt's span: child of the message's, else the job's
+            header = tracing.valid(getattr(delivery, "traceparent", None))
+            running.trace_parent = header or row.trace_context
         self.running[job.id] = running
         self.executor.start(running)
 

@@ -1,5 +1,15 @@
 """The dashboard at ``/ui``: server-rendered HTML, one small JS file, no build step."""
 
-from .pages import add_ui
+from fastapi import FastAPI
+
+from ..attempts import HasConnection
+from .pages import add_ui as _add_pages
+from .types_page import add_types_page
+
+
+def add_ui(app: FastAPI, api: HasConnection) -> None:
+    _add_pages(app, api)
+    add_types_page(app, api)  # /ui/types (its own module)
+
 
 __all__ = ["add_ui"]

@@ -60,7 +60,12 @@ def page(title: str, body: str, *, user: str = "") -> str:
     """``user``: the logged-in key's name, shown with a Log out button."""
     nav = " ".join(
         link(p, t)
-        for p, t in (("/ui", "Overview"), ("/ui/jobs", "Jobs"), ("/ui/dead", "Dead letters"))
+        for p, t in (
+            ("/ui", "Overview"),
+            ("/ui/jobs", "Jobs"),
+            ("/ui/dead", "Dead letters"),
+            ("/ui/types", "Types"),
+        )
     )
     if user:
         nav += (

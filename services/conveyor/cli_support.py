@@ -1,0 +1,136 @@
+"""What the operator commands share: one line instead of a traceback when PostgreSQL or RabbitMQ
+cannot be used, a quiet exit when the reader of stdout goes away (``conveyor jobs list | head
+-1``), JSON Lines and text output, and the confirmation before a bulk change."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TextIO
+
+import orjson
+
+from .core.config import Settings
+
+EXIT_PIPE = 141  # 128 + SIGPIPE, as a process killed by it (`set -o pipefail` sees this)
+
+
+class CliError(Exception):
+    """A failure told in one line on stderr (exit code 2), never a traceback."""
+
+
+def safe_url(url: str) -> str:
+    """A URL without its password, for messages."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(":" + parts.password + "@", ":***@", 1)
+    return url
+
+
+def database_error(exc: BaseException, settings: Settings) -> CliError | None:
+    """The one line for an error that means the database cannot be used (None: another error)."""
+    import asyncpg
+
+    from .store.connect import database_name, is_unavailable, is_unmigrated
+
+    url = safe_url(settings.database_url)
+    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        name = database_name(settings.database_url)
+        return CliError(f"database {name!r} does not exist ({url}): run `conveyor migrate`")
+    if is_unmigrated(exc):
+        return CliError(f"database schema {settings.db_schema!r} is not migrated ({url}): "
+                        "run `conveyor migrate`")  # fmt: skip
+    if is_unavailable(exc) or isinstance(
+        exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError
+    ):
+        return CliError(f"cannot use PostgreSQL at {url}: {type(exc).__name__}: {exc}"[:400])
+    return None
+
+
+@contextlib.asynccontextmanager
+async def database(settings: Settings, name: str = "conveyor-cli") -> AsyncIterator[Any]:
+    """One connection for an operator command; a database that cannot be reached, does not
+    exist or is not migrated becomes a ``CliError``."""
+    from .store.connect import create_pool
+
+    try:
+        pool = await create_pool(settings.database_url, application_name=name, max_size=1)
+        try:
+            async with pool.acquire() as conn:
+                yield conn
+        finally:
+            await pool.close()
+    except (CliError, BrokenPipeError):  # stdout's reader left: not the database's doing
+        raise
+    except Exception as exc:
+        error = database_error(exc, settings)
+        if error is None:
+            raise
+        raise error from exc
+
+
+async def check_broker(settings: Settings) -> None:
+    """``CliError`` when RabbitMQ cannot be reached."""
+    from .broker import LIBRARY_LOGGERS
+    from .broker.topology import reachable
+
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:  # the client logs the refused connection itself: the one line is ours
+        lg.setLevel(logging.CRITICAL)
+    try:
+        await reachable(settings.amqp_url, timeout=5)
+    except Exception as exc:
+        url = safe_url(settings.amqp_url)
+        text = f"cannot reach RabbitMQ at {url}: {type(exc).__name__}: {exc}"
+        raise CliError(text[:400]) from exc
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def guarded(run: Callable[[], int], command: str) -> int:
+    """Run a command: a ``CliError`` is one line and exit 2; a reader that closed the pipe ends
+    the command quietly (exit 141, like ``yes | head``); Ctrl-C is exit 130."""
+    try:
+        code = run()
+        sys.stdout.flush()  # a closed pipe shows here when the output fit in the buffer
+        return code
+    except CliError as exc:
+        print(f"conveyor {command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # the reader is gone: send what Python still holds for stdout to /dev/null, so the
+        # interpreter's final flush does not print "Exception ignored ... BrokenPipeError"
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        return 130
+
+
+def json_line(data: Any) -> None:
+    """One JSON object on one line (JSON Lines: `| jq`, `| head` and `grep` work)."""
+    sys.stdout.write(orjson.dumps(data, default=str).decode() + "\n")
+
+
+def json_doc(data: Any) -> None:
+    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+
+
+def confirm(question: str, *, yes: bool, stdin: TextIO | None = None) -> bool:
+    """``--yes``, or a "y" typed at a terminal. Without a terminal and without ``--yes`` a bulk
+    change is refused (``CliError``): a script must say so explicitly."""
+    if yes:
+        return True
+    stdin = stdin if stdin is not None else sys.stdin
+    if not stdin.isatty():
+        raise CliError(f"{question} Refused: stdin is not a terminal; pass --yes to confirm")
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    return stdin.readline().strip().lower() in ("y", "yes")
