@@ -62,6 +62,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/ui/jobs/{job_id}"): READ,
     ("POST", "/ui/jobs/{job_id}/cancel"): WRITE,
     ("POST", "/ui/jobs/{job_id}/retry"): ADMIN,
+    ("GET", "/ui/types"): READ,
     ("GET", "/ui/dead"): ADMIN,
     ("GET", "/ui/dead/confirm"): ADMIN,
     ("POST", "/ui/dead/redrive"): ADMIN,
