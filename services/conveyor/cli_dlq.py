@@ -48,8 +48,15 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         return 2
 
     async def go() -> int:
-        inspector = Inspector(settings.amqp_url, Topology(settings.namespace), name="conveyor-dlq")
-        pool = await create_pool(settings.database_url, application_name="conveyor-dlq", max_size=2)
+        inspector = Inspector(
+            settings.amqp_url,
+            Topology(settings.namespace, settings.queue_type),
+            name="conveyor-dlq",
+        )
+        pool = await create_pool(
+            settings.database_url, application_name="conveyor-dlq", max_size=2,
+            pooler=settings.db_pooler,
+        )  # fmt: skip
         try:
             store = for_schema(settings.db_schema)
             if args.action == "list":

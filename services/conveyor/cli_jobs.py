@@ -37,7 +37,10 @@ async def _with_pool(fn: Any) -> Any:
     from .store.connect import create_pool
 
     settings = Settings()
-    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    pool = await create_pool(
+        settings.database_url, application_name="conveyor-cli", max_size=1,
+        pooler=settings.db_pooler,
+    )  # fmt: skip
     try:
         async with pool.acquire() as conn:
             return await fn(conn)

@@ -33,7 +33,9 @@ def cmd_types(args: argparse.Namespace) -> int:
     router = services.load_router(args.app) if args.action == "register" else None
 
     async def go() -> int:
-        pool = await create_pool(settings.database_url, application_name="conveyor-cli")
+        pool = await create_pool(
+            settings.database_url, application_name="conveyor-cli", pooler=settings.db_pooler
+        )
         try:
             async with pool.acquire() as conn:
                 if router is not None:

@@ -19,13 +19,17 @@ import asyncpg
 from conveyor.store import for_schema
 from conveyor.store.registry import TEMPLATES
 
+# Ids are UUIDv7-shaped (creation time first), as Conveyor's are: inserts append to the primary
+# key like production's, and the time filter of GET /jobs (an id range) means what it says.
 # The mix of a busy install: mostly finished jobs, a few percent FAILED, a live backlog
 # (PENDING, RETRYING due later, IN_PROGRESS with leases ahead, SCHEDULED in the future), over the
 # last ``$2`` days, 12 types. Nothing is overdue, nothing expired: the sweeper's passes are idle.
 GENERATE = """
 INSERT INTO jobs (id, job_type, status, priority, payload, attempts, last_error, created_at,
                   updated_at, started_at, finished_at, lease_expires_at, run_at)
-SELECT gen_random_uuid(), 'type_' || (i % 12),
+SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
+        || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid,
+       'type_' || (i % 12),
        (CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
              WHEN i % 100 = 96 THEN 'SCHEDULED'
              WHEN i % 100 = 97 THEN 'PENDING' WHEN i % 100 = 98 THEN 'RETRYING'
@@ -52,6 +56,26 @@ OUTBOX = """
 INSERT INTO job_outbox (job_id, job_type, priority)
 SELECT id, job_type, priority FROM jobs WHERE status = 'PENDING'
 """
+
+
+async def generate(conn: asyncpg.Connection, rows: int, days: float = 30) -> None:
+    """``rows`` jobs over ``days``, their attempts, the outbox of the PENDING ones, fresh
+    statistics. The secondary indexes of ``jobs`` are dropped first and built again after (as
+    they were): one sort each instead of millions of random index insertions."""
+    indexes = await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+        " AND tablename = 'jobs' AND indexname <> 'jobs_pkey'"
+    )
+    await conn.execute("SET maintenance_work_mem = '256MB'")
+    for r in indexes:
+        await conn.execute(f"DROP INDEX {r['indexname']}")
+    await conn.execute(GENERATE, rows, days, timeout=7200)
+    for r in indexes:
+        await conn.execute(r["indexdef"], timeout=7200)
+    await conn.execute(ATTEMPTS, timeout=7200)
+    await conn.execute(OUTBOX, timeout=7200)
+    await conn.execute("ANALYZE jobs; ANALYZE job_attempts; ANALYZE job_outbox", timeout=7200)
+
 
 BIG = ("jobs", "job_attempts", "job_outbox")
 # The outbox is small by design (the relay drains it); these read all of it on purpose: the
@@ -183,10 +207,14 @@ async def explain_all(
             if seq:
                 bad.append(f"{name} ({mode}): {found}")
                 continue
-            # a filter reads (type, status) ranges, never the whole primary key
+            # a filter reads (type, status) ranges, never the whole primary key (a time window
+            # may read its own id range of it)
             indexes = {s[2] for s in found if s[1] == "jobs"}
             filtered = name.startswith("GET /jobs") and "type=None status=None" not in name
-            if filtered and indexes != {"jobs_type_status_id_idx"}:
+            allowed = {"jobs_type_status_id_idx"} | (
+                {"jobs_pkey"} if "since=None" not in name else set()
+            )
+            if filtered and not indexes <= allowed:
                 bad.append(f"{name} ({mode}) walks another index: {found}")
     await conn.execute("RESET plan_cache_mode")
     return report, bad

@@ -66,7 +66,8 @@ class Liveness:
             try:
                 async with asyncio.timeout(self.timeout):
                     if self.conn is None or self.conn.is_closed():
-                        self.conn = await asyncpg.connect(self.url)
+                        # no statement cache: one SELECT 1, through PgBouncer too
+                        self.conn = await asyncpg.connect(self.url, statement_cache_size=0)
                     await self.conn.fetchval("SELECT 1")
             except Exception:
                 await self.close()

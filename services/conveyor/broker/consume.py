@@ -8,7 +8,10 @@ unsettled delivery of a closed channel by itself) and never raises.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import heapq
+import itertools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,10 +23,11 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from ..core.jobs import DEFAULT_PRIORITY
 from .topology import Topology, connect
 from .wire import MalformedMessage, decode
 
-__all__ = ["Delivery", "MalformedMessage", "Subscription", "job_id_of"]
+__all__ = ["Delivery", "Inbox", "MalformedMessage", "Subscription", "job_id_of"]
 
 
 def job_id_of(body: bytes) -> uuid.UUID:
@@ -39,6 +43,7 @@ class Delivery:
     delivery_tag: int | None
     channel: object  # the AMQP channel it arrived on: tags are numbered per channel
     _message: AbstractIncomingMessage | None = field(default=None, repr=False)
+    priority: int = DEFAULT_PRIORITY
 
     @classmethod
     def of(cls, message: AbstractIncomingMessage) -> Delivery:
@@ -49,6 +54,7 @@ class Delivery:
             message.delivery_tag,
             message.channel,
             message,
+            DEFAULT_PRIORITY if message.priority is None else message.priority,
         )
 
     async def ack(self, multiple: bool = False) -> None:
@@ -72,13 +78,50 @@ class Delivery:
 OnDelivery = Callable[[Delivery], Awaitable[None]]
 
 
-class Subscription:
-    """A robust connection, one channel with a global prefetch, and consumers on the work queues
-    of ``types``."""
+class Inbox(asyncio.Queue[Delivery]):
+    """The worker's deliveries in hand, waiting for a slot: the highest priority first, in
+    arrival order within a priority. With quorum queues (no broker-side priorities) this is
+    what lets a high-priority delivery overtake the normal band's prefetched backlog; with
+    classic priority queues it only orders what was already prefetched. ``_queue`` lists
+    them (in hand-out order) like ``asyncio.Queue``'s deque."""
 
-    def __init__(self, amqp_url: str, namespace: str, *, name: str, prefetch: int) -> None:
+    def _init(self, maxsize: int) -> None:
+        self._heap: list[tuple[int, int, Delivery]] = []
+        self._seq = itertools.count()
+
+    def _put(self, item: Delivery) -> None:
+        heapq.heappush(self._heap, (-item.priority, next(self._seq), item))
+
+    def _get(self) -> Delivery:
+        return heapq.heappop(self._heap)[2]
+
+    def qsize(self) -> int:
+        return len(self._heap)
+
+    def empty(self) -> bool:
+        return not self._heap
+
+    @property
+    def _queue(self) -> list[Delivery]:
+        return [d for _, _, d in sorted(self._heap)]
+
+
+class Subscription:
+    """A robust connection, one channel and consumers on the work queues of ``types``. Classic
+    queues share one global prefetch of ``prefetch``; quorum queues do not support a global
+    prefetch, so each consumer (each type's two bands) has its own window of ``prefetch``."""
+
+    def __init__(
+        self,
+        amqp_url: str,
+        namespace: str,
+        *,
+        name: str,
+        prefetch: int,
+        queue_type: str = "classic",
+    ) -> None:
         self.amqp_url = amqp_url
-        self.topology = Topology(namespace)
+        self.topology = Topology(namespace, queue_type)
         self.name = name
         self.prefetch = prefetch
         self.connection: AbstractRobustConnection | None = None
@@ -89,10 +132,15 @@ class Subscription:
     async def open(self, types: list[str]) -> None:
         self.connection = await connect(self.amqp_url, name=self.name)
         self.channel = await self.connection.channel(publisher_confirms=False)
-        await self.channel.set_qos(prefetch_count=self.prefetch, global_=True)
+        await self.channel.set_qos(prefetch_count=self.prefetch, global_=not self.topology.quorum)
         await self.topology.declare_base(self.channel)
         for t in types:
-            self.queues[t] = await self.topology.declare_work_queue(self.channel, t)
+            for name, queue in zip(
+                self.topology.work_queues(t),
+                await self.topology.declare_work_queues(self.channel, t),
+                strict=True,
+            ):
+                self.queues[name] = queue
 
     async def consume(self, on_delivery: OnDelivery) -> None:
         async def callback(message: AbstractIncomingMessage) -> None:

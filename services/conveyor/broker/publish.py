@@ -170,7 +170,7 @@ class Publisher:
             result = await channel.basic_publish(
                 body,
                 exchange=exchange,
-                routing_key=row.job_type,
+                routing_key=self.topology.routing_key(row.job_type, row.priority),
                 properties=wire.properties(str(row.job_id), row.priority),
                 mandatory=True,
                 timeout=self.publish_timeout,

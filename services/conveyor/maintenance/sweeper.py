@@ -53,7 +53,7 @@ class Sweeper:
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.topology = Topology(settings.namespace)
+        self.topology = Topology(settings.namespace, settings.queue_type)
         self.store = for_schema(settings.db_schema)
         # per type, the overdue jobs the last reconcile pass found missing (see ``reconcile``)
         self._suspects: dict[str, list[uuid.UUID]] = {}
@@ -78,6 +78,7 @@ class Sweeper:
             application_name="conveyor-sweeper",
             max_size=2,
             command_timeout=self.settings.command_timeout,
+            pooler=self.settings.db_pooler,
         )
         self._passed = dict.fromkeys(self.intervals, self.clock())
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..broker.acks import Acks
-from ..broker.consume import Delivery, MalformedMessage, job_id_of
+from ..broker.consume import Delivery, Inbox, MalformedMessage, job_id_of
 from ..core.backoff import Backoff
 from ..core.logging import event
 from ..core.metrics import Metrics
@@ -70,7 +70,7 @@ class Consumer:
         self.visibility_timeout = visibility_timeout
         self.default_max_retries = default_max_retries
         self.clock = clock
-        self.inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.inbox: asyncio.Queue[Delivery] = Inbox()  # highest priority first
         self.early_acked = early_acked  # true while deliveries beyond the slots can arrive
         self.stopping = False
         self.current: asyncio.Future[None] | None = None  # the batch being claimed

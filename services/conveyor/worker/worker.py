@@ -95,6 +95,7 @@ class Worker:
         self.subscription = Subscription(
             settings.amqp_url, settings.namespace,
             name=f"conveyor-worker {self.worker_id}", prefetch=concurrency,
+            queue_type=settings.queue_type,
         )  # fmt: skip
         self.store = for_schema(settings.db_schema)
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
@@ -133,6 +134,7 @@ class Worker:
             application_name="conveyor-worker",
             max_size=4,
             command_timeout=30,
+            pooler=self.settings.db_pooler,
         )
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
