@@ -86,7 +86,10 @@ OUTBOX_READERS = {"job_count_overdue", "job_overdue_ids", "job_republish_overdue
 
 # Arguments by parameter type: one plausible value each (a type of the data, a limit of 500,
 # an age of seven days, ids that exist nowhere).
-SOME_ID = uuid.UUID("018f0000-0000-7000-8000-000000000000")
+SOME_ID = uuid.UUID("018f0000-0000-7000-8000-000000000000")  # older than every row
+# A page cursor in the middle of the data (a UUIDv7 of 15 days ago): "the next page" of a
+# listing, whose id range covers half the table.
+MID_CURSOR = uuid.UUID(int=(int((dt.datetime.now(dt.UTC).timestamp() - 15 * 86400) * 1000) << 80))
 _BY_TYPE: dict[str, Any] = {
     "uuid": SOME_ID,
     "uuid[]": [SOME_ID, uuid.uuid4()],
@@ -159,7 +162,7 @@ async def statement_cases(
     page, filtered = sql["job_page"], sql["job_page_filtered"]
     for t in (None, "type_3"):
         for st in (None, "FAILED", "SCHEDULED", "PENDING", "COMPLETED"):
-            for cursor in (None, SOME_ID):
+            for cursor in (None, MID_CURSOR):
                 for since in (None, hour_ago):
                     q = page if t is None and st is None else filtered
                     cases[f"GET /jobs type={t} status={st} cursor={cursor} since={since}"] = (
