@@ -20,7 +20,6 @@ from conveyor.core.config import Settings
 from .. import apps
 from ..stack import running_stack, wait_for
 
-MODES = ["classic", "quorum"]
 
 
 @pytest.mark.parametrize("queue_type", ["quorum"])  # classic: test_lifecycle.py
@@ -43,7 +42,9 @@ async def test_high_overtakes_a_queued_backlog(
         assert apps.ORDER.index(high) < 10, apps.ORDER.index(high)
 
 
-@pytest.mark.parametrize("queue_type", MODES)
+# classic priority queues pass this too (it ran in both modes while it was written);
+# kept to quorum in the default run for time
+@pytest.mark.parametrize("queue_type", ["quorum"])
 async def test_high_overtakes_while_the_worker_is_busy(
     settings: Settings, db_url: str, queue_type: str
 ) -> None:

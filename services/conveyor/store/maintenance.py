@@ -81,15 +81,21 @@ SELECT id, status::text AS status, job_type FROM upd
 )
 
 # Jobs that should have reached a worker long ago and have no outbox row in flight: counted per
-# type, so the reconciler can compare with the broker's queue depth before re-publishing.
+# type, so the reconciler can compare with the broker's queue depth before re-publishing. The
+# overdue jobs are found first (``jobs_waiting_idx``, an empty range when all is well) and only
+# then checked against the outbox: a hash of a large outbox (a relay that fell behind) is built
+# only when some job is overdue, not on every idle pass.
 JOB_COUNT_OVERDUE = statement(
     "job_count_overdue",
     """
-SELECT job_type, count(*) AS n FROM __schema__.jobs j
-WHERE j.status IN ('PENDING', 'RETRYING')
-  AND j.updated_at < now() - make_interval(secs => $1)
-  AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
-  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = j.id)
+WITH c AS MATERIALIZED (
+    SELECT id, job_type FROM __schema__.jobs j
+    WHERE j.status IN ('PENDING', 'RETRYING')
+      AND j.updated_at < now() - make_interval(secs => $1)
+      AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
+)
+SELECT job_type, count(*) AS n FROM c
+WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = c.id)
 GROUP BY job_type
 """,
 )
