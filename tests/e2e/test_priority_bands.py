@@ -21,7 +21,6 @@ from .. import apps
 from ..stack import running_stack, wait_for
 
 
-
 @pytest.mark.parametrize("queue_type", ["quorum"])  # classic: test_lifecycle.py
 async def test_high_overtakes_a_queued_backlog(
     settings: Settings, db_url: str, queue_type: str
