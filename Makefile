@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: help install dev test test-all lint format bench clean
+.PHONY: help install dev test test-all lint format bench bench-scale clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ format: install ## apply ruff's formatting and fixes
 bench: install ## benchmark against Celery, with the 500k-row drain step (QUICK=1: ~1 minute, no backfill)
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) -m bench.run $(if $(QUICK),--quick,--with-backfill)
+
+bench-scale: install ## the database at 10 million jobs: duties' idle passes, plans, batch rate vs empty, retention (ROWS=…; ~15 min)
+	$(PY) -m bench.scale --rows $(or $(ROWS),10000000)
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -58,7 +58,8 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         await check_broker(settings)
-        inspector = Inspector(settings.amqp_url, Topology(settings.namespace), name="conveyor-dlq")
+        topology = Topology(settings.namespace, settings.queue_type)
+        inspector = Inspector(settings.amqp_url, topology, name="conveyor-dlq")
         try:
             async with database(settings, "conveyor-dlq") as conn:
                 pool = _OneConnection(conn)

@@ -59,7 +59,9 @@ async def database(settings: Settings, name: str = "conveyor-cli") -> AsyncItera
     from .store.connect import create_pool
 
     try:
-        pool = await create_pool(settings.database_url, application_name=name, max_size=1)
+        pool = await create_pool(
+            settings.database_url, application_name=name, max_size=1, pooler=settings.db_pooler
+        )
         try:
             async with pool.acquire() as conn:
                 yield conn

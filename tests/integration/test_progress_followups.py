@@ -98,7 +98,8 @@ async def test_a_stale_attempts_progress_is_ignored(db: asyncpg.Connection, db_u
     assert "30 % — &lt;b&gt;rows&lt;/b&gt;" in page  # the dashboard's job page, escaped
     env = {**os.environ, "CONVEYOR_DATABASE_URL": db_url}
     out = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "conveyor.cli", "jobs", "show", "--json", str(job_id)],
+        subprocess.run,
+        [sys.executable, "-m", "conveyor.cli", "jobs", "show", "--json", str(job_id)],
         env=env, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -67,6 +67,7 @@ class Api:
             timeout=self.settings.db_timeout,
             # a server that stopped answering must not hold a request past the spec's 2 s
             command_timeout=self.settings.db_timeout,
+            pooler=self.settings.db_pooler,
         )
         self.notifier = Notifier(self.pool, self.store)
         self.notifier.start()

@@ -20,6 +20,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from ..core.jobs import DEFAULT_PRIORITY
 from .topology import Topology, connect
 from .wire import MalformedMessage, decode, traceparent_of
 
@@ -40,6 +41,7 @@ class Delivery:
     channel: object  # the AMQP channel it arrived on: tags are numbered per channel
     _message: AbstractIncomingMessage | None = field(default=None, repr=False)
     traceparent: str | None = None  # the publish span's context (tracing), unchecked
+    priority: int = DEFAULT_PRIORITY
 
     @classmethod
     def of(cls, message: AbstractIncomingMessage) -> Delivery:
@@ -51,6 +53,7 @@ class Delivery:
             message.channel,
             message,
             traceparent_of(message.headers),
+            DEFAULT_PRIORITY if message.priority is None else message.priority,
         )
 
     async def ack(self, multiple: bool = False) -> None:
@@ -81,7 +84,10 @@ class Subscription:
     ``shares`` (weighted types): each type's consumer gets a prefetch of its share (RabbitMQ's
     per-consumer ``basic.qos``), under the channel's global prefetch, so a flood of one type
     holds at most its share of the worker's slots. ``pause(type)`` / ``resume(type)`` cancel and
-    re-create one queue's consumer (a paused type's messages stay in its queue)."""
+    re-create one queue's consumer (a paused type's messages stay in its queue).
+
+    Classic queues share one global prefetch of ``prefetch``; quorum queues do not support a
+    global prefetch, so each consumer (each type's two bands) has its own window."""
 
     def __init__(
         self,
@@ -91,16 +97,18 @@ class Subscription:
         name: str,
         prefetch: int,
         shares: dict[str, int] | None = None,
+        queue_type: str = "classic",
     ) -> None:
         self.amqp_url = amqp_url
-        self.topology = Topology(namespace)
+        self.topology = Topology(namespace, queue_type)
         self.name = name
         self.prefetch = prefetch
         self.shares = shares or {}
         self.connection: AbstractRobustConnection | None = None
         self.channel: AbstractChannel | None = None
-        self.queues: dict[str, AbstractQueue] = {}
-        self.consumer_tags: dict[str, str] = {}
+        self.queues: dict[str, AbstractQueue] = {}  # by queue name
+        self.type_queues: dict[str, list[str]] = {}  # type → its queue names (quorum: 2 bands)
+        self.consumer_tags: dict[str, str] = {}  # by queue name
         self.paused: set[str] = set()
         self._on_delivery: OnDelivery | None = None
         self._stopped = False  # cancel() was called: nothing resumes after it
@@ -108,14 +116,19 @@ class Subscription:
     async def open(self, types: list[str]) -> None:
         self.connection = await connect(self.amqp_url, name=self.name)
         self.channel = await self.connection.channel(publisher_confirms=False)
-        await self.channel.set_qos(prefetch_count=self.prefetch, global_=True)
+        await self.channel.set_qos(prefetch_count=self.prefetch, global_=not self.topology.quorum)
         await self.topology.declare_base(self.channel)
         for t in types:
-            self.queues[t] = await self.topology.declare_work_queue(self.channel, t)
+            names = self.topology.work_queues(t)
+            self.type_queues[t] = names
+            for name, queue in zip(
+                names, await self.topology.declare_work_queues(self.channel, t), strict=True
+            ):
+                self.queues[name] = queue
 
     async def consume(self, on_delivery: OnDelivery) -> None:
         self._on_delivery = on_delivery
-        for t in self.queues:
+        for t in self.type_queues:
             if t not in self.paused:
                 await self._consume_one(t)
         if self.shares and self.connection is not None:
@@ -126,36 +139,48 @@ class Subscription:
             await self._on_delivery(Delivery.of(message))
 
     async def _consume_one(self, t: str) -> None:
-        if self.shares and self.channel is not None:
-            # per-consumer prefetch for the consumer created next, then the global limit again
-            # (the robust channel restores only the last qos it was given)
-            await self.channel.set_qos(prefetch_count=self.shares.get(t, 0), global_=False)
-            self.consumer_tags[t] = await self.queues[t].consume(self._callback)
-            await self.channel.set_qos(prefetch_count=self.prefetch, global_=True)
-        else:
-            self.consumer_tags[t] = await self.queues[t].consume(self._callback)
+        """Consume every queue of type ``t`` (its bands)."""
+        for name in self.type_queues[t]:
+            if self.shares and self.channel is not None:
+                # per-consumer prefetch for the consumer created next, then the channel's limit
+                # again (the robust channel restores only the last qos it was given)
+                await self.channel.set_qos(prefetch_count=self.shares.get(t, 0), global_=False)
+                self.consumer_tags[name] = await self.queues[name].consume(self._callback)
+                await self.channel.set_qos(
+                    prefetch_count=self.prefetch, global_=not self.topology.quorum
+                )
+            else:
+                self.consumer_tags[name] = await self.queues[name].consume(self._callback)
+
+    async def _cancel_type(self, t: str) -> None:
+        for name in self.type_queues.get(t, []):
+            tag = self.consumer_tags.pop(name, None)
+            if tag is not None:
+                with contextlib.suppress(Exception):
+                    await self.queues[name].cancel(tag)
+
+    def _consumed_types(self) -> list[str]:
+        return [t for t, names in self.type_queues.items() if any(n in self.consumer_tags
+                                                                   for n in names)]  # fmt: skip
 
     async def _reapply_shares(self, *_: object) -> None:
         """After a reconnect the consumers come back without their per-consumer prefetch:
         re-create them with it."""
-        for t in list(self.consumer_tags):
+        for t in self._consumed_types():
             with contextlib.suppress(Exception):
-                await self.queues[t].cancel(self.consumer_tags.pop(t))
+                await self._cancel_type(t)
                 await self._consume_one(t)
 
     async def pause(self, t: str) -> None:
-        """Stop consuming ``t``'s queue (its messages stay there)."""
+        """Stop consuming ``t``'s queues (their messages stay there)."""
         self.paused.add(t)
-        tag = self.consumer_tags.pop(t, None)
-        if tag is not None and t in self.queues:
-            with contextlib.suppress(Exception):
-                await self.queues[t].cancel(tag)
+        await self._cancel_type(t)
 
     async def resume(self, t: str) -> None:
         self.paused.discard(t)
         if self._stopped or self._on_delivery is None:
             return
-        if t in self.queues and t not in self.consumer_tags:
+        if t in self.type_queues and t not in self._consumed_types():
             await self._consume_one(t)
 
     async def cancel(self) -> None:
@@ -188,4 +213,6 @@ class Subscription:
         """Consuming every queue that is not paused (all of them paused counts)."""
         if self._on_delivery is None or self._stopped:
             return False
-        return bool(self.consumer_tags) or bool(self.queues and set(self.queues) <= self.paused)
+        return bool(self.consumer_tags) or bool(
+            self.type_queues and set(self.type_queues) <= self.paused
+        )

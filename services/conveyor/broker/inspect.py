@@ -52,15 +52,19 @@ class Inspector:
             raise DepthUnknown(f"{self.topology.work_queue(job_type)}: {exc!r}"[:300]) from exc
 
     async def _depth(self, job_type: str) -> int:
-        channel = await (await self._connection()).channel()
-        try:
-            queue = await channel.declare_queue(self.topology.work_queue(job_type), passive=True)
-            return int(queue.declaration_result.message_count or 0)
-        except ChannelNotFoundEntity:
-            return 0
-        finally:
-            with contextlib.suppress(Exception):
-                await channel.close()
+        """Summed over the type's queues (quorum mode: both priority bands)."""
+        total = 0
+        for name in self.topology.work_queues(job_type):
+            channel = await (await self._connection()).channel()
+            try:
+                queue = await channel.declare_queue(name, passive=True)
+                total += int(queue.declaration_result.message_count or 0)
+            except ChannelNotFoundEntity:
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+        return total
 
     @contextlib.asynccontextmanager
     async def dead_letters(self, limit: int | None = None) -> AsyncIterator[DeadLetterBatch]:
@@ -69,7 +73,11 @@ class Inspector:
         channel = await (await self._connection()).channel()
         batch = DeadLetterBatch()
         try:
-            queue = await channel.declare_queue(self.topology.dead_letter_queue, durable=True)
+            queue = await channel.declare_queue(
+                self.topology.dead_letter_queue,
+                durable=True,
+                arguments=self.topology.dead_letter_arguments() or None,
+            )
             count = int(queue.declaration_result.message_count or 0)
             if limit is not None:
                 count = min(count, limit)

@@ -191,7 +191,7 @@ class Publisher:
             result = await channel.basic_publish(
                 route.body,
                 exchange=route.exchange,
-                routing_key=row.job_type,
+                routing_key=self.topology.routing_key(row.job_type, row.priority),
                 properties=wire.properties(str(row.job_id), row.priority, traceparent),
                 mandatory=True,
                 timeout=self.publish_timeout,

@@ -12,6 +12,16 @@ For namespace ``jobs``:
   One exchange per pen, no header matching: a retry can only ever reach its own pen.
 - ``jobs.dead_letter`` (fanout) → ``jobs.dead_letter.queue``: exhausted and poison messages.
 
+Queue types (``CONVEYOR_QUEUE_TYPE``): ``classic`` (the default, above) or ``quorum``: every
+work queue, pen and the dead-letter queue is a replicated quorum queue (``x-queue-type:
+quorum``), whose dead-lettering (pens expiring, poison rejected) is at-least-once. RabbitMQ
+3.10's quorum queues have no message priorities, so SPEC §6.6 keeps two bands per type: a job
+above normal priority is published with the routing key ``!high.<type>`` (``!`` cannot start a
+job type) and lands in ``jobs.high.<type>``; everything else in ``jobs.queue.<type>``. A retry
+keeps its routing key through the pen, so it comes back to its band. The worker consumes both,
+each with its own prefetch window (a backlog in the normal band never holds a high job back at
+the broker), and its inbox hands out high deliveries first (``worker/consumer.Inbox``).
+
 Round one routed retries through one headers exchange ``jobs.retry`` on an ``x-conveyor-pen``
 header. RabbitMQ ignores ``x-`` headers when matching, so every pen's binding matched every
 retry: each retry was copied into every pen. ``declare_base`` deletes that exchange (and with it
@@ -23,7 +33,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aio_pika
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -33,12 +42,25 @@ from aio_pika.abc import (
 )
 from pamqp.common import FieldTable
 
-from ..core.jobs import check_type, pen_name_suffix
+from ..core.jobs import DEFAULT_PRIORITY, check_type, pen_name_suffix
+from . import cluster
+
+QUEUE_TYPES = ("classic", "quorum")
+HIGH_ROUTING_PREFIX = "!high."
 
 
 @dataclass(frozen=True)
 class Topology:
     namespace: str
+    queue_type: str = "classic"
+
+    def __post_init__(self) -> None:
+        if self.queue_type not in QUEUE_TYPES:
+            raise ValueError(f"queue type must be one of {', '.join(QUEUE_TYPES)}")
+
+    @property
+    def quorum(self) -> bool:
+        return self.queue_type == "quorum"
 
     @property
     def exchange(self) -> str:
@@ -60,6 +82,22 @@ class Topology:
     def work_queue(self, job_type: str) -> str:
         return f"{self.namespace}.queue.{check_type(job_type)}"
 
+    def high_queue(self, job_type: str) -> str:
+        """Quorum mode: the band of a type's jobs above normal priority."""
+        return f"{self.namespace}.high.{check_type(job_type)}"
+
+    def work_queues(self, job_type: str) -> list[str]:
+        """A type's queues, the one consumed first first."""
+        if self.quorum:
+            return [self.high_queue(job_type), self.work_queue(job_type)]
+        return [self.work_queue(job_type)]
+
+    def routing_key(self, job_type: str, priority: int) -> str:
+        """The key a type's message is published (and a retry dead-lettered) with."""
+        if self.quorum and priority > DEFAULT_PRIORITY:
+            return HIGH_ROUTING_PREFIX + job_type
+        return job_type
+
     def pen_queue(self, delay: int) -> str:
         return f"{self.namespace}.retry.{pen_name_suffix(delay)}"
 
@@ -67,11 +105,31 @@ class Topology:
         """The fanout exchange feeding one pen (same name as its queue)."""
         return self.pen_queue(delay)
 
+    def _replicated(self, args: FieldTable) -> FieldTable:
+        """Quorum mode: a quorum queue that dead-letters at least once (a message is removed
+        only once its dead-letter target confirmed it; needs ``reject-publish`` overflow)."""
+        if not self.quorum:
+            return args
+        return {
+            **args,
+            "x-queue-type": "quorum",
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+
     def work_queue_arguments(self) -> FieldTable:
-        return {"x-max-priority": 10, "x-dead-letter-exchange": self.dead_letter_exchange}
+        args: FieldTable = {"x-dead-letter-exchange": self.dead_letter_exchange}
+        if self.quorum:
+            return self._replicated(args)
+        return {"x-max-priority": 10, **args}
 
     def pen_arguments(self, delay: int) -> FieldTable:
-        return {"x-message-ttl": int(delay * 1000), "x-dead-letter-exchange": self.exchange}
+        return self._replicated(
+            {"x-message-ttl": int(delay * 1000), "x-dead-letter-exchange": self.exchange}
+        )
+
+    def dead_letter_arguments(self) -> FieldTable:
+        return {"x-queue-type": "quorum"} if self.quorum else {}
 
     # ------------------------------------------------------------------ declarations
 
@@ -82,7 +140,9 @@ class Topology:
         dlx = await channel.declare_exchange(
             self.dead_letter_exchange, ExchangeType.FANOUT, durable=True
         )
-        dlq = await channel.declare_queue(self.dead_letter_queue, durable=True)
+        dlq = await channel.declare_queue(
+            self.dead_letter_queue, durable=True, arguments=self.dead_letter_arguments() or None
+        )
         await dlq.bind(dlx, routing_key="")
         await self.remove_legacy(channel)
         return {"work": ex, "dead": dlx}
@@ -94,11 +154,22 @@ class Topology:
         await channel.exchange_delete(self.legacy_retry_exchange)
 
     async def declare_work_queue(self, channel: AbstractChannel, job_type: str) -> AbstractQueue:
-        queue = await channel.declare_queue(
-            self.work_queue(job_type), durable=True, arguments=self.work_queue_arguments()
-        )
-        await queue.bind(self.exchange, routing_key=job_type)
-        return queue
+        """The type's queue (classic), or its two bands (quorum: returns the normal one)."""
+        return (await self.declare_work_queues(channel, job_type))[-1]
+
+    async def declare_work_queues(
+        self, channel: AbstractChannel, job_type: str
+    ) -> list[AbstractQueue]:
+        """Every queue of the type, the one consumed first first (``work_queues``)."""
+        keys = [self.routing_key(job_type, 9), job_type] if self.quorum else [job_type]
+        queues = []
+        for name, key in zip(self.work_queues(job_type), keys, strict=True):
+            queue = await channel.declare_queue(
+                name, durable=True, arguments=self.work_queue_arguments()
+            )
+            await queue.bind(self.exchange, routing_key=key)
+            queues.append(queue)
+        return queues
 
     async def declare_pen(self, channel: AbstractChannel, delay: int) -> AbstractQueue:
         exchange = await channel.declare_exchange(
@@ -112,13 +183,12 @@ class Topology:
 
 
 async def connect(url: str, *, name: str, timeout: float = 5.0) -> AbstractRobustConnection:
-    """A robust connection (reconnects by itself) named after the component."""
-    return await aio_pika.connect_robust(
-        url, timeout=timeout, client_properties={"connection_name": name}
-    )
+    """A robust connection (reconnects by itself) named after the component; ``url`` may list
+    several nodes of one cluster (``cluster.connect``)."""
+    return await cluster.connect(url, name=name, timeout=timeout)
 
 
 async def reachable(url: str, *, timeout: float = 3.0) -> None:
-    """Open and close one plain connection: raises when RabbitMQ cannot be reached."""
-    connection = await aio_pika.connect(url, timeout=timeout)
-    await connection.close()
+    """Open and close one plain connection (to any node listed): raises when RabbitMQ cannot
+    be reached."""
+    await cluster.reachable(url, timeout=timeout)

@@ -14,7 +14,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_", extra="ignore")
 
     database_url: str = "postgresql://postgres@127.0.0.1:5432/conveyor"
+    # one URL, or several comma-separated URLs (or hosts) of one RabbitMQ cluster
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    # "quorum": work queues, holding pens and the dead-letter queue are replicated quorum queues
+    # (a high-priority job goes to the type's ``.high`` queue, consumed first; README)
+    queue_type: Literal["classic", "quorum"] = "classic"
     namespace: str = Field(default="jobs", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$")
     visibility_timeout: float = Field(default=30.0, gt=0)
     # PostgreSQL schema of Conveyor's tables, types and Alembic version table
@@ -32,6 +36,11 @@ class Settings(BaseSettings):
     max_batch: int = Field(default=1000, gt=0)
     db_timeout: float = Field(default=1.5, gt=0)
     db_pool_size: int = Field(default=10, gt=0)
+    # "transaction": every connection goes through PgBouncer in transaction pooling (no named
+    # prepared statements, no session state); LISTEN/NOTIFY then needs listen_database_url (a
+    # direct connection), else the publisher polls every relay_poll_interval
+    db_pooler: Literal["none", "transaction"] = "none"
+    listen_database_url: str | None = None
     # serve full tracebacks (server file paths) to every caller; otherwise only to `admin` keys
     # (with auth disabled, this is the only switch)
     api_expose_tracebacks: bool = False
@@ -65,6 +74,12 @@ class Settings(BaseSettings):
     reconcile_interval: float = Field(default=15.0, gt=0)
     reconcile_after: float = Field(default=60.0, gt=0)
     retention_days: float = Field(default=7.0, gt=0)
+    # FAILED jobs are kept longer (for redrive and inspection), then deleted too
+    failed_retention_days: float = Field(default=30.0, gt=0)
+    # retention deletes this many jobs per transaction, pausing between batches, so a backlog
+    # of millions of expired rows never holds back the hot path
+    retention_batch: int = Field(default=500, gt=0)
+    retention_pause: float = Field(default=0.05, ge=0)
     # publisher and sweeper: a statement running longer is cancelled and fails its pass, so a
     # half-open connection cannot stall a loop for ever
     command_timeout: float = Field(default=30.0, gt=0)

@@ -55,7 +55,7 @@ class Sweeper:
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.topology = Topology(settings.namespace)
+        self.topology = Topology(settings.namespace, settings.queue_type)
         self.store = for_schema(settings.db_schema)
         # per type, the overdue jobs the last reconcile pass found missing (see ``reconcile``)
         self._suspects: dict[str, list[uuid.UUID]] = {}
@@ -82,6 +82,7 @@ class Sweeper:
             application_name="conveyor-sweeper",
             max_size=2,
             command_timeout=self.settings.command_timeout,
+            pooler=self.settings.db_pooler,
         )
         self.notifier.pool = self.pool
         self.notifier.start()
@@ -195,16 +196,25 @@ class Sweeper:
         return await self.inspector.queue_depth(job_type)
 
     async def delete_expired(self) -> int:
-        """Delete COMPLETED/CANCELLED jobs older than the retention period (FAILED jobs stay
-        until an operator redrives or deletes them)."""
-        seconds = self.settings.retention_days * 86400
+        """Delete COMPLETED/CANCELLED jobs older than ``retention_days`` and FAILED jobs older
+        than ``failed_retention_days``, ``retention_batch`` per transaction with a
+        ``retention_pause`` between batches: deleting millions of rows never holds locks long
+        nor starves the hot path of I/O."""
+        s = self.settings
         total = 0
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
-                n = await self.store.job_delete_expired(conn, older_than=seconds, limit=BATCH)
+                n = await self.store.job_delete_expired(
+                    conn,
+                    older_than=s.retention_days * 86400,
+                    failed_older_than=s.failed_retention_days * 86400,
+                    limit=s.retention_batch,
+                )
             total += n
-            if n < BATCH:
+            if n < s.retention_batch:
                 break
+            if s.retention_pause:
+                await asyncio.sleep(s.retention_pause)
         self._count("retention_deleted", total)
         return total
 

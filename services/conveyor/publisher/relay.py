@@ -21,7 +21,7 @@ from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import OutboxRow, for_schema
-from ..store.connect import create_pool, listen
+from ..store.connect import create_pool, listen, listen_url
 
 log = logging.getLogger("conveyor.publisher")
 
@@ -39,7 +39,7 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.topology = Topology(settings.namespace)
+        self.topology = Topology(settings.namespace, settings.queue_type)
         self.store = for_schema(settings.db_schema)
         self.publisher = publisher or Publisher(
             settings.amqp_url, self.topology, self.metrics, publish_timeout=publish_timeout
@@ -57,6 +57,7 @@ class Relay:
             application_name="conveyor-publisher",
             max_size=4,
             command_timeout=self.settings.command_timeout,
+            pooler=self.settings.db_pooler,
         )
         await self.publisher.connect()
 
@@ -130,10 +131,16 @@ class Relay:
     # ------------------------------------------------------------------ loop
 
     async def _listen(self) -> None:
+        """LISTEN for new outbox rows on a connection of its own; behind a transaction pooler
+        without ``listen_database_url``, nothing: the loop polls every ``relay_poll_interval``."""
         if self._listener is not None and not self._listener.is_closed():
             return
+        s = self.settings
+        url = listen_url(s.database_url, s.db_pooler, s.listen_database_url)
+        if url is None:
+            return
         self._listener = await listen(
-            self.settings.database_url,
+            url,
             self.store.channel,
             self._wake.set,
             name="conveyor-publisher-listen",

@@ -54,6 +54,31 @@ def is_unmigrated(exc: BaseException) -> bool:
     return isinstance(exc, UNMIGRATED)
 
 
+POOLERS = ("none", "transaction")
+
+
+def connect_options(pooler: str = "none") -> dict[str, Any]:
+    """asyncpg options for ``CONVEYOR_DB_POOLER``. Behind PgBouncer in transaction pooling two
+    statements of one client may run on two server connections, so a named prepared statement
+    (asyncpg's statement cache) may not exist where the next execution lands:
+    ``statement_cache_size=0`` makes asyncpg prepare each statement unnamed, within the
+    round trip that runs it. Nothing else of Conveyor's relies on session state: statements
+    name their schema (no ``search_path``), the reconciler's lock is transaction-level
+    (``pg_try_advisory_xact_lock``), LISTEN goes to ``listen_url`` or is replaced by polling."""
+    if pooler not in POOLERS:
+        raise ValueError(f"unknown pooler {pooler!r}: use one of {', '.join(POOLERS)}")
+    return {"statement_cache_size": 0} if pooler == "transaction" else {}
+
+
+def listen_url(database_url: str, pooler: str, listen_database_url: str | None) -> str | None:
+    """Where the relay LISTENs: ``CONVEYOR_LISTEN_DATABASE_URL`` when set, else the database
+    URL unless it goes through a transaction pooler (a LISTEN there is lost with the server
+    connection it ran on); None: poll every ``relay_poll_interval``."""
+    if listen_database_url:
+        return listen_database_url
+    return None if pooler == "transaction" else database_url
+
+
 async def create_pool(
     url: str,
     *,
@@ -62,9 +87,11 @@ async def create_pool(
     max_size: int = 10,
     timeout: float = 5.0,
     command_timeout: float | None = None,
+    pooler: str = "none",
 ) -> Any:
     """A pool that does not connect eagerly (``min_size=0``), so a process starts while the
-    database is down and recovers by itself when it comes back."""
+    database is down and recovers by itself when it comes back. ``pooler``: see
+    ``connect_options``."""
     return await asyncpg.create_pool(
         url,
         min_size=min_size,
@@ -74,6 +101,7 @@ async def create_pool(
         max_inactive_connection_lifetime=60.0,
         server_settings={"application_name": application_name},
         reset=_skip_session_reset,
+        **connect_options(pooler),
     )
 
 

@@ -42,12 +42,16 @@ _TYPES = """WITH RECURSIVE t(job_type) AS (
 # Newest first; ``$3``/``$4``: id bounds (keyset cursor, time window as UUIDv7 bounds). Without
 # a filter the primary key serves the order. With a type and/or a status, each (type, status)
 # range of ``jobs_type_status_id_idx`` is read newest first, at most ``$5`` rows each, and the
-# ranges are merged: a rare type or status never walks the whole primary key.
+# ranges are merged: a rare type or status never walks the whole primary key. The bounds are
+# COALESCEd to the extreme UUIDs rather than ``$3 IS NULL OR id < $3``: a generic plan (a
+# prepared statement's sixth execution on) then still seeks the cursor in the index instead of
+# filtering every newer row on the way to it.
 JOB_PAGE = statement(
     "job_page",
     f"""
 SELECT {JOB_COLUMNS} FROM __schema__.jobs
-WHERE ($3::uuid IS NULL OR id < $3) AND ($4::uuid IS NULL OR id >= $4)
+WHERE id < COALESCE($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+  AND id >= COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000')
   AND $1::text IS NULL AND $2::text IS NULL
 ORDER BY id DESC
 LIMIT $5
@@ -68,7 +72,8 @@ CROSS JOIN unnest(CASE WHEN $2::text IS NULL THEN enum_range(NULL::__schema__.jo
 CROSS JOIN LATERAL (
     SELECT {JOB_COLUMNS} FROM __schema__.jobs
     WHERE job_type = t.job_type AND status = st.status
-      AND ($3::uuid IS NULL OR id < $3) AND ($4::uuid IS NULL OR id >= $4)
+      AND id < COALESCE($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+      AND id >= COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000')
     ORDER BY id DESC LIMIT $5
 ) j
 WHERE t.job_type IS NOT NULL
@@ -151,6 +156,20 @@ class DashboardStatements(Statements):
         name = JOB_PAGE if job_type is None and status is None else JOB_PAGE_FILTERED
         rows = await conn.fetch(self.sql[name], job_type, status, before, since, limit)
         return [JobRow.from_record(r) for r in rows]
+
+    async def job_list(
+        self,
+        conn: Connection,
+        *,
+        job_type: str | None,
+        status: str | None,
+        after: uuid.UUID | None,
+        limit: int,
+    ) -> list[JobRow]:
+        """GET /jobs: newest first, keyset on the UUIDv7 ``id`` (``after``: the cursor)."""
+        return await self.job_page(
+            conn, job_type=job_type, status=status, before=after, since=None, limit=limit
+        )
 
     async def job_dead_groups(self, conn: Connection) -> list[dict[str, Any]]:
         """FAILED jobs by type and error prefix, largest groups first."""

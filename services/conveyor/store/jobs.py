@@ -65,17 +65,7 @@ JOB_GET_BY_IDEMPOTENCY_KEY = statement(
     f"SELECT {JOB_COLUMNS} FROM __schema__.jobs WHERE idempotency_key = $1",
 )
 
-JOB_LIST = statement(
-    "job_list",
-    f"""
-SELECT {JOB_COLUMNS} FROM __schema__.jobs
-WHERE ($1::text IS NULL OR job_type = $1)
-  AND ($2::text IS NULL OR status = $2::__schema__.job_status)
-  AND ($3::uuid IS NULL OR id < $3)
-ORDER BY id DESC
-LIMIT $4
-""",
-)
+# GET /jobs is ``job_list`` in ``dashboard.py``: the same index-served pages as the dashboard.
 
 JOB_CANCEL = statement(
     "job_cancel",
@@ -177,19 +167,6 @@ class JobStatements(Statements):
     async def job_get_by_idempotency_key(self, conn: Connection, key: str) -> JobRow | None:
         row = await conn.fetchrow(self.sql[JOB_GET_BY_IDEMPOTENCY_KEY], key)
         return JobRow.from_record(row) if row is not None else None
-
-    async def job_list(
-        self,
-        conn: Connection,
-        *,
-        job_type: str | None,
-        status: str | None,
-        after: uuid.UUID | None,
-        limit: int,
-    ) -> list[JobRow]:
-        """Newest first: ids are UUIDv7, so ``id`` order is creation order (keyset on ``id``)."""
-        rows = await conn.fetch(self.sql[JOB_LIST], job_type, status, after, limit)
-        return [JobRow.from_record(r) for r in rows]
 
     async def job_cancel(self, conn: Connection, job_id: uuid.UUID) -> bool:
         """Cancel a waiting job, or ask a running one to stop. False when not cancellable."""

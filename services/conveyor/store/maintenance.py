@@ -80,15 +80,21 @@ SELECT id, status::text AS status, job_type FROM upd
 )
 
 # Jobs that should have reached a worker long ago and have no outbox row in flight: counted per
-# type, so the reconciler can compare with the broker's queue depth before re-publishing.
+# type, so the reconciler can compare with the broker's queue depth before re-publishing. The
+# overdue jobs are found first (``jobs_waiting_idx``, an empty range when all is well) and only
+# then checked against the outbox: a hash of a large outbox (a relay that fell behind) is built
+# only when some job is overdue, not on every idle pass.
 JOB_COUNT_OVERDUE = statement(
     "job_count_overdue",
     """
-SELECT job_type, count(*) AS n FROM __schema__.jobs j
-WHERE j.status IN ('PENDING', 'RETRYING')
-  AND j.updated_at < now() - make_interval(secs => $1)
-  AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
-  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = j.id)
+WITH c AS MATERIALIZED (
+    SELECT id, job_type FROM __schema__.jobs j
+    WHERE j.status IN ('PENDING', 'RETRYING')
+      AND j.updated_at < now() - make_interval(secs => $1)
+      AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
+)
+SELECT job_type, count(*) AS n FROM c
+WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = c.id)
 GROUP BY job_type
 """,
 )
@@ -136,14 +142,23 @@ JOB_RECONCILE_LOCK = statement(
     "SELECT pg_try_advisory_xact_lock(hashtextextended('__schema__:reconcile:' || $1, 0))",
 )
 
-# A job's attempts go with it (``job_attempts`` has no foreign key, see ``schema.py``).
+# Retention, in small batches, oldest first: COMPLETED/CANCELLED jobs finished more than ``$1``
+# seconds ago (``jobs_done_idx``) and FAILED ones more than ``$2`` seconds ago
+# (``jobs_failed_idx``); an idle pass reads an empty range of each. A job's attempts go with it
+# (``job_attempts`` has no foreign key, see ``schema.py``).
 JOB_DELETE_EXPIRED = statement(
     "job_delete_expired",
     """
-WITH d AS (
+WITH done AS (
     SELECT id FROM __schema__.jobs WHERE status IN ('COMPLETED', 'CANCELLED')
       AND finished_at < now() - make_interval(secs => $1)
-    LIMIT $2 FOR UPDATE SKIP LOCKED
+    ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
+), failed AS (
+    SELECT id FROM __schema__.jobs WHERE status = 'FAILED'
+      AND finished_at < now() - make_interval(secs => $2)
+    ORDER BY finished_at LIMIT greatest($3 - (SELECT count(*) FROM done), 0) FOR UPDATE SKIP LOCKED
+), d AS (
+    SELECT id FROM done UNION ALL SELECT id FROM failed
 ), a AS (
     DELETE FROM __schema__.job_attempts a USING d WHERE a.job_id = d.id
 )
@@ -200,6 +215,11 @@ class MaintenanceStatements(Statements):
         replica holds it (it is reconciling that type right now)."""
         return bool(await conn.fetchval(self.sql[JOB_RECONCILE_LOCK], job_type))
 
-    async def job_delete_expired(self, conn: Connection, *, older_than: float, limit: int) -> int:
-        """Delete COMPLETED/CANCELLED jobs finished more than ``older_than`` seconds ago."""
-        return affected(await conn.execute(self.sql[JOB_DELETE_EXPIRED], older_than, limit))
+    async def job_delete_expired(
+        self, conn: Connection, *, older_than: float, failed_older_than: float, limit: int
+    ) -> int:
+        """Delete up to ``limit`` COMPLETED/CANCELLED jobs finished more than ``older_than``
+        seconds ago and FAILED jobs finished more than ``failed_older_than`` seconds ago."""
+        return affected(
+            await conn.execute(self.sql[JOB_DELETE_EXPIRED], older_than, failed_older_than, limit)
+        )

@@ -13,15 +13,17 @@ from .rows import OutboxRow
 # rolls the delete back (the rows are published again: duplicates, never losses); rows whose
 # publish failed are put back with ``outbox_restore`` before the commit. Rows of job types
 # (``$2``) and retry pens (``$3``) whose declaration the broker refuses stay where they are
-# meanwhile (see ``broker/publish.py``).
+# meanwhile (see ``broker/publish.py``). ``id = ANY(ARRAY(…))``, not ``id IN (…)``: the semi-join
+# hashed the taken ids and read the whole outbox to find them, a sequential scan per batch that
+# made draining a backlog of millions quadratic.
 _TAKE_BATCH = """
 DELETE FROM __schema__.job_outbox
-WHERE id IN (
+WHERE id = ANY(ARRAY(
     SELECT id FROM __schema__.job_outbox
     WHERE job_type <> ALL($2::text[])
       AND (destination <> 'retry' OR delay_seconds <> ALL($3::int4[]))
     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
-)
+))
 RETURNING id, job_id, job_type, priority, destination, delay_seconds, error, attempt
 """
 OUTBOX_TAKE_BATCH = statement("outbox_take_batch", _TAKE_BATCH)

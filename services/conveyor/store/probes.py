@@ -30,7 +30,7 @@ class ServerPing:
 
     async def ping(self) -> None:
         if self.conn is None or self.conn.is_closed():
-            self.conn = await asyncpg.connect(self.url)
+            self.conn = await asyncpg.connect(self.url, statement_cache_size=0)  # PgBouncer too
         await self.conn.fetchval(self.sql)
 
     def close(self) -> None:

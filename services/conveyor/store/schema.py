@@ -101,10 +101,24 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         jobs.c.lease_expires_at,
         postgresql_where=jobs.c.status == "IN_PROGRESS",
     )
+    # Retention, oldest first: COMPLETED/CANCELLED after retention_days, FAILED after
+    # failed_retention_days, each from its own index, so an idle pass reads no row not yet due.
     sa.Index(
-        "jobs_finished_idx",
+        "jobs_done_idx",
         jobs.c.finished_at,
-        postgresql_where=jobs.c.finished_at.isnot(None),
+        postgresql_where=jobs.c.status.in_(["COMPLETED", "CANCELLED"]),
+    )
+    sa.Index(
+        "jobs_failed_idx",
+        jobs.c.finished_at,
+        postgresql_where=jobs.c.status == "FAILED",
+    )
+    # The reconciler: PENDING/RETRYING jobs by last touch; an idle pass reads an empty range.
+    sa.Index(
+        "jobs_waiting_idx",
+        jobs.c.updated_at,
+        jobs.c.job_type,
+        postgresql_where=jobs.c.status.in_(["PENDING", "RETRYING"]),
     )
 
     sa.Table(

@@ -110,6 +110,7 @@ class Worker:
         self.subscription = Subscription(
             settings.amqp_url, settings.namespace,
             name=f"conveyor-worker {self.worker_id}", prefetch=concurrency, shares=self.shares,
+            queue_type=settings.queue_type,
         )  # fmt: skip
         self.store = for_schema(settings.db_schema)
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
@@ -158,6 +159,7 @@ class Worker:
             application_name="conveyor-worker",
             max_size=4,
             command_timeout=30,
+            pooler=self.settings.db_pooler,
         )
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
         self.notifier.pool = self.pool

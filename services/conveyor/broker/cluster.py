@@ -1,0 +1,112 @@
+"""Connections to one RabbitMQ node or to any node of a cluster.
+
+``CONVEYOR_AMQP_URL`` may list several nodes, comma-separated: whole URLs
+(``amqp://u:p@rmq-0:5672/,amqp://u:p@rmq-1:5672/``) or hosts after the first URL's credentials
+(``amqp://u:p@rmq-0:5672,rmq-1:5672,rmq-2/vhost``). A connection goes to the first node that
+answers; when it is lost, or an attempt fails, the next attempt goes to the next node in turn,
+so a dead node is skipped instead of retried for ever (aio-pika's robust connection alone
+retries the one URL it was given). Channels, queues and consumers are restored on the new node
+by the robust connection as usual; quorum queues live on every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractRobustConnection
+from aio_pika.robust_connection import RobustConnection
+from pamqp.common import FieldTable
+from yarl import URL
+
+RECONNECT_INTERVAL = 2.0
+
+
+def split_urls(url: str) -> list[str]:
+    """Every node's URL in ``url`` (one or several, see the module's docstring)."""
+    parts = [p.strip() for p in url.split(",") if p.strip()]
+    if len(parts) <= 1 or all("://" in p for p in parts):
+        return parts
+    # "scheme://user:pass@host1:port1,host2:port2,host3/vhost?query": the hosts share the rest
+    head, *rest = parts
+    scheme, _, after = head.partition("://")
+    userinfo, at, hostpart = after.rpartition("@")
+    first_host, _, first_tail = hostpart.partition("/")
+    _, last_slash, last_tail = rest[-1].partition("/")
+    tail = last_tail if last_slash else first_tail
+    hosts = [first_host] + [r.partition("/")[0] for r in rest]
+    return [f"{scheme}://{userinfo}{at}{h}/{tail}" for h in hosts]
+
+
+class ClusterConnection(RobustConnection):
+    """A robust connection over several nodes: a failed attempt or a lost connection moves
+    the next attempt to the next node."""
+
+    def __init__(self, url: URL, *, nodes: list[URL], **kwargs: Any) -> None:
+        self._nodes = nodes
+        self._node = 0
+        super().__init__(url, **kwargs)
+
+    def next_node(self) -> None:
+        self._node = (self._node + 1) % len(self._nodes)
+        self.url = self._nodes[self._node]
+
+    # RobustConnection's reconnect loop calls this (name-mangled) for every attempt.
+    async def _RobustConnection__connect_transport(self) -> None:
+        try:
+            await _CONNECT_TRANSPORT(self)
+        except BaseException:
+            self.next_node()
+            raise
+
+    async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
+        if not self._close_called:
+            self.next_node()
+        await super()._on_connection_close(closing)
+
+
+_CONNECT_TRANSPORT = RobustConnection._RobustConnection__connect_transport  # type: ignore[attr-defined]
+
+
+async def connect(url: str, *, name: str, timeout: float = 5.0) -> AbstractRobustConnection:
+    """A robust connection named after the component, to the first node of ``url`` that
+    answers (one node: aio-pika's own robust connection)."""
+    nodes = split_urls(url)
+    properties: FieldTable = {"connection_name": name}
+    if len(nodes) == 1:
+        return await aio_pika.connect_robust(
+            nodes[0], timeout=timeout, client_properties=properties
+        )
+    last: BaseException | None = None
+    for i in range(len(nodes)):
+        order = [URL(n) for n in nodes[i:] + nodes[:i]]
+        connection = ClusterConnection(
+            order[0],
+            nodes=order,
+            client_properties=properties,
+            reconnect_interval=RECONNECT_INTERVAL,
+        )
+        try:
+            await connection.connect(timeout=timeout)
+            return connection
+        except Exception as exc:  # this node does not answer: the next one
+            last = exc
+            await connection.close()
+    assert last is not None
+    raise last
+
+
+async def reachable(url: str, *, timeout: float = 3.0) -> None:
+    """Raises unless some node of ``url`` accepts a connection."""
+    last: BaseException | None = None
+    for node in split_urls(url):
+        try:
+            connection = await aio_pika.connect(node, timeout=timeout)
+        except Exception as exc:
+            last = exc
+            continue
+        await connection.close()
+        return
+    assert last is not None
+    raise last

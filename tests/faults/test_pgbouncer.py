@@ -1,0 +1,160 @@
+"""Every component through PgBouncer in transaction pooling (Debian's pgbouncer 1.18, started
+by the test on its own port in front of the shared PostgreSQL), with
+``CONVEYOR_DB_POOLER=transaction`` and no direct connection at all (the relay polls instead of
+LISTENing): real ``conveyor api``, ``publisher`` (with its maintenance), ``sweeper`` and two
+``worker`` processes run singles, a batch, retries through a holding pen, scheduled jobs and
+jobs that kill their worker (lease recovery); the checker must report 0 lost, 0 stuck,
+0 double-COMPLETED, and no component may log a prepared-statement error.
+
+The control shows the test can fail: asyncpg's named prepared statements (its default) through
+the same PgBouncer break."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from conveyor.core.config import Settings
+from conveyor.store.connect import connect_options, database_name, listen_url
+
+from .checker import Ledger, check
+from .harness import Proc, WorkerFleet, component_env, conveyor_command, fault_settings, http_ok
+from .infra import free_port
+from .pgbouncer import PrivatePgBouncer
+
+
+@pytest.fixture
+def pgbouncer() -> Iterator[PrivatePgBouncer]:
+    b = PrivatePgBouncer(pool_size=20).start()
+    yield b
+    b.stop()
+
+
+async def test_named_prepared_statements_break_through_transaction_pooling(
+    pgbouncer: PrivatePgBouncer, db_url: str
+) -> None:
+    """The control: what ``CONVEYOR_DB_POOLER=transaction`` turns off is really needed."""
+    url = pgbouncer.url(database_name(db_url))
+    errors: dict[str, int] = {}
+    for pooler in ("none", "transaction"):
+        pool = await asyncpg.create_pool(url, min_size=8, max_size=8, **connect_options(pooler))
+        failed = 0
+
+        async def one(i: int, pool: asyncpg.Pool = pool) -> None:
+            nonlocal failed
+            try:
+                async with pool.acquire() as conn:
+                    await conn.fetchval(f"SELECT $1::int + {i % 7}", i)
+            except asyncpg.PostgresError:
+                failed += 1
+
+        await asyncio.gather(*(one(i) for i in range(200)))
+        await pool.close()
+        errors[pooler] = failed
+    assert errors["none"] > 0 and errors["transaction"] == 0, errors
+
+
+def test_listen_goes_direct_or_polls() -> None:
+    direct = "postgresql://postgres@db:5432/c"
+    pooled = "postgresql://postgres@pgbouncer:6432/c"
+    assert listen_url(direct, "none", None) == direct
+    assert listen_url(pooled, "transaction", None) is None  # polling
+    assert listen_url(pooled, "transaction", direct) == direct
+    assert connect_options("transaction") == {"statement_cache_size": 0}
+    assert connect_options("none") == {}
+    with pytest.raises(ValueError):
+        connect_options("session")
+
+
+@pytest.mark.timeout(180)
+async def test_every_component_through_pgbouncer(
+    pgbouncer: PrivatePgBouncer, fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    s: Settings = fault_settings(
+        fsettings,
+        database_url=pgbouncer.url(database_name(fsettings.database_url)),
+        db_pooler="transaction",
+        db_timeout=5.0,  # a shared 2-core machine: this test is about pooling, not latency
+    )
+    env = component_env(s)
+    port = free_port()
+    procs = [
+        Proc("api", [*conveyor_command(), "api", "--port", str(port)], env, tmp_path).start(),
+        Proc("publisher", [*conveyor_command(), "publisher"], env, tmp_path).start(),
+        Proc("sweeper", [*conveyor_command(), "sweeper"], env, tmp_path).start(),
+    ]
+    fleet = WorkerFleet(s, tmp_path, 2, concurrency=8)
+    stop = asyncio.Event()
+    supervisor = asyncio.create_task(fleet.supervise(stop))
+    accepted: list[str] = []
+    try:
+        await http_ok(port)
+        await procs[1].wait_for_log("publisher_started")
+        await fleet.ready()
+        await _only_through(pgbouncer, fsettings.database_url)
+        limits = httpx.Limits(keepalive_expiry=2)  # under uvicorn's 5 s (see tests/stack.py)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=30, limits=limits
+        ) as client:
+
+            async def submit(job_type: str, **extra: object) -> None:
+                payload = {"ledger": str(ledger), "sleep": 0.02}
+                r = await client.post("/jobs", json={"type": job_type, "payload": payload, **extra})
+                assert r.status_code == 201, r.text
+                accepted.append(r.json()["id"])
+
+            for wave in range(6):
+                await asyncio.gather(*(submit("work") for _ in range(12)))
+                await submit("flaky")  # first attempt fails: a 4 s holding pen, then done
+                await submit("work", delay_seconds=1)  # SCHEDULED, promoted by the sweeper
+                if wave == 2:
+                    await submit("suicide")  # kills its worker: lease recovery, then FAILED
+            body = {"jobs": [{"type": "sync_work", "payload": {"ledger": str(ledger)}}] * 100}
+            r = await client.post("/jobs/batch", json=body)
+            assert r.status_code == 201, r.text
+            accepted += [j["id"] for j in r.json()["jobs"]]
+        v = await check(s.database_url.replace(
+            f":{pgbouncer.port}/", f":{_upstream_port(pgbouncer)}/"
+        ), accepted, ledger, label="pgbouncer", timeout=90)  # fmt: skip
+    finally:
+        stop.set()
+        await supervisor
+        await fleet.stop()
+        for p in procs:
+            await p.stop()
+    v.assert_clean(expect=None)
+    assert v.by_status == {"COMPLETED": len(accepted) - 1, "FAILED": 1}, v.by_status
+    assert len(set(accepted)) == len(accepted) == 6 * 14 + 1 + 100
+    assert fleet.deaths >= 2  # the suicide really killed a worker (one per attempt)
+    logs = "\n".join(p.log() for p in [*procs, *fleet.slots])
+    for text in ("prepared statement", "InvalidSQLStatementName", "DuplicatePreparedStatement"):
+        assert text not in logs, text
+
+
+async def _only_through(b: PrivatePgBouncer, direct_url: str) -> None:
+    """Every backend of the test database is one of PgBouncer's server connections, and the
+    five processes are PgBouncer's clients (no component connected directly)."""
+    db = database_name(direct_url)
+    clients = [r.split("|") for r in b.show("CLIENTS").splitlines()]
+    servers = [r.split("|") for r in b.show("SERVERS").splitlines()]
+    assert sum(1 for c in clients if c[2] == db) >= 5, clients
+    via = {int(s[7]) for s in servers if s[2] == db}
+    conn = await asyncpg.connect(direct_url)
+    try:
+        ports = await conn.fetch(
+            "SELECT client_port FROM pg_stat_activity WHERE datname = $1"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+            db,
+        )
+    finally:
+        await conn.close()
+    assert ports and {r["client_port"] for r in ports} <= via, (ports, servers)
+
+
+def _upstream_port(b: PrivatePgBouncer) -> int:
+    return b.upstream[1]

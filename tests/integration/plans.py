@@ -1,0 +1,223 @@
+"""EXPLAIN every statement of the store on a large generated table (``test_explain.py``, and
+``bench/scale.py`` at 10 million rows): the jobs, their attempts, an outbox backlog, and the
+arguments each statement is run with.
+
+``statement_cases`` takes every statement in ``registry.TEMPLATES`` (a new statement is covered
+without anyone listing it) with arguments made from its parameter types, plus the API's and
+the dashboard's filter combinations and the operator views. ``violations`` names the sequential
+scans of a big table in a plan."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+
+from conveyor.store import for_schema
+from conveyor.store.registry import TEMPLATES
+
+# Ids are UUIDv7-shaped (creation time first), as Conveyor's are: inserts append to the primary
+# key like production's, and the time filter of GET /jobs (an id range) means what it says.
+# The mix of a busy install: mostly finished jobs, a few percent FAILED, a live backlog
+# (PENDING, RETRYING due later, IN_PROGRESS with leases ahead, SCHEDULED in the future), over the
+# last ``$2`` days, 12 types. Nothing is overdue, nothing expired: the sweeper's passes are idle.
+GENERATE = """
+INSERT INTO jobs (id, job_type, status, priority, payload, attempts, last_error, created_at,
+                  updated_at, started_at, finished_at, lease_expires_at, run_at)
+SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
+        || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid,
+       'type_' || (i % 12),
+       (CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
+             WHEN i % 100 = 96 THEN 'SCHEDULED'
+             WHEN i % 100 = 97 THEN 'PENDING' WHEN i % 100 = 98 THEN 'RETRYING'
+             ELSE 'IN_PROGRESS' END)::job_status,
+       5, '{}', 1, CASE WHEN i % 100 IN (94, 95, 98) THEN 'ValueError: ' || (i % 7) END,
+       t, CASE WHEN i % 100 >= 96 THEN now() ELSE t END, t,
+       CASE WHEN i % 100 < 96 THEN t END,
+       CASE WHEN i % 100 = 99 THEN now() + interval '1 hour' END,
+       CASE WHEN i % 100 IN (96, 98) THEN now() + interval '1 hour' END
+FROM generate_series(1, $1) AS i,
+     LATERAL (SELECT now() - make_interval(secs => ($1 - i) * 86400.0 * $2 / $1)) AS g(t)
+"""
+
+ATTEMPTS = """
+INSERT INTO job_attempts (job_id, attempt, job_type, worker_id, started_at, finished_at,
+                          outcome, error, duration_seconds, wait_seconds)
+SELECT id, 1, job_type, 'w', started_at, finished_at,
+       CASE WHEN status = 'FAILED' THEN 'failed' ELSE 'completed' END, last_error, 0.01, 0.02
+FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at
+"""
+
+# The outbox of the PENDING jobs (a relay that fell behind: the outbox is big too).
+OUTBOX = """
+INSERT INTO job_outbox (job_id, job_type, priority)
+SELECT id, job_type, priority FROM jobs WHERE status = 'PENDING'
+"""
+
+
+async def generate(conn: asyncpg.Connection, rows: int, days: float = 30) -> None:
+    """``rows`` jobs over ``days``, their attempts, the outbox of the PENDING ones, fresh
+    statistics. The secondary indexes of ``jobs`` are dropped first and built again after (as
+    they were): one sort each instead of millions of random index insertions."""
+    indexes = await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+        " AND tablename = 'jobs' AND indexname <> 'jobs_pkey'"
+    )
+    await conn.execute("SET maintenance_work_mem = '256MB'")
+    for r in indexes:
+        await conn.execute(f"DROP INDEX {r['indexname']}")
+    await conn.execute(GENERATE, rows, days, timeout=7200)
+    for r in indexes:
+        await conn.execute(r["indexdef"], timeout=7200)
+    await conn.execute(ATTEMPTS, timeout=7200)
+    await conn.execute(OUTBOX, timeout=7200)
+    await conn.execute("ANALYZE jobs; ANALYZE job_attempts; ANALYZE job_outbox", timeout=7200)
+
+
+BIG = ("jobs", "job_attempts", "job_outbox")
+# The outbox is small by design (the relay drains it); these read all of it on purpose: the
+# reconciler's anti-join "no outbox row for this job" (hashing the outbox once per pass costs
+# less than an index on ``job_outbox.job_id`` would cost every submit and every publish) and the
+# outbox gauge's count.
+OUTBOX_READERS = {"job_count_overdue", "job_overdue_ids", "job_republish_overdue", "outbox_stats"}
+
+# Arguments by parameter type: one plausible value each (a type of the data, a limit of 500,
+# an age of seven days, ids that exist nowhere).
+SOME_ID = uuid.UUID("018f0000-0000-7000-8000-000000000000")  # older than every row
+# A page cursor in the middle of the data (a UUIDv7 of 15 days ago): "the next page" of a
+# listing, whose id range covers half the table.
+MID_CURSOR = uuid.UUID(int=(int((dt.datetime.now(dt.UTC).timestamp() - 15 * 86400) * 1000) << 80))
+_BY_TYPE: dict[str, Any] = {
+    "uuid": SOME_ID,
+    "uuid[]": [SOME_ID, uuid.uuid4()],
+    "text": "type_3",
+    "text[]": ["type_3"],
+    "int2": 5,
+    "int2[]": [5],
+    "int4": 500,
+    "int4[]": [1],
+    "int8": 500,
+    "int8[]": [1],
+    "float8": 7 * 86400.0,
+    "float8[]": [None],
+    "bool": False,
+    "bool[]": [True],
+    "jsonb": "{}",
+    "timestamptz[]": [None],
+    "timestamptz": dt.datetime.now(dt.UTC),
+}
+
+# Statements whose arguments the defaults above would make implausible.
+_OVERRIDES: dict[str, tuple[Any, ...]] = {
+    "job_count_overdue": (60.0,),
+    "job_overdue_ids": ("type_3", 60.0, 500),
+    "job_republish_overdue": ("type_3", 60.0, 500, [SOME_ID]),
+    "job_delete_expired": (7 * 86400.0, 30 * 86400.0, 500),
+    "job_insert_many": (
+        [uuid.uuid4()],
+        ["type_3"],
+        ["{}"],
+        [5],
+        [None],
+        [None],
+        [None],
+        [None],
+        ["k"],
+        ["h"],
+    ),
+    "outbox_restore": ([1], [SOME_ID], ["type_3"], [5], ["work"], [None], [None], [None]),
+    "job_type_register_many": (["type_3"], [3], [None], [""]),
+    "job_dead_count": ("type_3", "ValueError: 1"),
+    "job_page": (None, None, None, None, 51),
+    "job_page_filtered": ("type_3", "FAILED", None, None, 51),
+    "job_redrive_dead": ("type_3", "ValueError: 1", 500),
+    "job_purge_dead": ("type_3", "ValueError: 1", 500),
+    "job_fail_many": ([SOME_ID], [1], ["x"], [5], [True]),
+}
+
+# Statements that read only catalogs or no table at all.
+_SKIP = {"database_exists", "db_ping"}
+
+
+async def statement_cases(
+    conn: asyncpg.Connection, schema: str = "conveyor"
+) -> dict[str, tuple[str, tuple[Any, ...]]]:
+    sql = for_schema(schema).sql
+    cases: dict[str, tuple[str, tuple[Any, ...]]] = {}
+    for name in sorted(TEMPLATES):
+        if name in _SKIP:
+            continue
+        if name in _OVERRIDES:
+            cases[name] = (sql[name], _OVERRIDES[name])
+            continue
+        params = (await conn.prepare(sql[name])).get_parameters()
+        cases[name] = (sql[name], tuple(_BY_TYPE[p.name] for p in params))
+    # GET /jobs and the dashboard's jobs page: every combination of type, status, cursor and
+    # time window (a UUIDv7 lower bound), each status alone (SCHEDULED without a type was a
+    # sequential scan), the operator views
+    hour_ago = uuid.UUID(int=(int((dt.datetime.now(dt.UTC).timestamp() - 3600) * 1000) << 80))
+    page, filtered = sql["job_page"], sql["job_page_filtered"]
+    for t in (None, "type_3"):
+        for st in (None, "FAILED", "SCHEDULED", "PENDING", "COMPLETED"):
+            for cursor in (None, MID_CURSOR):
+                for since in (None, hour_ago):
+                    q = page if t is None and st is None else filtered
+                    cases[f"GET /jobs type={t} status={st} cursor={cursor} since={since}"] = (
+                        q, (t, st, cursor, since, 51)
+                    )  # fmt: skip
+    for view in ("backlog", "stuck_jobs", "recent_failures", "throughput"):
+        cases[f"view {view}"] = (f"SELECT * FROM {schema}.{view}", ())
+    return cases
+
+
+def scans(plan: Any) -> list[tuple[str, str, str]]:
+    """(node type, relation, index) of every scan in a JSON plan."""
+    found: list[tuple[str, str, str]] = []
+    if isinstance(plan, dict):
+        if "Relation Name" in plan:
+            found.append((plan["Node Type"], plan["Relation Name"], plan.get("Index Name", "")))
+        for v in plan.values():
+            found += scans(v)
+    elif isinstance(plan, list):
+        for v in plan:
+            found += scans(v)
+    return found
+
+
+async def explain_all(
+    conn: asyncpg.Connection, schema: str = "conveyor"
+) -> tuple[dict[str, list[tuple[str, str, str]]], list[str]]:
+    """Every case under custom plans (a prepared statement's first executions, and every
+    execution through PgBouncer, where statements are unnamed) and under the generic plan
+    PostgreSQL may switch to from the sixth. Returns the scans per case and the violations."""
+    report: dict[str, list[tuple[str, str, str]]] = {}
+    bad: list[str] = []
+    cases = await statement_cases(conn, schema)
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        for name, (query, args) in cases.items():
+            try:
+                raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}", *args)
+            except asyncpg.PostgresError as exc:
+                raise AssertionError(f"{name}: {exc}") from exc
+            found = scans(json.loads(raw))
+            report[f"{name} ({mode})"] = found
+            allowed = ("job_outbox",) if name in OUTBOX_READERS else ()
+            seq = [s for s in found if s[0] == "Seq Scan" and s[1] in BIG and s[1] not in allowed]
+            if seq:
+                bad.append(f"{name} ({mode}): {found}")
+                continue
+            # a filter reads (type, status) ranges, never the whole primary key (a time window
+            # may read its own id range of it)
+            indexes = {s[2] for s in found if s[1] == "jobs"}
+            filtered = name.startswith("GET /jobs") and "type=None status=None" not in name
+            allowed = {"jobs_type_status_id_idx"} | (
+                {"jobs_pkey"} if "since=None" not in name else set()
+            )
+            if filtered and not indexes <= allowed:
+                bad.append(f"{name} ({mode}) walks another index: {found}")
+    await conn.execute("RESET plan_cache_mode")
+    return report, bad
