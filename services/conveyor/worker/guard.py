@@ -4,16 +4,17 @@ A handler that calls blocking code (``time.sleep``, a synchronous client, a long
 from an ``async def`` stops everything on its worker's loop: heartbeats, claims, outcome writes,
 every other job. Nothing that runs *on* the loop can stop it, and ``asyncio.timeout`` only fires
 once the loop turns again. The guard watches from a thread of its own: when the loop has not
-turned for the running handler's limit — its ``timeout``, at most ``worker_loop_stall_limit`` —
-and the task the loop is executing is that handler's, it sends the process ``SIGURG`` (the
-signal Go's runtime uses for the same purpose: nothing else uses it). Python runs the signal's
+turned for the running handler's ``timeout`` and the task the loop is executing is that
+handler's, it sends the process ``SIGURG`` (the signal Go's runtime uses for the same purpose:
+nothing else uses it). Python runs the signal's
 handler in the main thread, between two bytecodes or when a blocking call returns with
 ``EINTR`` (``time.sleep``, socket reads, lock waits), and it raises ``LoopBlocked`` there, inside
 the handler's own code: the attempt fails like a timeout and the loop runs again. So the other
 jobs of the worker pause for at most that limit (plus the monitor's 0.25 s tick).
 
-Not covered: C code that runs long without returning to the interpreter (a regular expression,
-a C extension holding the GIL); there liveness fails after ``worker_loop_stall_limit`` and the
+Not covered: a handler without a ``timeout`` (nothing says how long it may take), and C code that
+runs long without returning to the interpreter (a regular expression, a C extension holding the
+GIL); there liveness fails after ``worker_loop_stall_limit`` and the
 orchestrator restarts the worker. A handler that catches ``BaseException`` and blocks again is
 preempted again after another limit. The guard needs the loop in the main thread (``conveyor
 worker``, ``conveyor dev``); elsewhere it stays off and says so in a log line.
@@ -138,7 +139,7 @@ class LoopGuard:
         self._fired = (task, tick, self.clock())
         self._target = _Target(task, tick, (
             f"LoopBlocked: the handler blocked the worker's event loop for {blocked:.1f} s "
-            f"(limit {limit:g} s: its timeout, at most CONVEYOR_WORKER_LOOP_STALL_LIMIT); an "
+            f"(its timeout is {limit:g} s); an "
             "async handler must not call blocking code: make it a sync handler (it runs in a "
             "thread) or use asyncio.to_thread"
         ))  # fmt: skip

@@ -262,12 +262,12 @@ class Worker:
 
     def _preempt_limit(self, task: asyncio.Task[Any]) -> float | None:
         """How long the async handler running in ``task`` may block the loop before the guard
-        preempts it: its timeout, at most the liveness limit (None: not an async handler)."""
+        preempts it: its timeout (None: not inside an async handler, or no timeout; liveness
+        fails after ``worker_loop_stall_limit`` then)."""
         running = self.executor.tasks.get(task)
         if running is None or not running.in_handler:  # only async handlers' own code
             return None
-        stall = self.settings.worker_loop_stall_limit
-        return min(running.timeout, stall) if running.timeout else stall
+        return running.timeout or None
 
     def _unacked(self, job_type: str) -> int:
         """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
