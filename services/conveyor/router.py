@@ -26,6 +26,7 @@ class Job:
     priority: int
     retry_count: int = 0
     max_retries: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)  # the submit's ``meta`` ({} when none)
     _cancel: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property

@@ -32,6 +32,7 @@ from typing_extensions import TypeAliasType
 
 from ..core.jobs import TYPE_PATTERN, Status
 from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, JobSpec
+from .models_options import ResourceOptions, SubmitOptions
 
 PriorityName = Literal["high", "normal", "low"]
 PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
@@ -100,7 +101,7 @@ Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 _PAYLOAD_EXAMPLE: JsonDict = {"to": "ada@example.com", "template": "welcome"}
 
 
-class SubmitJob(BaseModel):
+class SubmitJob(SubmitOptions):
     """One job to submit. ``run_at`` and ``delay_seconds`` exclude each other; give neither to
     run the job as soon as a worker is free."""
 
@@ -189,6 +190,7 @@ class SubmitJob(BaseModel):
             run_at=self.run_at,
             delay_seconds=self.delay_seconds,
             idempotency_key=idempotency_key,
+            **self.options(),
         )
 
 
@@ -209,7 +211,7 @@ class SubmitBatch(BaseModel):
     )
 
 
-class JobResource(BaseModel):
+class JobResource(ResourceOptions):
     """A job as stored: its request, its state and its timestamps."""
 
     id: uuid.UUID = Field(description="The job id (also the AMQP message_id).")

@@ -48,6 +48,7 @@ def resource(row: JobRow, *, tracebacks: bool = False) -> dict[str, Any]:
         "updated_at": row.updated_at,
         "started_at": row.started_at,
         "finished_at": row.finished_at,
+        "meta": row.meta,
     }
 
 

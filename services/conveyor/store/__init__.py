@@ -36,6 +36,7 @@ from .rows import (
 from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
 from .types import TypeStatements
+from .unique import Inserted, UniqueStatements
 
 
 class Store(
@@ -48,6 +49,7 @@ class Store(
     StatsStatements,
     DashboardStatements,
     TypeStatements,
+    UniqueStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -75,6 +77,7 @@ __all__ = [
     "Completion",
     "Connection",
     "Failure",
+    "Inserted",
     "JobRow",
     "JobStatus",
     "JobType",

@@ -13,7 +13,7 @@ from .rows import Attempt, JobRow, NewJob
 JOB_COLUMNS = """id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at"""
+    created_at, updated_at, started_at, finished_at, meta::text AS meta"""
 
 JOB_INSERT_MANY = statement(
     "job_insert_many",

@@ -26,6 +26,9 @@ class NewJob:
     delay_seconds: float | None = None
     idempotency_key: str | None = None
     request_hash: str | None = None
+    meta_json: str | None = None  # a JSON object, or None (the hot path's insert has no meta)
+    unique_key: str | None = None  # held by this job for ``unique_for`` seconds (store/unique.py)
+    unique_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class JobRow:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    meta: dict[str, Any] | None = None
 
     @classmethod
     def from_record(cls, r: Any) -> JobRow:
@@ -78,6 +82,7 @@ class JobRow:
             updated_at=r["updated_at"],
             started_at=r["started_at"],
             finished_at=r["finished_at"],
+            meta=None if r["meta"] is None else orjson.loads(r["meta"]),
         )
 
 
@@ -94,6 +99,7 @@ class ClaimedJob:
     max_retries: int
     timeout_seconds: float | None
     wait_seconds: float = 0.0  # due (run_at, or created_at) → this claim
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

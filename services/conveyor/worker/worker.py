@@ -209,6 +209,7 @@ class Worker:
             priority=row.priority,
             retry_count=row.retry_count,
             max_retries=row.max_retries,
+            meta=row.meta or {},
         )
         spec = self.router.handlers.get(job.type)
         self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)
