@@ -25,6 +25,7 @@ def add_parser(sub: Any) -> None:
 def cmd_types(args: argparse.Namespace) -> int:
     from . import services
     from .job_types import router_types
+    from .schedule_ops import register_router_schedules
     from .store import for_schema
     from .store.connect import create_pool
 
@@ -40,6 +41,7 @@ def cmd_types(args: argparse.Namespace) -> int:
                     wanted = [t.strip() for t in args.types.split(",")] if args.types else None
                     rows = router_types(router, wanted)
                     await store.job_type_register_many(conn, rows)
+                    await register_router_schedules(conn, router, wanted, store=store)
                     print(f"registered {', '.join(r.name for r in rows) or 'nothing'}")
                     return 0
                 for t in await store.job_type_list(conn):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .core.jobs import check_type
+from .schedules import CodeSchedule, code_schedule
 
 Handler = Callable[["Job"], Any]
 F = TypeVar("F", bound=Handler)
@@ -68,6 +69,9 @@ class JobRouter:
 
     def __init__(self) -> None:
         self.handlers: dict[str, HandlerSpec] = {}
+        # ``schedule=`` / ``every=``: registered as schedules named after the type when a
+        # worker starts (or ``conveyor types register``); see ``conveyor.schedule_ops``
+        self.schedules: dict[str, CodeSchedule] = {}
 
     def job(
         self,
@@ -76,8 +80,13 @@ class JobRouter:
         max_retries: int | None = None,
         retry_delays: Sequence[float] | None = None,
         timeout: float | None = None,
+        schedule: str | None = None,
+        every: float | None = None,
+        schedule_timezone: str = "UTC",
+        catch_up: str = "skip",
     ) -> Callable[[F], F]:
         check_type(job_type)
+        timed = code_schedule(schedule, every, schedule_timezone, catch_up)
         if max_retries is not None and max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         if retry_delays is not None and (not retry_delays or any(d < 0 for d in retry_delays)):
@@ -96,6 +105,8 @@ class JobRouter:
                 retry_delays=tuple(retry_delays) if retry_delays is not None else None,
                 timeout=timeout,
             )
+            if timed is not None:
+                self.schedules[job_type] = timed
             return func
 
         return register
@@ -105,6 +116,7 @@ class JobRouter:
             if spec.job_type in self.handlers:
                 raise ValueError(f"a handler for {spec.job_type!r} is already registered")
             self.handlers[spec.job_type] = spec
+        self.schedules.update(other.schedules)
 
     @property
     def types(self) -> list[str]:

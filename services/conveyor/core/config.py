@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     reconcile_interval: float = Field(default=15.0, gt=0)
     reconcile_after: float = Field(default=60.0, gt=0)
     retention_days: float = Field(default=7.0, gt=0)
+    # schedules (README "Schedules"): how often a sweeper looks for due ticks, and how old a
+    # tick may be and still run (older: missed while no sweeper ran)
+    schedules_interval: float = Field(default=0.5, gt=0)
+    schedule_grace: float = Field(default=60.0, gt=0)
     # publisher and sweeper: a statement running longer is cancelled and fails its pass, so a
     # half-open connection cannot stall a loop for ever
     command_timeout: float = Field(default=30.0, gt=0)

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..broker.inspect import Inspector
@@ -25,6 +26,7 @@ from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import for_schema
 from ..store.connect import create_pool
+from .schedules import SchedulePass, enqueue_due
 
 log = logging.getLogger("conveyor.sweeper")
 
@@ -68,6 +70,7 @@ class Sweeper:
             "leases": settings.lease_sweep_interval,
             "reconcile": settings.reconcile_interval,
             "retention": RETENTION_INTERVAL,
+            "schedules": settings.schedules_interval,
         }
         self._passed = dict.fromkeys(self.intervals, clock())
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
@@ -197,8 +200,22 @@ class Sweeper:
             total += n
             if n < BATCH:
                 break
+        while await self._unique_delete_expired() == BATCH:
+            pass
         self._count("retention_deleted", total)
         return total
+
+    async def _unique_delete_expired(self) -> int:
+        async with self.pool.acquire() as conn:
+            return await self.store.job_unique_delete_expired(conn, limit=BATCH)
+
+    async def enqueue_due_schedules(self, now: datetime | None = None) -> SchedulePass:
+        """Enqueue one job per tick that has come (``maintenance/schedules.py``); ``now``
+        defaults to the database's clock (tests pass their own: no sleeping)."""
+        done = await enqueue_due(self.pool, self.store, now=now, grace=self.settings.schedule_grace)
+        self._count("schedule_enqueued", done.enqueued)
+        self._count("schedule_missed", done.missed)
+        return done
 
     def _count(self, duty: str, n: int) -> None:
         if n:
@@ -229,6 +246,7 @@ class Sweeper:
             "leases": self.recover_leases,
             "reconcile": self.reconcile,
             "retention": self.delete_expired,
+            "schedules": self.enqueue_due_schedules,
         }
         await asyncio.gather(*(self._every(stop, n, f) for n, f in duties.items()))
 

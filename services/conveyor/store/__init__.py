@@ -33,6 +33,7 @@ from .rows import (
     NewJob,
     OutboxRow,
 )
+from .schedules import ScheduleStatements
 from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
 from .types import TypeStatements
@@ -50,6 +51,7 @@ class Store(
     DashboardStatements,
     TypeStatements,
     UniqueStatements,
+    ScheduleStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 

@@ -31,6 +31,7 @@ from ..core.logging import event
 from ..core.metrics import Metrics
 from ..job_types import router_types
 from ..router import Job, JobRouter
+from ..schedule_ops import register_router_schedules
 from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
 from .completer import Completer, CompleterStatus, Pending
@@ -137,6 +138,7 @@ class Worker:
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
             await self.store.job_type_register_many(conn, router_types(self.router, self.types))
+            await register_router_schedules(conn, self.router, self.types, store=self.store)
         await self.subscription.open(self.types)
         for t in self.types:
             self.metrics.queue_messages.labels(
