@@ -242,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_types import add_parser as add_types
 
     add_types(sub)
+
+    from .cli_schedules import add_parser as add_schedules
+
+    add_schedules(sub)
     return p
 
 

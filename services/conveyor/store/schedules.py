@@ -59,14 +59,14 @@ SCHEDULE_DELETE = statement(
     "schedule_delete", "DELETE FROM __schema__.schedules WHERE name = $1 RETURNING name"
 )
 
-# Pause keeps the next tick for display; resume plans from now ($3): ticks that fell while the
+# A paused schedule has no next tick; resume plans from now ($3): ticks that fell while the
 # schedule was paused never run (they were not missed, they were paused).
 SCHEDULE_SET_ENABLED = statement(
     "schedule_set_enabled",
     f"""
 UPDATE __schema__.schedules SET
     enabled = $2,
-    next_run_at = CASE WHEN $2 AND NOT enabled THEN $3 ELSE next_run_at END,
+    next_run_at = CASE WHEN NOT $2 THEN NULL WHEN NOT enabled THEN $3 ELSE next_run_at END,
     updated_at = now()
 WHERE name = $1
 RETURNING {_COLUMNS}
