@@ -67,7 +67,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                     return 0
                 if args.action == "add":
                     priority: int | str = args.priority
-                    if priority.isdigit():
+                    if isinstance(priority, str) and priority.isdigit():
                         priority = int(priority)
                     new = build_schedule(
                         args.name, args.type, payload=orjson.loads(args.payload),

@@ -47,7 +47,10 @@ def build_schedule(
     check_type(job_type)
     rule = Rule(cron, every_seconds, timezone)
     check_catch_up(catch_up)
-    body = orjson.dumps(payload or {})
+    try:
+        body = orjson.dumps(payload or {})
+    except TypeError as exc:  # an integer over 64 bits
+        raise InvalidSchedule(f"payload is not storable JSON: {exc}") from None
     if len(body) > MAX_SCHEDULE_PAYLOAD or _NUL.search(body):
         raise InvalidSchedule("payload must be a JSON object under 64 KiB without NUL characters")
     first = rule.next_after(now or datetime.now(UTC)) if enabled else None

@@ -46,7 +46,7 @@ _KEYS: JsonDict = {"propertyNames": {"pattern": NO_NUL}}
 JsonValue = TypeAliasType(  # type: ignore[misc]  # mypy cannot follow the recursion
     "JsonValue",
     bool
-    | Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+    | Annotated[int, Field(ge=-(2**63) + 2048, le=2**64 - 2048)]  # exact doubles, inside
     | float
     | Annotated[str, Field(pattern=NO_NUL)]
     | list["JsonValue"]  # type: ignore[misc]
