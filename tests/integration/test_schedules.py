@@ -160,3 +160,16 @@ async def test_handler_schedules_register_and_keep_an_operators_pause(
     assert await register_router_schedules(db, router, store=store) == []
     row = await store.schedule_get(db, "sched_code")
     assert row is not None and row.source == "api" and row.every_seconds == 60
+
+
+async def test_retention_deletes_expired_unique_keys(
+    sweeper: Sweeper, db: asyncpg.Connection
+) -> None:
+    await db.execute(
+        "INSERT INTO job_uniques (key, job_id, expires_at) SELECT 'k' || g, gen_random_uuid(), "
+        "now() + (CASE WHEN g % 2 = 0 THEN -1 ELSE 1 END) * interval '1 hour' "
+        "FROM generate_series(1, 2500) g"
+    )
+    await sweeper.delete_expired()
+    assert await db.fetchval("SELECT count(*) FROM job_uniques") == 1250
+    assert await db.fetchval("SELECT count(*) FROM job_uniques WHERE expires_at < now()") == 0
