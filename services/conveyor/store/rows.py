@@ -82,7 +82,7 @@ class JobRow:
             updated_at=r["updated_at"],
             started_at=r["started_at"],
             finished_at=r["finished_at"],
-            meta=None if r["meta"] is None else orjson.loads(r["meta"]),
+            meta=None if (m := r.get("meta")) is None else orjson.loads(m),
         )
 
 
