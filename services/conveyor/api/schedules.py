@@ -84,6 +84,7 @@ def add_schedule_routes(
         response_model=ScheduleList,
         operation_id="list_schedules",
         summary="List schedules",
+        description="Every schedule, by name, with its rule, state and next tick.",
         responses=errors(503),
         dependencies=list(read),
     )
@@ -97,6 +98,7 @@ def add_schedule_routes(
         response_model=ScheduleResource,
         operation_id="get_schedule",
         summary="Read a schedule",
+        description="The schedule's rule, state, next tick and the last job it enqueued.",
         responses=errors(404, 422, 503),
         dependencies=list(read),
     )
