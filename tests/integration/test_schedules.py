@@ -153,7 +153,7 @@ async def test_handler_schedules_register_and_keep_an_operators_pause(
     await store.schedule_set_enabled(db, "sched_code", False, None)
     await register_router_schedules(db, router, store=store)  # the next worker start
     row = await store.schedule_get(db, "sched_code")
-    assert row is not None and not row.enabled
+    assert row is not None and not row.enabled and row.next_run_at is None
     # an API schedule of the same name is not overwritten by code
     await store.schedule_delete(db, "sched_code")
     await _add(db, "sched_code", every_seconds=60, job_type="t")

@@ -79,7 +79,7 @@ class Sweeper:
         self.pool = await create_pool(
             self.settings.database_url,
             application_name="conveyor-sweeper",
-            max_size=2,
+            max_size=3,  # five duties; promote and schedules pass every 0.25-0.5 s
             command_timeout=self.settings.command_timeout,
         )
         self._passed = dict.fromkeys(self.intervals, self.clock())

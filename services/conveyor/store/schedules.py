@@ -36,10 +36,11 @@ ON CONFLICT (name) DO UPDATE SET
     priority = EXCLUDED.priority, catch_up = EXCLUDED.catch_up, source = EXCLUDED.source,
     enabled = CASE WHEN EXCLUDED.source = 'code' THEN s.enabled ELSE EXCLUDED.enabled END,
     next_run_at = CASE
+        WHEN NOT (CASE WHEN EXCLUDED.source = 'code' THEN s.enabled ELSE EXCLUDED.enabled END)
+        THEN NULL
         WHEN s.cron IS NOT DISTINCT FROM EXCLUDED.cron
              AND s.every_seconds IS NOT DISTINCT FROM EXCLUDED.every_seconds
-             AND s.timezone = EXCLUDED.timezone AND s.enabled = EXCLUDED.enabled
-             AND s.next_run_at IS NOT NULL
+             AND s.timezone = EXCLUDED.timezone AND s.enabled AND s.next_run_at IS NOT NULL
         THEN s.next_run_at ELSE EXCLUDED.next_run_at END,
     updated_at = now()
 WHERE EXCLUDED.source = 'api' OR s.source = 'code'
