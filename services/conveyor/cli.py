@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_keys import add_parser as add_keys
 
     add_keys(sub)
+    from .cli_schedules import add_parser as add_schedules
+
+    add_schedules(sub)
     return p
 
 

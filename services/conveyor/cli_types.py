@@ -40,6 +40,7 @@ def cmd_types(args: argparse.Namespace) -> int:
     from .api.types_routes import type_dict
     from .core.limits import check_concurrency, parse_rate
     from .job_types import router_types
+    from .schedule_ops import register_router_schedules
     from .store import for_schema
 
     settings = Settings()
@@ -83,6 +84,7 @@ def cmd_types(args: argparse.Namespace) -> int:
                 wanted = [t.strip() for t in args.types.split(",")] if args.types else None
                 rows = router_types(router, wanted)
                 await store.job_type_register_many(conn, rows)
+                await register_router_schedules(conn, router, wanted, store=store)
                 print(f"registered {', '.join(r.name for r in rows) or 'nothing'}")
                 return 0
             for t in await store.job_type_list(conn):

@@ -20,6 +20,7 @@ import orjson
 from .core import tracing
 from .core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
 from .core.jobs import check_type, new_job_id, parse_priority
+from .job_options import encode_meta, hash_extras, unique_key_for
 from .job_types import check_for_enqueue
 from .store import NewJob, Store, for_schema
 from .store.schema import DEFAULT_SCHEMA
@@ -84,6 +85,9 @@ class JobSpec:
     run_at: datetime | None = None
     delay_seconds: float | None = None
     idempotency_key: str | None = None
+    meta: Mapping[str, Any] | None = None  # job_options: ≤ 8 KiB, handed to handlers
+    unique_for: float | None = None  # seconds a second submit returns this job
+    unique_key: str | None = None  # default: type + canonical payload
 
 
 def build_job(
@@ -137,6 +141,7 @@ def build_job(
         raise InvalidJob("an idempotency key must be 1 to 255 characters")
     if spec.idempotency_key is not None and request_hash is None:
         request_hash = spec_hash(spec)
+    unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
     return NewJob(
         id=new_job_id(),
         job_type=spec.type,
@@ -148,6 +153,9 @@ def build_job(
         delay_seconds=spec.delay_seconds,
         idempotency_key=spec.idempotency_key,
         request_hash=request_hash,
+        meta_json=encode_meta(spec.meta),
+        unique_key=unique,
+        unique_for=spec.unique_for if unique is not None else None,
     )
 
 
@@ -160,6 +168,7 @@ def spec_hash(spec: JobSpec) -> str:
         "timeout_seconds": spec.timeout_seconds,
         "run_at": spec.run_at.isoformat() if spec.run_at else None,
         "delay_seconds": spec.delay_seconds,
+        **hash_extras(spec.meta, spec.unique_for, spec.unique_key),
     }
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -197,13 +206,17 @@ async def enqueue(
     delay_seconds: float | None = None,
     idempotency_key: str | None = None,
     schema: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    unique_for: float | None = None,
+    unique_key: str | None = None,
 ) -> uuid.UUID:
     """Enqueue one job on ``conn``, joining its transaction. Returns the job id (for an
     idempotency key seen before with the same arguments, the existing job's id). ``schema``:
-    Conveyor's PostgreSQL schema (default ``CONVEYOR_DB_SCHEMA``, else ``conveyor``)."""
+    Conveyor's PostgreSQL schema (default ``CONVEYOR_DB_SCHEMA``, else ``conveyor``). A unique
+    job (``unique_for``) already held by another job returns that job's id."""
     spec = JobSpec(
         job_type, payload, priority, max_retries, timeout_seconds, run_at, delay_seconds,
-        idempotency_key,
+        idempotency_key, meta, unique_for, unique_key,
     )  # fmt: skip
     return (await enqueue_many(conn, [spec], schema=schema))[0]
 
@@ -226,13 +239,17 @@ async def enqueue_many(
     rows = [build_job(s) for s in specs]
     await check_for_enqueue(raw, store, {r.job_type for r in rows})
     with tracing.submitting(None) as trace_context:  # tracing: the caller's span is the parent
-        inserted = await store.job_insert_many(raw, rows, trace_context)
+        result = await store.job_insert_checked(raw, rows, trace_context)
+    inserted = result.inserted
     if notify and any(r.status == "PENDING" for r in inserted.values()):
         await store.outbox_notify(raw)  # delivered when the caller's transaction commits
     out: list[uuid.UUID] = []
     for row in rows:
         if row.id in inserted:
             out.append(row.id)
+            continue
+        if row.id in result.duplicates:  # a unique job another submit holds
+            out.append(result.duplicates[row.id].id)
             continue
         assert row.idempotency_key is not None
         existing = await store.job_get_by_idempotency_key(raw, row.idempotency_key)

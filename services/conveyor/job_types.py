@@ -54,6 +54,9 @@ async def register_router_types(
     or a test that submits before its worker starts. Joins the caller's transaction."""
     store = for_schema(schema or os.environ.get("CONVEYOR_DB_SCHEMA") or DEFAULT_SCHEMA)
     await store.job_type_register_many(conn, router_types(router, types))
+    from .schedule_ops import register_router_schedules
+
+    await register_router_schedules(conn, router, types, store=store)
 
 
 class KnownTypes:

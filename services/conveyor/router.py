@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 from .core.jobs import check_type
 from .core.limits import Rate, check_concurrency, parse_rate
+from .schedules import CodeSchedule, code_schedule
 
 Handler = Callable[["Job"], Any]
 F = TypeVar("F", bound=Handler)
@@ -63,6 +64,7 @@ class Job:
     priority: int
     retry_count: int = 0
     max_retries: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)  # the submit's ``meta`` ({} when none)
     _cancel: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _hooks: JobHooks | None = field(default=None, repr=False)
 
@@ -136,6 +138,9 @@ class JobRouter:
             raise TypeError("middleware must be an async function (job, call_next)")
         self.middlewares.append(registered)
         return func
+        # ``schedule=`` / ``every=``: registered as schedules named after the type when a
+        # worker starts (or ``conveyor types register``); see ``conveyor.schedule_ops``
+        self.schedules: dict[str, CodeSchedule] = {}
 
     def job(
         self,
@@ -147,6 +152,10 @@ class JobRouter:
         concurrency: int | None = None,
         rate_limit: str | None = None,
         weight: int | None = None,
+        schedule: str | None = None,
+        every: float | None = None,
+        schedule_timezone: str = "UTC",
+        catch_up: str = "skip",
     ) -> Callable[[F], F]:
         """``concurrency`` and ``rate_limit`` (``"100/m"``) hold across all workers (operators can
         change them at run time: ``conveyor types limit``); ``weight`` is this type's share of
@@ -156,6 +165,7 @@ class JobRouter:
         rate = parse_rate(rate_limit) if rate_limit is not None else None
         if weight is not None and (not isinstance(weight, int) or not 1 <= weight <= 1000):
             raise ValueError("weight must be an integer from 1 to 1000")
+        timed = code_schedule(schedule, every, schedule_timezone, catch_up)
         if max_retries is not None and max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         if retry_delays is not None and (not retry_delays or any(d < 0 for d in retry_delays)):
@@ -177,6 +187,8 @@ class JobRouter:
                 rate=rate,
                 weight=weight,
             )
+            if timed is not None:
+                self.schedules[job_type] = timed
             return func
 
         return register
@@ -187,6 +199,7 @@ class JobRouter:
                 raise ValueError(f"a handler for {spec.job_type!r} is already registered")
             self.handlers[spec.job_type] = spec
         self.middlewares.extend(m for m in other.middlewares if m not in self.middlewares)
+        self.schedules.update(other.schedules)
 
     @property
     def types(self) -> list[str]:

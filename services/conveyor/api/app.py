@@ -18,6 +18,7 @@ from .attempts import add_attempt_routes
 from .body import BodyLimit, TooManyJobs, count_batch_items
 from .docs import install_docs
 from .routes import add_routes
+from .schedules import add_schedule_routes
 from .service import Api
 from .types_routes import add_type_routes
 from .ui import add_ui
@@ -49,6 +50,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     add_routes(app, api, metrics)
     add_attempt_routes(app, api)
     add_type_routes(app, api)
+    add_schedule_routes(app, api)
     add_ui(app, api)
     install_docs(app)
     errors.install(app, metrics)

@@ -32,6 +32,7 @@ from typing_extensions import TypeAliasType
 
 from ..core.jobs import TYPE_PATTERN, Status
 from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, JobSpec
+from .models_options import ResourceOptions, SubmitOptions
 from .type_models import Progress
 
 PriorityName = Literal["high", "normal", "low"]
@@ -46,7 +47,7 @@ _KEYS: JsonDict = {"propertyNames": {"pattern": NO_NUL}}
 JsonValue = TypeAliasType(  # type: ignore[misc]  # mypy cannot follow the recursion
     "JsonValue",
     bool
-    | Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+    | Annotated[int, Field(ge=-(2**63) + 2048, le=2**64 - 2048)]  # exact doubles, inside
     | float
     | Annotated[str, Field(pattern=NO_NUL)]
     | list["JsonValue"]  # type: ignore[misc]
@@ -101,7 +102,7 @@ Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 _PAYLOAD_EXAMPLE: JsonDict = {"to": "ada@example.com", "template": "welcome"}
 
 
-class SubmitJob(BaseModel):
+class SubmitJob(SubmitOptions):
     """One job to submit. ``run_at`` and ``delay_seconds`` exclude each other; give neither to
     run the job as soon as a worker is free."""
 
@@ -191,6 +192,7 @@ class SubmitJob(BaseModel):
             run_at=self.run_at,
             delay_seconds=self.delay_seconds,
             idempotency_key=idempotency_key,
+            **self.options(),
         )
 
 
@@ -211,7 +213,7 @@ class SubmitBatch(BaseModel):
     )
 
 
-class JobResource(BaseModel):
+class JobResource(ResourceOptions):
     """A job as stored: its request, its state and its timestamps."""
 
     id: uuid.UUID = Field(description="The job id (also the AMQP message_id).")

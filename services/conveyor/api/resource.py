@@ -49,6 +49,7 @@ def resource(row: JobRow, *, tracebacks: bool = False) -> dict[str, Any]:
         "started_at": row.started_at,
         "finished_at": row.finished_at,
         "progress": row.progress,
+        "meta": row.meta,
     }
 
 

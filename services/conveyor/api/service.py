@@ -29,6 +29,7 @@ from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
 from ..store.connect import create_pool, is_unavailable, is_unmigrated
 from ..store.notify import Notifier
+from ..store.unique import needs_full_insert
 from .auth import check_horizon, full_errors
 from .batch import build_batch, build_submit
 from .liveness import PROBE_EVERY, Liveness, unavailable
@@ -152,11 +153,13 @@ class Api:
         async with self.connection() as conn:
             await self._check_types(conn, [new])
             tracing.annotate_submit([new.job_type], 1, new.id)
-            inserted = await self.store.job_insert_many(conn, [new], trace_context)  # atomic
-            if new.id in inserted:
+            done = await self.store.job_insert_checked(conn, [new], trace_context)  # atomic
+            if new.id in done.inserted:
                 self._wake()
                 self.metrics.jobs_submitted.labels(new.job_type).inc()
-                return 201, self.render(inserted[new.id])
+                return 201, self.render(done.inserted[new.id], duplicate=False)
+            if new.id in done.duplicates:  # a unique job: the one holding the key
+                return 200, self.render(done.duplicates[new.id], duplicate=True)
             assert new.idempotency_key is not None
             existing = await self.store.job_get_by_idempotency_key(conn, new.idempotency_key)
         if existing is None or existing.request_hash != new.request_hash:
@@ -183,29 +186,39 @@ class Api:
             tracing.annotate_submit([r.job_type for r in rows], len(rows))
         async with self.connection() as conn:
             await self._check_types(conn, rows)
-            if idempotency_key is None:
-                found = await self.long(
-                    conn, lambda c: self.store.job_insert_many(c, rows, trace_context)
+            if idempotency_key is None and not needs_full_insert(rows):
+                done = await self.long(
+                    conn, lambda c: self.store.job_insert_checked(c, rows, trace_context)
                 )
-            else:
+            else:  # unique keys may take a second statement: one transaction, all or none
                 tx = conn.transaction()
                 await tx.start()
                 try:
-                    found = await self.long(
-                        conn, lambda c: self.store.job_insert_many(c, rows, trace_context)
+                    done = await self.long(
+                        conn, lambda c: self.store.job_insert_checked(c, rows, trace_context)
                     )
                 except BaseException:
                     with contextlib.suppress(Exception):  # the connection may be terminated
                         await tx.rollback()
                     raise
-                if len(found) != len(rows):  # all or none: a replay (keys exist) inserts nothing
-                    await tx.rollback()
+                if len(done.inserted) + len(done.duplicates) != len(rows):
+                    await tx.rollback()  # a replay (idempotency keys exist) inserts nothing
                     return 200, await self._replay(conn, rows)
                 await tx.commit()
-        self._wake()
-        for job_type, count in collections.Counter(r.job_type for r in rows).items():
+        found, dups = done.inserted, done.duplicates
+        if found:
+            self._wake()
+        for job_type, count in collections.Counter(
+            r.job_type for r in rows if r.id in found
+        ).items():
             self.metrics.jobs_submitted.labels(job_type).inc(count)
-        return 201, {"jobs": [self.render(found[r.id]) for r in rows]}
+        jobs = [
+            self.render(found[r.id], duplicate=False)
+            if r.id in found
+            else self.render(dups[r.id], duplicate=True)
+            for r in rows
+        ]
+        return (201 if found else 200), {"jobs": jobs}
 
     async def _check_types(self, conn: Any, rows: list[NewJob]) -> None:
         """Bounded job types (the store's policy): 422 for a type no worker registered; and the
@@ -226,8 +239,11 @@ class Api:
             jobs.append(self.render(existing))
         return {"jobs": jobs}
 
-    def render(self, row: JobRow) -> dict[str, Any]:
-        return resource(row, tracebacks=full_errors(self.settings))
+    def render(self, row: JobRow, *, duplicate: bool | None = None) -> dict[str, Any]:
+        body = resource(row, tracebacks=full_errors(self.settings))
+        if duplicate is not None:  # submit answers only
+            body["duplicate"] = duplicate
+        return body
 
     async def get(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn:

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # of millions of expired rows never holds back the hot path
     retention_batch: int = Field(default=500, gt=0)
     retention_pause: float = Field(default=0.05, ge=0)
+    # schedules (README "Schedules"): how often a sweeper looks for due ticks, and how old a
+    # tick may be and still run (older: missed while no sweeper ran)
+    schedules_interval: float = Field(default=0.5, gt=0)
+    schedule_grace: float = Field(default=60.0, gt=0)
     # publisher and sweeper: a statement running longer is cancelled and fails its pass, so a
     # half-open connection cannot stall a loop for ever
     command_timeout: float = Field(default=30.0, gt=0)

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..broker.inspect import Inspector
@@ -27,6 +28,7 @@ from ..store import for_schema
 from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .gauges import Gauges
+from .schedules import SchedulePass, enqueue_due
 
 log = logging.getLogger("conveyor.sweeper")
 
@@ -71,6 +73,7 @@ class Sweeper:
             "leases": settings.lease_sweep_interval,
             "reconcile": settings.reconcile_interval,
             "retention": RETENTION_INTERVAL,
+            "schedules": settings.schedules_interval,
         }
         self._passed = dict.fromkeys(self.intervals, clock())
         self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
@@ -80,7 +83,7 @@ class Sweeper:
         self.pool = await create_pool(
             self.settings.database_url,
             application_name="conveyor-sweeper",
-            max_size=2,
+            max_size=3,  # five duties; promote and schedules pass every 0.25-0.5 s
             command_timeout=self.settings.command_timeout,
             pooler=self.settings.db_pooler,
         )
@@ -215,8 +218,22 @@ class Sweeper:
                 break
             if s.retention_pause:
                 await asyncio.sleep(s.retention_pause)
+        while await self._unique_delete_expired() == BATCH:
+            pass
         self._count("retention_deleted", total)
         return total
+
+    async def _unique_delete_expired(self) -> int:
+        async with self.pool.acquire() as conn:
+            return await self.store.job_unique_delete_expired(conn, limit=BATCH)
+
+    async def enqueue_due_schedules(self, now: datetime | None = None) -> SchedulePass:
+        """Enqueue one job per tick that has come (``maintenance/schedules.py``); ``now``
+        defaults to the database's clock (tests pass their own: no sleeping)."""
+        done = await enqueue_due(self.pool, self.store, now=now, grace=self.settings.schedule_grace)
+        self._count("schedule_enqueued", done.enqueued)
+        self._count("schedule_missed", done.missed)
+        return done
 
     def _count(self, duty: str, n: int) -> None:
         if n:
@@ -250,6 +267,7 @@ class Sweeper:
             "leases": self.recover_leases,
             "reconcile": self.reconcile,
             "retention": self.delete_expired,
+            "schedules": self.enqueue_due_schedules,
         }
         loops = [self._every(stop, n, f) for n, f in duties.items()]
         if self.gauges is not None:

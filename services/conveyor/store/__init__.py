@@ -37,9 +37,11 @@ from .rows import (
     OutboxRow,
     TypeControl,
 )
+from .schedules import ScheduleStatements
 from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
 from .types import TypeStatements
+from .unique import Inserted, UniqueStatements
 
 
 class Store(
@@ -55,6 +57,8 @@ class Store(
     KeyStatements,
     ProgressStatements,
     ControlStatements,
+    UniqueStatements,
+    ScheduleStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 
@@ -83,6 +87,7 @@ __all__ = [
     "Completion",
     "Connection",
     "Failure",
+    "Inserted",
     "JobRow",
     "JobStatus",
     "JobType",

@@ -36,7 +36,7 @@ WHERE id = ANY($1::uuid[])
   AND job_type = ANY($6::text[])
   AND (status = 'PENDING' OR (status = 'RETRYING' AND run_at <= now() + interval '1 second'))
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
-          timeout_seconds,
+          timeout_seconds, meta::text AS meta,
           greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
           trace_context
 """,
@@ -209,6 +209,7 @@ class AttemptStatements(Statements):
                 timeout_seconds=r["timeout_seconds"],
                 wait_seconds=r["wait"],
                 trace_context=r["trace_context"],
+                meta=None if r["meta"] is None else orjson.loads(r["meta"]),
             )
             for r in rows
         ]

@@ -79,7 +79,8 @@ WITH t AS (
     FROM pick
     WHERE j.id = pick.id AND pick.go AND {_CLAIMABLE}
     RETURNING j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts,
-              j.retry_count, j.max_retries, j.timeout_seconds,
+              j.retry_count, j.max_retries, j.timeout_seconds, j.meta::text AS meta,
+              j.trace_context,
               greatest(0, extract(epoch FROM statement_timestamp()
                                               - COALESCE(j.run_at, j.created_at)))::float8 AS wait
 ), starts AS (
@@ -115,9 +116,9 @@ WITH t AS (
     SELECT id, job_type, priority, 'retry', delay FROM pen
 )
 SELECT false AS held, id, job_type, payload, priority, attempts, retry_count, max_retries,
-       timeout_seconds, wait FROM upd
+       timeout_seconds, meta, trace_context, wait FROM upd
 UNION ALL
-SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, delay FROM pen
+SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay FROM pen
 """,
 )
 
@@ -214,6 +215,8 @@ class ControlStatements(Statements):
                 max_retries=r["max_retries"],
                 timeout_seconds=r["timeout_seconds"],
                 wait_seconds=r["wait"],
+                trace_context=r["trace_context"],
+                meta=None if r["meta"] is None else orjson.loads(r["meta"]),
             )
             for r in rows
             if not r["held"]

@@ -10,13 +10,15 @@ from .base import Connection, Statements
 from .registry import statement
 from .rows import Attempt, JobRow, NewJob
 
-# What a submit returns (a new job has no progress yet: the insert, on the submit hot path, does
-# not read it) and what every read returns.
+# What a submit returns (a new job has no progress yet and the plain insert writes no meta: the
+# insert, on the submit hot path, reads neither; it also runs on schemas from before them, which
+# the round-one upgrade test enqueues into) and what every read returns.
 INSERTED_COLUMNS = """id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
     created_at, updated_at, started_at, finished_at"""
-JOB_COLUMNS = INSERTED_COLUMNS + ", progress::text AS progress"
+JOB_INSERT_COLUMNS = INSERTED_COLUMNS
+JOB_COLUMNS = INSERTED_COLUMNS + ", progress::text AS progress, meta::text AS meta"
 
 _JOB_INSERT = f"""
 WITH u AS (

@@ -26,6 +26,9 @@ class NewJob:
     delay_seconds: float | None = None
     idempotency_key: str | None = None
     request_hash: str | None = None
+    meta_json: str | None = None  # a JSON object, or None (the hot path's insert has no meta)
+    unique_key: str | None = None  # held by this job for ``unique_for`` seconds (store/unique.py)
+    unique_for: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class JobRow:
     started_at: datetime | None
     finished_at: datetime | None
     progress: dict[str, Any] | None = None  # {"percent", "message", "updated_at"}
+    meta: dict[str, Any] | None = None
 
     @classmethod
     def from_record(cls, r: Any) -> JobRow:
@@ -81,6 +85,7 @@ class JobRow:
             started_at=r["started_at"],
             finished_at=r["finished_at"],
             progress=None if progress is None else orjson.loads(progress),
+            meta=None if (m := r.get("meta")) is None else orjson.loads(m),
         )
 
 
@@ -98,6 +103,7 @@ class ClaimedJob:
     timeout_seconds: float | None
     wait_seconds: float = 0.0  # due (run_at, or created_at) → this claim
     trace_context: str | None = None  # the submit's traceparent (tracing)
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

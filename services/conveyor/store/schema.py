@@ -63,6 +63,7 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         sa.Column("cancel_requested", sa.Boolean(), nullable=False, server_default=sa.false()),
         sa.Column("idempotency_key", sa.Text(), nullable=True),
         sa.Column("request_hash", sa.Text(), nullable=True),
+        sa.Column("meta", pg.JSONB(), nullable=True),  # submit's ``meta`` (≤ 8 KiB); NULL: none
         sa.Column(
             "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
@@ -160,6 +161,9 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
     )
     _define_attempts(metadata)
     _define_keys(metadata)
+    from .schema_features import define_features
+
+    define_features(metadata)
 
 
 def _define_keys(metadata: sa.MetaData) -> None:

@@ -33,6 +33,7 @@ from ..core.logging import event
 from ..core.metrics import Metrics
 from ..job_types import router_types
 from ..router import Job, JobRouter
+from ..schedule_ops import register_router_schedules
 from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
 from ..store.notify import Notifier
@@ -167,6 +168,7 @@ class Worker:
         self.controls.pool = self.progress.pool = self.pool
         async with self.pool.acquire() as conn:  # the API accepts these types from now on
             await self.store.job_type_register_many(conn, router_types(self.router, self.types))
+            await register_router_schedules(conn, self.router, self.types, store=self.store)
         await self.subscription.open(self.types)
         await self.controls.refresh_once()  # paused types are not consumed from the start
         for t in self.types:
@@ -247,6 +249,7 @@ class Worker:
             priority=row.priority,
             retry_count=row.retry_count,
             max_retries=row.max_retries,
+            meta=row.meta or {},
         )
         spec = self.router.handlers.get(job.type)
         self.metrics.job_wait.labels(job.type).observe(row.wait_seconds)

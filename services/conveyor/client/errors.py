@@ -1,0 +1,77 @@
+"""The client's typed errors: one class per status the API answers (``ApiError`` for others)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .common import JobInfo
+
+
+class ApiError(Exception):
+    """A non-2xx answer: ``status``, the API's ``error`` code and ``detail``."""
+
+    def __init__(self, status: int, error: str, detail: Any, headers: Mapping[str, str]) -> None:
+        super().__init__(f"{status} {error}: {detail}")
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.headers = dict(headers)
+
+
+class BadRequest(ApiError):
+    """400: the body was not JSON."""
+
+
+class Unauthorized(ApiError):
+    """401: no API key, or an unknown one."""
+
+
+class Forbidden(ApiError):
+    """403: the key lacks the scope."""
+
+
+class NotFound(ApiError):
+    """404: no such job (or schedule)."""
+
+
+class Conflict(ApiError):
+    """409: an Idempotency-Key reused with another body, or a cancel/retry the status forbids."""
+
+
+class PayloadTooLarge(ApiError):
+    """413."""
+
+
+class InvalidRequest(ApiError):
+    """422: invalid fields, unknown job type, bad numbers, too many jobs."""
+
+
+class RateLimited(ApiError):
+    """429: over the key's quota; ``retry_after`` seconds (from ``Retry-After``) or None."""
+
+    @property
+    def retry_after(self) -> float | None:
+        try:
+            return float(self.headers.get("retry-after", ""))
+        except ValueError:
+            return None
+
+
+class Unavailable(ApiError):
+    """503: PostgreSQL unreachable or not migrated; safe to retry (with an Idempotency-Key)."""
+
+
+class WaitTimeout(TimeoutError):
+    """``wait`` ran out of time; ``job`` is the job as last seen."""
+
+    def __init__(self, job: JobInfo, timeout: float) -> None:
+        super().__init__(f"job {job.id} is {job.status} after {timeout} s")
+        self.job = job
+
+
+_ERRORS: dict[int, type[ApiError]] = {
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
+    413: PayloadTooLarge, 422: InvalidRequest, 429: RateLimited, 503: Unavailable,
+}  # fmt: skip

@@ -1,0 +1,64 @@
+"""Transactional enqueue for applications that are not async: ``enqueue`` / ``enqueue_many``
+on a psycopg (3) connection or a synchronous SQLAlchemy ``Session`` / ``Connection`` on the
+psycopg driver (``postgresql+psycopg://``), inside the caller's transaction: the job exists
+exactly when the caller commits. The same code as ``conveyor.enqueue`` runs underneath."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from .enqueue import JobSpec
+from .enqueue import enqueue_many as enqueue_many_async
+from .store.sync import SyncConnection, run_sync
+
+
+def _psycopg_connection(conn: Any) -> Any:
+    """The psycopg connection behind ``conn`` (psycopg, SQLAlchemy Session or Connection)."""
+    import psycopg
+
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    sa_conn = conn.connection() if callable(getattr(conn, "connection", None)) else conn
+    fairy = getattr(sa_conn, "connection", None)  # the pooled DBAPI connection
+    driver = getattr(fairy, "driver_connection", None)
+    if not isinstance(driver, psycopg.Connection):
+        raise TypeError(
+            "enqueue_sync needs a psycopg connection, or a SQLAlchemy Session/Connection on "
+            "the psycopg driver (postgresql+psycopg://)"
+        )
+    return driver
+
+
+def enqueue(
+    conn: Any,
+    job_type: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    priority: int | str | None = None,
+    max_retries: int | None = None,
+    timeout_seconds: float | None = None,
+    run_at: datetime | None = None,
+    delay_seconds: float | None = None,
+    idempotency_key: str | None = None,
+    schema: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    unique_for: float | None = None,
+    unique_key: str | None = None,
+) -> uuid.UUID:
+    """``conveyor.enqueue`` for a synchronous connection (same options, same errors)."""
+    spec = JobSpec(
+        job_type, payload, priority, max_retries, timeout_seconds, run_at, delay_seconds,
+        idempotency_key, meta, unique_for, unique_key,
+    )  # fmt: skip
+    return enqueue_many(conn, [spec], schema=schema)[0]
+
+
+def enqueue_many(
+    conn: Any, specs: Sequence[JobSpec], *, notify: bool = True, schema: str | None = None
+) -> list[uuid.UUID]:
+    """Several jobs in one statement on ``conn`` (the caller's transaction)."""
+    sync = SyncConnection(_psycopg_connection(conn))
+    return run_sync(enqueue_many_async(sync, specs, notify=notify, schema=schema))

@@ -1,0 +1,99 @@
+"""The schedules duty: one pass enqueues the jobs of every tick that has come (``plan`` in
+``conveyor.schedules`` says which), in the transaction that locks the due schedules and moves
+their ``next_run_at`` on. Safe in any number of sweepers (see ``store/schedules.py``)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from ..core.jobs import new_job_id
+from ..core.logging import event
+from ..schedules import InvalidSchedule, Rule, plan
+from ..store import NewJob, Store
+from ..store.schedules import Advance, ScheduleRow
+
+log = logging.getLogger("conveyor.sweeper")
+
+BATCH = 100
+# A tick's unique key outlives any sweeper that could still be working on the tick.
+TICK_KEY_SECONDS = 3600.0
+# A schedule whose rule no longer evaluates (a time zone gone from tzdata) is looked at again
+RETRY_INVALID_SECONDS = 3600.0
+
+
+@dataclass
+class SchedulePass:
+    enqueued: int = 0
+    duplicates: int = 0  # ticks another sweeper had already enqueued (the unique key held)
+    missed: int = 0
+    jobs: dict[str, list[uuid.UUID]] = field(default_factory=dict)  # by schedule name
+
+
+def tick_key(row: ScheduleRow, tick: datetime) -> str:
+    return f"{row.job_type}/schedule/{row.name}/{tick.isoformat()}"
+
+
+def tick_job(row: ScheduleRow, tick: datetime) -> NewJob:
+    return NewJob(
+        id=new_job_id(),
+        job_type=row.job_type,
+        payload_json=orjson.dumps(row.payload).decode(),
+        priority=row.priority,
+        meta_json=orjson.dumps({"schedule": row.name, "tick": tick.isoformat()}).decode(),
+        unique_key=tick_key(row, tick),
+        unique_for=TICK_KEY_SECONDS,
+    )
+
+
+async def enqueue_due(
+    pool: Any, store: Store, *, now: datetime | None, grace: float, batch: int = BATCH
+) -> SchedulePass:
+    """One pass over the due schedules at ``now`` (default: the database's clock)."""
+    result = SchedulePass()
+    while True:
+        async with pool.acquire() as conn, conn.transaction():
+            at = now if now is not None else await store.db_clock(conn)
+            due = await store.schedule_take_due(conn, at, limit=batch)
+            jobs: list[tuple[ScheduleRow, datetime, NewJob]] = []
+            advances: list[Advance] = []
+            for row in due:
+                try:
+                    rule = Rule(row.cron, row.every_seconds, row.timezone)
+                except InvalidSchedule as exc:
+                    event(log, "schedule_invalid", logging.WARNING, schedule=row.name,
+                          error=str(exc))  # fmt: skip
+                    retry = at.timestamp() + RETRY_INVALID_SECONDS
+                    advances.append(Advance(row.name, datetime.fromtimestamp(retry, at.tzinfo),
+                                            None, None))  # fmt: skip
+                    continue
+                p = plan(rule, row.next_run_at, at, grace=grace, catch_up=row.catch_up)
+                if p.missed:
+                    result.missed += p.missed
+                    event(log, "schedule_ticks_missed", logging.WARNING, schedule=row.name,
+                          missed=p.missed, catch_up=row.catch_up)  # fmt: skip
+                jobs.extend((row, tick, tick_job(row, tick)) for tick in p.ticks)
+                last = jobs[-1] if p.ticks else None
+                advances.append(Advance(
+                    row.name, p.next_run_at,
+                    last[1] if last else None, last[2].id if last else None,
+                ))  # fmt: skip
+            if jobs:
+                done = await store.job_insert_checked(conn, [j for _, _, j in jobs])
+                for row, _, job in jobs:
+                    if job.id in done.inserted:
+                        result.enqueued += 1
+                        result.jobs.setdefault(row.name, []).append(job.id)
+                    else:
+                        result.duplicates += 1
+                if done.inserted:
+                    await store.outbox_notify(conn)
+            if advances:
+                await store.schedule_advance(conn, advances)
+        if len(due) < batch:
+            return result

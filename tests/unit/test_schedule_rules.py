@@ -1,0 +1,122 @@
+"""Schedule rules and the ticks a sweeper pass enqueues (pure: no clock, no database), including
+daylight-saving changes in America/New_York and Europe/Berlin."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from conveyor.schedules import InvalidSchedule, Rule, plan
+
+NY = ZoneInfo("America/New_York")
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+
+
+def run_day(rule: Rule, start: datetime, hours: int, step: float = 30.0) -> list[datetime]:
+    """Every tick a sweeper passing every ``step`` seconds enqueues over ``hours``."""
+    start = start.astimezone(UTC)  # real time: wall-clock arithmetic would skip or repeat
+    next_run = rule.next_after(start)
+    out: list[datetime] = []
+    now = start
+    while now < start + timedelta(hours=hours):
+        now += timedelta(seconds=step)
+        p = plan(rule, next_run, now, grace=60, catch_up="skip")
+        out.extend(p.ticks)
+        next_run = p.next_run_at
+    return out
+
+
+@pytest.mark.parametrize(
+    ("zone", "day", "expected_utc"),
+    [
+        # spring forward, 2:00 → 3:00 local: 02:30 does not exist and runs once, at 03:00
+        (NY, (2026, 3, 8), [utc(2026, 3, 7, 7, 30), utc(2026, 3, 8, 7, 0), utc(2026, 3, 9, 6, 30)]),
+        (BERLIN, (2026, 3, 29),
+         [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0), utc(2026, 3, 30, 0, 30)]),
+    ],
+)  # fmt: skip
+def test_a_tick_in_the_skipped_hour_runs_once(
+    zone: ZoneInfo, day: tuple[int, int, int], expected_utc: list[datetime]
+) -> None:
+    rule = Rule(cron="30 2 * * *", timezone=str(zone))
+    start = datetime(*day, tzinfo=zone) - timedelta(days=1)
+    assert run_day(rule, start, 72) == expected_utc
+
+
+@pytest.mark.parametrize(
+    ("zone", "day", "offset_before"),
+    [(NY, (2026, 11, 1), 4), (BERLIN, (2026, 10, 25), -2)],
+)
+def test_a_repeated_hour_runs_a_fixed_time_once(
+    zone: ZoneInfo, day: tuple[int, int, int], offset_before: int
+) -> None:
+    # 01:30 (New York) / 02:30 (Berlin) happen twice on the fall-back night: one job
+    hour = 1 if zone is NY else 2
+    rule = Rule(cron=f"30 {hour} * * *", timezone=str(zone))
+    start = datetime(*day, tzinfo=zone) - timedelta(hours=2)
+    ticks = run_day(rule, start, 24)
+    assert len(ticks) == 1
+    assert ticks[0] == datetime(*day, hour, 30, tzinfo=UTC) + timedelta(hours=offset_before)
+
+
+def test_hourly_ticks_follow_real_time_across_both_changes() -> None:
+    rule = Rule(cron="0 * * * *", timezone="America/New_York")
+    spring = run_day(rule, datetime(2026, 3, 8, 0, 0, tzinfo=NY), 5)
+    # 01:00 EST, then 03:00 EDT: the missing 02:00 hour has no tick of its own
+    assert [t.astimezone(NY).hour for t in spring] == [1, 3, 4, 5, 6]
+    fall = run_day(rule, datetime(2026, 11, 1, 0, 0, tzinfo=NY), 5)
+    # 01:00 EDT and 01:00 EST are an hour apart in real time: both run, each once
+    assert [t.astimezone(NY).hour for t in fall] == [1, 1, 2, 3, 4]
+    assert len(set(fall)) == len(fall)
+
+
+def test_every_ticks_are_epoch_aligned_and_each_runs_once() -> None:
+    rule = Rule(every=5)
+    start = utc(2030, 1, 1, 0, 0, 2)
+    assert rule.next_after(start) == utc(2030, 1, 1, 0, 0, 5)
+    ticks = run_day(rule, start, 1, step=0.7)
+    assert len(ticks) == len(set(ticks)) == 720
+    assert all(t.second % 5 == 0 and t.microsecond == 0 for t in ticks)
+
+
+def test_missed_ticks_are_skipped_or_the_last_one_runs() -> None:
+    rule = Rule(cron="*/5 * * * *")
+    next_run = utc(2030, 1, 1, 10, 0)
+    now = utc(2030, 1, 1, 12, 2)  # two hours without a sweeper
+    skip = plan(rule, next_run, now, grace=60, catch_up="skip")
+    assert skip.ticks == [] and skip.missed == 25 and skip.next_run_at == utc(2030, 1, 1, 12, 5)
+    last = plan(rule, next_run, now, grace=60, catch_up="last")
+    assert last.ticks == [utc(2030, 1, 1, 12, 0)] and last.missed == 24
+    # a tick within the grace runs as usual; the older ones are still missed
+    late = plan(rule, next_run, utc(2030, 1, 1, 12, 0, 30), grace=60, catch_up="last")
+    assert late.ticks == [utc(2030, 1, 1, 12, 0)]
+    # not yet due
+    early = plan(rule, next_run, utc(2030, 1, 1, 9, 59), grace=60, catch_up="skip")
+    assert early.ticks == [] and early.next_run_at == next_run
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"cron": "* * * *"},
+        {"cron": "61 * * * *"},
+        {"cron": "* * * * * *"},
+        {"cron": "0 0 30 2 *"},  # never
+        {"cron": "not cron"},
+        {"cron": "0 * * * *", "timezone": "Mars/Olympus"},
+        {"cron": "0 * * * *", "timezone": "../etc/passwd"},
+        {"every": 0.5},
+        {"every": float("nan")},
+        {"cron": "0 * * * *", "every": 60},
+        {},
+    ],
+)
+def test_invalid_rules(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidSchedule):
+        Rule(**kwargs)  # type: ignore[arg-type]
