@@ -127,6 +127,9 @@ class JobRouter:
     def __init__(self) -> None:
         self.handlers: dict[str, HandlerSpec] = {}
         self.middlewares: list[Middleware] = []
+        # ``schedule=`` / ``every=``: registered as schedules named after the type when a
+        # worker starts (or ``conveyor types register``); see ``conveyor.schedule_ops``
+        self.schedules: dict[str, CodeSchedule] = {}
 
     def middleware(self, func: M) -> M:
         """Register ``async def mw(job, call_next)`` around every handler call (async and sync
@@ -138,9 +141,6 @@ class JobRouter:
             raise TypeError("middleware must be an async function (job, call_next)")
         self.middlewares.append(registered)
         return func
-        # ``schedule=`` / ``every=``: registered as schedules named after the type when a
-        # worker starts (or ``conveyor types register``); see ``conveyor.schedule_ops``
-        self.schedules: dict[str, CodeSchedule] = {}
 
     def job(
         self,

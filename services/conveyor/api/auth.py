@@ -52,6 +52,13 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/types/{name}/pause"): ADMIN,
     ("POST", "/types/{name}/resume"): ADMIN,
     ("PUT", "/types/{name}/limits"): ADMIN,
+    # schedules (SPEC §10/§11): reading is jobs:read, every change is admin
+    ("GET", "/schedules"): READ,
+    ("GET", "/schedules/{name}"): READ,
+    ("POST", "/schedules"): ADMIN,
+    ("DELETE", "/schedules/{name}"): ADMIN,
+    ("POST", "/schedules/{name}/pause"): ADMIN,
+    ("POST", "/schedules/{name}/resume"): ADMIN,
     # dashboard
     ("GET", "/ui/login"): OPEN,
     ("POST", "/ui/login"): OPEN,
