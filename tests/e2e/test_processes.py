@@ -221,7 +221,7 @@ async def test_dlq_list_redrive_purge(settings: Settings, db_url: str) -> None:
 async def test_publisher_and_api_probe_and_shut_down_cleanly(settings: Settings) -> None:
     health = free_port()
     api_port = free_port()
-    env = _env(settings)
+    env = _env(settings, CONVEYOR_AUTH="disabled")  # keys: test_security_processes.py
     publisher = await asyncio.create_subprocess_exec(
         *CONVEYOR, "publisher", "--health-port", str(health), env=env, cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,

@@ -35,7 +35,11 @@ async def _schemathesis(
     assert exe is not None, "schemathesis is in the test extra"
     # any schema-valid type is accepted: which types a deployment knows is not in the schema
     # (the bounded-types 422 has its own tests)
-    open_types = settings.model_copy(update={"accept_unknown_types": True})
+    # likewise the schedule horizon (CONVEYOR_MAX_SCHEDULE_DAYS, relative to now: a schema
+    # cannot state it; test_quotas.py tests it)
+    open_types = settings.model_copy(
+        update={"accept_unknown_types": True, "max_schedule_days": 3_000_000}
+    )
     headers = ["-H", f"Authorization: Bearer {key}"] if key else []
     if key:  # a scoped key gets 401/403 on the operations it may not call: expected here
         headers += ["--warnings", ",".join(w.value for w in SchemathesisWarning

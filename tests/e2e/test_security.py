@@ -157,21 +157,20 @@ async def test_a_revoked_key_is_refused_by_every_replica_within_5s(settings: Set
 
 
 async def test_submit_quota_per_key(settings: Settings, db: asyncpg.Connection) -> None:
-    async with keyed_stack(settings, rate_limit="5/s") as (stack, keys):
+    """5 a minute: a burst of 5, then 429 with Retry-After (a refill takes 12 s, so load on the
+    machine cannot blur the count; the refill itself is tested on an injected clock)."""
+    async with keyed_stack(settings, rate_limit="5/m") as (stack, keys):
         c = stack.client
         a, b = bearer(keys["jobs:write"]), bearer(keys["jobs:read,jobs:write"])
         statuses = [(await c.post("/jobs", json={"type": "e"}, headers=a)).status_code
                     for _ in range(8)]  # fmt: skip
-        assert statuses[:5] == [201] * 5 and 429 in statuses[5:], statuses
+        assert statuses == [201] * 5 + [429] * 3, statuses
         r = await c.post("/jobs/batch", json={"jobs": [{"type": "e"}]}, headers=a)
-        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.headers
+        assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 12, r.headers
         assert r.json()["error"] == "rate_limited"
         assert (await c.post("/jobs", json={"type": "e"}, headers=b)).status_code == 201
         assert (await c.get("/jobs", headers=b)).status_code == 200  # reads are not limited
-        await asyncio.sleep(1.1)
-        assert (await c.post("/jobs", json={"type": "e"}, headers=a)).status_code == 201
-        # a loaded machine may refill a token during the eight requests: count what was accepted
-        assert await db.fetchval("SELECT count(*) FROM jobs") == statuses.count(201) + 2
+        assert await db.fetchval("SELECT count(*) FROM jobs") == 6
 
 
 async def test_no_key_in_logs_bodies_metrics_or_openapi(
