@@ -90,18 +90,11 @@ async def grant_roles(settings: Settings) -> list[str]:
     """``conveyor migrate --grant-roles``: the grants to the default roles that exist."""
     import asyncpg
 
-    from .store.roles import DEFAULT_ROLES, grant_statements
+    from .store.roles import grant_existing
 
     conn = await asyncpg.connect(settings.database_url)
     try:
-        found = {r["rolname"] for r in await conn.fetch(
-            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[])",
-            list(DEFAULT_ROLES.values()))}  # fmt: skip
-        roles = {c: r for c, r in DEFAULT_ROLES.items() if r in found}
-        async with conn.transaction():
-            for statement in grant_statements(settings.db_schema, roles):
-                await conn.execute(statement)
-        return sorted(roles.values())
+        return await grant_existing(conn, settings.db_schema)
     finally:
         await conn.close()
 

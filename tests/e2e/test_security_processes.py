@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.cli import build_parser, cmd_dev
+from conveyor.cli import build_parser
+from conveyor.cli_dev import cmd_dev
 from conveyor.cli_keys import cmd_keys
 from conveyor.core.config import Settings
 from conveyor.services import loopback

@@ -108,6 +108,13 @@ _BY_TYPE: dict[str, Any] = {
     "jsonb": "{}",
     "timestamptz[]": [None],
     "timestamptz": dt.datetime.now(dt.UTC),
+    "bytea": b"\x00" * 32,
+    "float4": 1.0,
+    "jsonb[]": ["{}"],
+    "bpchar": "x",
+    "varchar": "x",
+    "interval": dt.timedelta(seconds=60),
+    "_text": ["type_3"],
 }
 
 # Statements whose arguments the defaults above would make implausible.
@@ -129,7 +136,7 @@ _OVERRIDES: dict[str, tuple[Any, ...]] = {
         ["h"],
     ),
     "outbox_restore": ([1], [SOME_ID], ["type_3"], [5], ["work"], [None], [None], [None]),
-    "job_type_register_many": (["type_3"], [3], [None], [""]),
+    "job_type_register_many": (["type_3"], [3], [None], [""], [None], [None], [None]),
     "job_dead_count": ("type_3", "ValueError: 1"),
     "job_page": (None, None, None, None, 51),
     "job_page_filtered": ("type_3", "FAILED", None, None, 51),

@@ -66,9 +66,11 @@ FORBIDDEN = {
     "api": ["DELETE FROM conveyor.job_outbox", "UPDATE conveyor.job_types SET max_retries = 0"],
     "worker": ["DELETE FROM conveyor.jobs", "DELETE FROM conveyor.job_outbox",
                "SELECT count(*) FROM conveyor.api_keys"],
-    "sweeper": ["DELETE FROM conveyor.job_outbox", "SELECT count(*) FROM conveyor.api_keys"],
-    "publisher": ["SELECT count(*) FROM conveyor.api_keys", "INSERT INTO conveyor.jobs (id) "
-                  "VALUES (gen_random_uuid())"],
+    "sweeper": ["DELETE FROM conveyor.job_outbox", "SELECT count(*) FROM conveyor.api_keys",
+                "DELETE FROM conveyor.schedules"],
+    # the publisher runs the sweeper's duties by default, schedule ticks (new jobs) included
+    "publisher": ["SELECT count(*) FROM conveyor.api_keys", "DELETE FROM conveyor.schedules",
+                  "UPDATE conveyor.job_types SET paused = true"],
 }  # fmt: skip
 
 

@@ -1,15 +1,20 @@
 """Telling a long statement from an outage: the store's ``LongStatements`` lifts the pool's
 command timeout for one statement, ``Liveness`` answers whether the server still responds
-meanwhile, and ``unavailable`` builds the (logged) 503 error."""
+meanwhile, ``unavailable`` builds the (logged) 503 error, and ``acquire`` is the API's
+connection: outages and an unmigrated schema become handled 503s."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from typing import Any
 
 from ..core.errors import ServiceUnavailable
 from ..core.logging import event
 from ..store import Store
+from ..store.connect import is_unavailable, is_unmigrated
 
 log = logging.getLogger("conveyor.api")
 
@@ -49,3 +54,40 @@ class Liveness:
 
     async def close(self) -> None:
         self.probe.close()
+
+
+@contextlib.asynccontextmanager
+async def acquire(pool: Any, timeout: float, schema: str) -> AsyncIterator[Any]:
+    """``Api.connection``: acquire within ``timeout``; an outage, or a schema not migrated, becomes
+    a handled 503 (and a broken connection is dropped, not reset)."""
+    try:
+        async with asyncio.timeout(timeout):
+            conn = await pool.acquire()
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise unavailable("acquire", exc) from exc
+        raise
+    try:
+        yield conn
+    except BaseException as exc:
+        if isinstance(exc, ServiceUnavailable) or is_unavailable(exc):
+            # broken, hung or abandoned mid-statement: resetting it would wait for the
+            # server, or fail and hide this error behind an InternalClientError, so drop it
+            with contextlib.suppress(Exception):  # asyncpg may have released it already
+                conn.terminate()
+        if is_unavailable(exc):
+            # a handled 503: the catch-all handler would answer it too, but Starlette then
+            # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
+            raise unavailable("statement", exc) from exc
+        if is_unmigrated(exc):
+            event(log, "api_unavailable", logging.WARNING, cause="unmigrated",
+                  error=repr(exc)[:300])  # fmt: skip
+            raise ServiceUnavailable(
+                f"database schema {schema!r} is not migrated: run `conveyor migrate`"
+            ) from exc
+        raise
+    finally:
+        try:
+            await pool.release(conn)
+        except Exception as exc:  # broke after the request's last statement: keep the answer
+            event(log, "db_connection_dropped", logging.WARNING, error=repr(exc))

@@ -10,7 +10,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
-from .models import ErrorBody, SubmitBatch, SubmitJob
+from .error_models import ErrorBody
+from .models import SubmitBatch, SubmitJob
 
 REF = "#/components/schemas/{model}"
 

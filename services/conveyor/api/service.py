@@ -15,24 +15,23 @@ import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..core import tracing
 from ..core.config import Settings
 from ..core.errors import IdempotencyConflict, InvalidTransition, JobNotFound, ServiceUnavailable
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
-from ..core.logging import event
 from ..core.metrics import Metrics
 from ..job_types import KnownTypes
 from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
-from ..store.connect import create_pool, is_unavailable, is_unmigrated
+from ..store.connect import create_pool, is_unavailable
 from ..store.notify import Notifier
 from ..store.unique import needs_full_insert
 from .auth import check_horizon, full_errors
 from .batch import build_batch, build_submit
-from .liveness import PROBE_EVERY, Liveness, unavailable
+from .liveness import PROBE_EVERY, Liveness, acquire, unavailable
 from .resource import decode_cursor, encode_cursor, resource
 
 log = logging.getLogger("conveyor.api")
@@ -80,39 +79,9 @@ class Api:
         if self.pool is not None:
             await asyncio.wait_for(self.pool.close(), 10)
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        try:
-            async with asyncio.timeout(self.settings.db_timeout):
-                conn = await self.pool.acquire()
-        except Exception as exc:
-            if is_unavailable(exc):
-                raise unavailable("acquire", exc) from exc
-            raise
-        try:
-            yield conn
-        except BaseException as exc:
-            if isinstance(exc, ServiceUnavailable) or is_unavailable(exc):
-                # broken, hung or abandoned mid-statement: resetting it would wait for the
-                # server, or fail and hide this error behind an InternalClientError, so drop it
-                with contextlib.suppress(Exception):  # asyncpg may have released it already
-                    conn.terminate()
-            if is_unavailable(exc):
-                # a handled 503: the catch-all handler would answer it too, but Starlette then
-                # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
-                raise unavailable("statement", exc) from exc
-            if is_unmigrated(exc):
-                event(log, "api_unavailable", logging.WARNING, cause="unmigrated",
-                      error=repr(exc)[:300])  # fmt: skip
-                raise ServiceUnavailable(
-                    f"database schema {self.store.schema!r} is not migrated: run `conveyor migrate`"
-                ) from exc
-            raise
-        finally:
-            try:
-                await self.pool.release(conn)
-            except Exception as exc:  # broke after the request's last statement: keep the answer
-                event(log, "db_connection_dropped", logging.WARNING, error=repr(exc))
+    def connection(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A pooled connection; an outage or an unmigrated schema becomes a handled 503."""
+        return acquire(self.pool, self.settings.db_timeout, self.store.schema)
 
     async def long(self, conn: Any, run: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``run(conn)`` without the command timeout, as long as the server answers probes."""

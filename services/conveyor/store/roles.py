@@ -6,15 +6,19 @@ object or may CREATE in the schema, so none can run DDL, TRUNCATE or DROP. ``con
 sql`` prints the statements (``deploy/postgres-roles.sql`` is that output for the default
 names); ``conveyor migrate --grant-roles`` applies them to roles that exist.
 
-- api: submit (jobs, outbox), read, cancel, redrive, the dashboard (its purge DELETEs FAILED
-  jobs and their attempts), the key table (read only), the type table (read only);
+- api: submit (jobs, outbox, unique keys), read, cancel, redrive, the dashboard (its purge
+  DELETEs FAILED jobs and their attempts), the key table (read only), job types (pause and
+  limits), schedules;
 - worker: claim and finish jobs (jobs, attempts, outbox rows for retries and dead letters),
-  register its types;
-- sweeper: promotion, lease recovery, reconciler, retention (DELETE of old jobs and attempts);
+  follow-up jobs, register its types and its handlers' schedules;
+- sweeper: promotion, lease recovery, reconciler, retention (DELETE of old jobs, attempts and
+  expired unique keys), schedule ticks (new jobs);
 - publisher: the relay (outbox read and DELETE) plus the sweeper's duties, which it runs by
   default."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from .registry import check_schema
 
@@ -23,10 +27,13 @@ DEFAULT_ROLES = {c: f"conveyor_{c}" for c in COMPONENTS}
 
 _VIEWS = "backlog, stuck_jobs, recent_failures, throughput"
 _SWEEPER = [
-    ("SELECT, UPDATE, DELETE", "jobs"),
+    # INSERT: a schedule's tick is a new job (with its unique key and outbox row)
+    ("SELECT, INSERT, UPDATE, DELETE", "jobs"),
     ("SELECT, INSERT, DELETE", "job_attempts"),
     ("SELECT, INSERT", "job_outbox"),
     ("SELECT", "job_types"),
+    ("SELECT, INSERT, UPDATE, DELETE", "job_uniques"),  # retention drops expired keys
+    ("SELECT, UPDATE", "schedules"),  # the schedules duty advances next_run_at
     ("SELECT", _VIEWS),
 ]
 GRANTS: dict[str, list[tuple[str, str]]] = {
@@ -34,15 +41,25 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT, INSERT, UPDATE, DELETE", "jobs"),
         ("SELECT, DELETE", "job_attempts"),
         ("INSERT", "job_outbox"),
-        ("SELECT", "job_types"),
+        # pause/resume and limits (admin): only those columns, not the handlers' defaults
+        (
+            "SELECT, UPDATE (paused, concurrency, rate_limit, rate_period, limits_set_at, "
+            "recent_starts)",
+            "job_types",
+        ),
         ("SELECT", "api_keys"),
+        ("SELECT, INSERT, UPDATE", "job_uniques"),  # unique jobs: the submit claims the key
+        ("SELECT, INSERT, UPDATE, DELETE", "schedules"),  # /schedules (admin)
         ("SELECT", _VIEWS),
     ],
     "worker": [
-        ("SELECT, UPDATE", "jobs"),
+        # INSERT: follow-up jobs (job.enqueue) committed with the attempt's completion
+        ("SELECT, INSERT, UPDATE", "jobs"),
         ("SELECT, INSERT", "job_attempts"),
         ("INSERT", "job_outbox"),
         ("SELECT, INSERT, UPDATE", "job_types"),
+        ("SELECT, INSERT, UPDATE", "job_uniques"),
+        ("SELECT, INSERT, UPDATE", "schedules"),  # handler-declared schedules, at start
     ],
     "sweeper": _SWEEPER,
     "publisher": [
@@ -69,6 +86,19 @@ def grant_statements(schema: str, roles: dict[str, str] | None = None) -> list[s
         if any("INSERT" in p for p, o in GRANTS[component] if o == "job_outbox"):
             out.append(f"GRANT USAGE ON SEQUENCE {schema}.job_outbox_id_seq TO {role}")
     return out
+
+
+async def grant_existing(conn: Any, schema: str) -> list[str]:
+    """Apply the grants, in one transaction, to those of ``DEFAULT_ROLES`` that exist; returns
+    their names."""
+    found = {r["rolname"] for r in await conn.fetch(
+        "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[])",
+        list(DEFAULT_ROLES.values()))}  # fmt: skip
+    roles = {c: r for c, r in DEFAULT_ROLES.items() if r in found}
+    async with conn.transaction():
+        for statement in grant_statements(schema, roles):
+            await conn.execute(statement)
+    return sorted(roles.values())
 
 
 def roles_sql(schema: str, roles: dict[str, str] | None = None) -> str:

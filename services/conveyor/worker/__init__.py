@@ -1,5 +1,6 @@
 """The worker: small parts composed by ``worker.Worker`` (see ``worker.py``)."""
 
-from .worker import Worker, WorkerStatus
+from .status import WorkerStatus
+from .worker import Worker
 
 __all__ = ["Worker", "WorkerStatus"]

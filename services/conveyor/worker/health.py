@@ -31,7 +31,8 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..core.probes import DownTimer
-from .worker import Worker, WorkerStatus
+from .status import WorkerStatus
+from .worker import Worker
 
 
 @dataclass(frozen=True, slots=True)

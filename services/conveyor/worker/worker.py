@@ -21,10 +21,9 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
-from ..broker.acks import Acks, AckStatus
+from ..broker.acks import Acks
 from ..broker.consume import Delivery, Subscription
 from ..core import tracing
 from ..core.config import Settings
@@ -37,39 +36,20 @@ from ..schedule_ops import register_router_schedules
 from ..store import ClaimedJob, for_schema
 from ..store.connect import create_pool
 from ..store.notify import Notifier
-from .completer import Completer, CompleterStatus, Pending
-from .consumer import ConsumerStatus
+from .completer import Completer, Pending
 from .controls import TypeControls, consumer_switch
-from .drain import Drain, DrainStatus, _quietly
-from .executor import Executor, ExecutorStatus
-from .guard import GuardStatus, LoopGuard
-from .heartbeater import Heartbeater, HeartbeatStatus, take_deliveries
+from .drain import Drain, _quietly
+from .executor import Executor
+from .guard import LoopGuard
+from .heartbeater import Heartbeater, take_deliveries
 from .jobctx import AttemptHooks
 from .limits import LimitedConsumer
-from .loop import LoopMonitor, LoopStatus
+from .loop import LoopMonitor
 from .progress import ProgressWriter
 from .running import Running
+from .status import WorkerStatus, gather_status
 
 log = logging.getLogger("conveyor.worker")
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStatus:
-    worker_id: str
-    concurrency: int
-    running: int
-    stopping: bool
-    broker_connected: bool
-    consuming: bool
-    dead_parts: list[str]  # internal loops that ended: a wedged worker
-    consumer: ConsumerStatus
-    executor: ExecutorStatus
-    completer: CompleterStatus
-    heartbeat: HeartbeatStatus
-    loop: LoopStatus
-    guard: GuardStatus
-    acks: AckStatus
-    drain: DrainStatus
 
 
 class Worker:
@@ -298,24 +278,7 @@ class Worker:
     # ------------------------------------------------------------------ status
 
     def status(self) -> WorkerStatus:
-        dead = [name for name, t in self.loops.items() if t.done()]
-        return WorkerStatus(
-            worker_id=self.worker_id,
-            concurrency=self.concurrency,
-            running=len(self.running),
-            stopping=self.stopping,
-            broker_connected=self.subscription.connected,
-            consuming=self.subscription.consuming,
-            dead_parts=[] if self.stopping else dead,
-            consumer=self.consumer.status(),
-            executor=self.executor.status(),
-            completer=self.completer.status(),
-            heartbeat=self.heartbeater.status(),
-            loop=self.monitor.status(),
-            guard=self.guard.status(),
-            acks=self.acks.status(),
-            drain=self.drain.status(),
-        )
+        return gather_status(self)
 
     def _snapshot(self) -> None:
         self.snapshot = self.status()
