@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -21,9 +20,9 @@ from conveyor.store.connect import with_database
 from conveyor.store.migrate import upgrade
 
 from . import db as tdb
+from . import serial
 from .clones import Clones
 from .clones import drop as clones_drop
-from .serial import run_lock
 from .services import Endpoints, locate
 
 
@@ -176,54 +175,25 @@ async def db(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     await conn.close()
 
 
-# Scopes whose fixtures are worth building once per module (a private RabbitMQ node, a private
-# PostgreSQL cluster, the state model's database), not once per xdist worker that runs a test
-# of the module.
-_SHARED_SCOPES = ("module", "class", "package")
-
-
-def _group(item: pytest.Item) -> str | None:
-    """The module of ``item`` when it uses one of the project's module-scoped fixtures."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for defs in info.name2fixturedefs.values():
-        for fd in defs:
-            if fd.scope in _SHARED_SCOPES and str(fd.baseid).startswith("tests"):
-                return item.nodeid.split("::", 1)[0]
-    return None
+def pytest_configure(config: pytest.Config) -> None:
+    serial.keep_collection_order(config)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout: waiting is not running
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    """Under xdist, a ``serial`` test runs while no other test of the run does (tests/serial.py)."""
-    with run_lock(item.config, exclusive=item.get_closest_marker("serial") is not None):
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist, ``serial`` tests run as one block while no other test runs (tests/serial.py)."""
+    serial.LOCK.before(item)
+    try:
         return (yield)
-
-
-def _slow_tests() -> dict[str, float]:
-    """tests/slow_tests.txt: ``<seconds> <node id>`` per line."""
-    known: dict[str, float] = {}
-    path = Path(__file__).with_name("slow_tests.txt")
-    for line in path.read_text().splitlines() if path.exists() else []:
-        seconds, _, nodeid = line.partition(" ")
-        if nodeid and not line.startswith("#"):
-            known[nodeid] = float(seconds)
-    return known
+    finally:
+        serial.LOCK.after(item, nextitem)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Under `--dist loadgroup` (make test), every test of a module that uses a module-scoped
-    # fixture runs on one worker, so the fixture is built once; the other tests are spread one
-    # by one. New tests inherit this: nothing to mark by hand.
-    for item in items:
-        group = _group(item)
-        if group is not None and not any(item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(group))
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: longest first
-        known = _slow_tests()
-        items.sort(key=lambda item: -known.get(item.nodeid, 0.0))
+    # xdist groups (serial block; one worker per module with a module-scoped fixture) and order
+    # (serial last, else longest first): new tests inherit them, nothing to mark by hand
+    serial.arrange(config, items)
     if config.getoption("-m"):
         return
     skip = pytest.mark.skip(reason="soak: run with -m soak")
