@@ -29,15 +29,17 @@ def permissions(
 ) -> tuple[str, str, str]:
     """(configure, write, read) regexes; ``types``: the worker's job types (default: all)."""
     ns = re.escape(namespace)
+    # work queues: ``queue.<type>``, and in quorum mode the high band ``high.<type>`` too
     queues = (
-        "queue\\.(" + "|".join(re.escape(check_type(t)) for t in types) + ")"
+        "(queue|high)\\.(" + "|".join(re.escape(check_type(t)) for t in types) + ")"
         if types
-        else "queue\\.[^.]+"
+        else "(queue|high)\\.[^.]+"
     )
+    anyq = "(queue|high)\\.[^.]+"
     base = "exchange|dead_letter|dead_letter\\.queue|retry"  # declare_base (+ legacy delete)
     if component == "publisher":
-        conf = f"^{ns}\\.({base}|retry\\.[^.]+|queue\\.[^.]+)$"
-        write = f"^{ns}\\.(exchange|dead_letter|dead_letter\\.queue|retry\\.[^.]+|queue\\.[^.]+)$"
+        conf = f"^{ns}\\.({base}|retry\\.[^.]+|{anyq})$"
+        write = f"^{ns}\\.(exchange|dead_letter|dead_letter\\.queue|retry\\.[^.]+|{anyq})$"
         read = f"^{ns}\\.(exchange|dead_letter|retry\\.[^.]+)$"
     elif component == "worker":
         conf = f"^{ns}\\.({base}|{queues})$"
@@ -45,7 +47,7 @@ def permissions(
         write = f"^{ns}\\.(dead_letter|dead_letter\\.queue|{queues})$"
         read = f"^{ns}\\.(exchange|dead_letter|{queues})$"
     elif component == "sweeper":
-        conf = f"^{ns}\\.({base}|queue\\.[^.]+)$"
+        conf = f"^{ns}\\.({base}|{anyq})$"
         write = f"^{ns}\\.(dead_letter\\.queue)$"
         read = f"^{ns}\\.(dead_letter)$"
     else:
