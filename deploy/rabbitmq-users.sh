@@ -1,7 +1,7 @@
 # Conveyor broker users for namespace jobs (conveyor roles amqp)
 rabbitmqctl add_user conveyor_publisher "$CONVEYOR_PUBLISHER_AMQP_PASSWORD"
-rabbitmqctl set_permissions -p '/' conveyor_publisher '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry|retry\.[^.]+|(queue|high)\.[^.]+)$' '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry\.[^.]+|(queue|high)\.[^.]+)$' '^jobs\.(exchange|dead_letter|retry\.[^.]+)$'
+rabbitmqctl set_permissions -p '/' conveyor_publisher '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry|retry\.[^.]+|(queue|high)\.[A-Za-z0-9][A-Za-z0-9_.-]*)$' '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry\.[^.]+|(queue|high)\.[A-Za-z0-9][A-Za-z0-9_.-]*)$' '^jobs\.(exchange|dead_letter|retry\.[^.]+)$'
 rabbitmqctl add_user conveyor_worker "$CONVEYOR_WORKER_AMQP_PASSWORD"
-rabbitmqctl set_permissions -p '/' conveyor_worker '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry|(queue|high)\.[^.]+)$' '^jobs\.(dead_letter|dead_letter\.queue|(queue|high)\.[^.]+)$' '^jobs\.(exchange|dead_letter|(queue|high)\.[^.]+)$'
+rabbitmqctl set_permissions -p '/' conveyor_worker '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry|(queue|high)\.[A-Za-z0-9][A-Za-z0-9_.-]*)$' '^jobs\.(dead_letter|dead_letter\.queue|(queue|high)\.[A-Za-z0-9][A-Za-z0-9_.-]*)$' '^jobs\.(exchange|dead_letter|(queue|high)\.[A-Za-z0-9][A-Za-z0-9_.-]*)$'
 rabbitmqctl add_user conveyor_sweeper "$CONVEYOR_SWEEPER_AMQP_PASSWORD"
-rabbitmqctl set_permissions -p '/' conveyor_sweeper '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry|(queue|high)\.[^.]+)$' '^jobs\.(dead_letter\.queue)$' '^jobs\.(dead_letter)$'
+rabbitmqctl set_permissions -p '/' conveyor_sweeper '^jobs\.(exchange|dead_letter|dead_letter\.queue|retry|(queue|high)\.[A-Za-z0-9][A-Za-z0-9_.-]*)$' '^jobs\.(dead_letter\.queue)$' '^jobs\.(dead_letter)$'

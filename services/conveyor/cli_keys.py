@@ -90,9 +90,10 @@ async def grant_roles(settings: Settings) -> list[str]:
     """``conveyor migrate --grant-roles``: the grants to the default roles that exist."""
     import asyncpg
 
+    from .store.connect import connect_options
     from .store.roles import grant_existing
 
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await asyncpg.connect(settings.database_url, **connect_options(settings.db_pooler))
     try:
         return await grant_existing(conn, settings.db_schema)
     finally:
@@ -109,7 +110,10 @@ async def create_key(settings: Settings, name: str, scopes: str) -> str:
     if not name.strip() or len(name) > 100:
         raise ValueError("a key name is 1 to 100 characters")
     key, key_id, key_hash = new_key()
-    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    pool = await create_pool(
+        settings.database_url, application_name="conveyor-cli", max_size=1,
+        pooler=settings.db_pooler,
+    )  # fmt: skip
     try:
         async with pool.acquire() as conn:
             ok = await for_schema(settings.db_schema).api_key_insert(
@@ -126,7 +130,10 @@ async def revoke_key(settings: Settings, name: str) -> int:
     from .store import for_schema
     from .store.connect import create_pool
 
-    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    pool = await create_pool(
+        settings.database_url, application_name="conveyor-cli", max_size=1,
+        pooler=settings.db_pooler,
+    )  # fmt: skip
     try:
         async with pool.acquire() as conn:
             return await for_schema(settings.db_schema).api_key_revoke(conn, name)
@@ -138,7 +145,10 @@ async def _list(settings: Settings) -> int:
     from .store import for_schema
     from .store.connect import create_pool
 
-    pool = await create_pool(settings.database_url, application_name="conveyor-cli", max_size=1)
+    pool = await create_pool(
+        settings.database_url, application_name="conveyor-cli", max_size=1,
+        pooler=settings.db_pooler,
+    )  # fmt: skip
     try:
         async with pool.acquire() as conn:
             rows = await for_schema(settings.db_schema).api_key_list(conn)

@@ -54,7 +54,9 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     store = for_schema(settings.db_schema)
 
     async def go() -> int:
-        pool = await create_pool(settings.database_url, application_name="conveyor-cli")
+        pool = await create_pool(
+            settings.database_url, application_name="conveyor-cli", pooler=settings.db_pooler
+        )
         try:
             async with pool.acquire() as conn:
                 if args.action == "list":

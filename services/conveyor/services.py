@@ -92,10 +92,15 @@ def api_app() -> Any:
     parent passed on, and logging is configured again, as ``cli.main`` did in the parent."""
     from .api.app import create_app
     from .broker import LIBRARY_LOGGERS
+    from .core import tracing
     from .core.logging import configure
+    from .core.secrets import MaskedStream
 
+    if not isinstance(sys.stderr, MaskedStream):  # as cli.main: no credential in any message
+        sys.stderr = MaskedStream(sys.stderr)
     settings = Settings()
     configure(settings.log_level, settings.log_format, quiet=(*LIBRARY_LOGGERS, "alembic"))
+    tracing.configure("conveyor-api")  # only OTEL_* variables turn it on
     return create_app(settings)
 
 

@@ -186,3 +186,31 @@ async def test_a_stale_attempts_completion_is_fenced_and_leaves_no_follow_up(
     rows = await db.fetch("SELECT payload->>'from' AS f FROM jobs WHERE id <> $1", job_id)
     assert [r["f"] for r in rows] == [str(second)]
     assert await db.fetchval("SELECT count(*) FROM job_outbox WHERE job_id <> $1", job_id) == 1
+
+
+async def test_follow_ups_keep_meta_and_unique_keys(db: asyncpg.Connection, db_url: str) -> None:
+    """Review finding (follow-ups with unique jobs and meta): follow-ups took the plain insert,
+    which has no columns for ``meta`` or a unique key: meta was dropped and ``unique_for`` made
+    duplicates. Failed before: meta NULL, two children."""
+    store = for_schema()
+    parents = [await enqueue(db, "t", {"p": i}) for i in range(2)]
+    rows = await store.job_claim_many(
+        db, parents, lease_seconds=30.0, worker_id="w", types=["t"], handler_defaults={},
+        default_max_retries=3,
+    )  # fmt: skip
+    pool = await create_pool(db_url, application_name="test-followups", max_size=2)
+    completer = Completer(pool, store, Metrics(), done=lambda batch: asyncio.sleep(0))
+    try:
+        for row in rows:
+            run = Running(Job(row.id, "t", {}, row.attempts, 5, 0, 3), None, None,
+                          time.monotonic())  # fmt: skip
+            options = {"meta": {"tenant": "acme"}, "unique_for": 60}
+            run.followups.append(build_followup("t", {"child": True}, options,
+                                                max_payload_bytes=1 << 20))  # fmt: skip
+            completer.put(run, outcomes.completed(None))
+        await completer.flush_once()
+    finally:
+        await pool.close()
+    children = await db.fetch("SELECT meta FROM jobs WHERE payload ? 'child'")
+    assert len(children) == 1  # the second parent's child was a duplicate within 60 s
+    assert orjson.loads(children[0]["meta"]) == {"tenant": "acme"}

@@ -144,3 +144,28 @@ async def test_operator_limits_survive_a_worker_registering_the_type(
                             "WHERE name = 'lim_o'")  # fmt: skip
     assert row["concurrency"] == 2 and row["rate_limit"] is None
     assert row["limits_set_at"] is not None
+
+
+# Review finding (merge of limits with the reconciler): a job held for a long rate window sat in
+# a pen longer than reconcile_after while it looked due, untouched and missing from its queue,
+# so every reconcile pass re-published another copy. Failed before: the held job was overdue.
+async def test_a_job_held_for_its_rate_window_is_not_overdue_while_in_its_pen(
+    db: asyncpg.Connection,
+) -> None:
+    await _register(db, "lim_h", rate_limit="1/h")
+    ids = [await enqueue(db, "lim_h", {"i": i}) for i in range(2)]
+    await db.execute("UPDATE jobs SET run_at = now() - interval '5 minutes', "
+                     "created_at = now() - interval '5 minutes'")  # fmt: skip
+    claimed, held = await _claim(db, ids, "lim_h")
+    assert len(claimed) == 1 and len(held) == 1
+    (delay,) = held.values()
+    assert delay >= 3600 - 5  # the pen hands it back when the window frees a start
+    await db.execute("DELETE FROM job_outbox")  # the relay published the pen message
+    # two minutes on (its updated_at no longer fresh): still not due, so not "missing"
+    await db.execute("UPDATE jobs SET updated_at = now() - interval '2 minutes' WHERE id = $1",
+                     next(iter(held)))  # fmt: skip
+    assert await store.job_count_overdue(db, after=60.0) == {}
+    assert await store.job_overdue_ids(db, "lim_h", after=60.0, limit=10) == []
+    run_at = await db.fetchval("SELECT run_at FROM jobs WHERE id = $1", next(iter(held)))
+    now = await db.fetchval("SELECT now()")
+    assert (run_at - now).total_seconds() >= delay - 5

@@ -130,3 +130,18 @@ def test_schedule_horizon() -> None:
         check_horizon([soon, later], 1)
     far = SimpleNamespace(run_at=datetime(9998, 12, 31, tzinfo=UTC))
     check_horizon([far], 3_000_000)  # a horizon past year 9999 is no horizon (no overflow)
+
+
+def test_broker_permissions_cover_dotted_types_and_the_high_band() -> None:
+    """Review finding: ``[^.]+`` refused a job type with a dot (``email.send`` is valid), so
+    under the generated permissions the publisher could not declare its queue."""
+    import re
+
+    from conveyor.broker.permissions import permissions
+
+    for queue in ("jobs.queue.email.send", "jobs.high.email.send", "jobs.queue.a"):
+        for component in ("publisher", "sweeper", "worker"):
+            conf = permissions("jobs", component)[0]
+            assert re.match(conf, queue), (component, queue)
+    read = permissions("jobs", "worker", ["email.send"])[2]
+    assert re.match(read, "jobs.high.email.send") and not re.match(read, "jobs.queue.other")

@@ -33,9 +33,10 @@ def permissions(
     queues = (
         "(queue|high)\\.(" + "|".join(re.escape(check_type(t)) for t in types) + ")"
         if types
-        else "(queue|high)\\.[^.]+"
+        else "(queue|high)\\.[A-Za-z0-9][A-Za-z0-9_.-]*"
     )
-    anyq = "(queue|high)\\.[^.]+"
+    # any type's queue: a job type may contain dots (core.jobs.TYPE_PATTERN)
+    anyq = "(queue|high)\\.[A-Za-z0-9][A-Za-z0-9_.-]*"
     base = "exchange|dead_letter|dead_letter\\.queue|retry"  # declare_base (+ legacy delete)
     if component == "publisher":
         conf = f"^{ns}\\.({base}|retry\\.[^.]+|{anyq})$"

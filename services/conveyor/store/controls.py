@@ -88,13 +88,11 @@ WITH t AS (
     SET recent_starts = c.win || array_fill(statement_timestamp(), ARRAY[n.n])
     FROM (SELECT job_type, count(*)::int AS n FROM upd GROUP BY job_type) n, c
     WHERE ty.name = n.job_type AND c.name = ty.name AND c.rate_limit IS NOT NULL
-), held AS (
+), hold AS (
     -- the n-th job over a full window waits for the window's (size - limit + n)-th start to
     -- leave it (the starts claimed just now included: when that index is past the window)
-    UPDATE __schema__.jobs j SET updated_at = statement_timestamp()
-    FROM pick
-    WHERE j.id = pick.id AND NOT pick.go
-    RETURNING j.id, j.job_type, j.priority, greatest(
+    SELECT pick.id, (pick.rate_free IS NOT NULL AND pick.rn > pick.rate_free) AS rate_held,
+        greatest(
         CASE WHEN pick.paused THEN {PAUSED_HOLD_SECONDS} ELSE 1 END,
         CASE WHEN pick.conc_free IS NOT NULL AND pick.rn > pick.conc_free
              THEN least(10, extract(epoch FROM statement_timestamp()
@@ -107,18 +105,31 @@ WITH t AS (
                  statement_timestamp() + make_interval(secs => pick.rate_period))
                  - statement_timestamp())
              ELSE 0 END) AS wait_for
+    FROM pick WHERE NOT pick.go
 ), pen AS (
-    SELECT held.*, coalesce((SELECT min(p) FROM unnest($7::int4[]) p WHERE p >= held.wait_for),
+    SELECT hold.*, coalesce((SELECT min(p) FROM unnest($7::int4[]) p WHERE p >= hold.wait_for),
                             {PEN_LADDER[-1]}) AS delay
-    FROM held
+    FROM hold
+), held AS (
+    -- a job held for its rate window (a pen of up to the window's length) is not due before
+    -- the pen hands it back: the reconciler, which re-publishes jobs due for longer than
+    -- reconcile_after and missing from their queue, must not take it for lost (it would add
+    -- a copy per pass); short holds (pause, concurrency: <= 10 s) keep their run_at
+    UPDATE __schema__.jobs j SET updated_at = statement_timestamp(),
+        run_at = CASE WHEN pen.rate_held
+                      THEN statement_timestamp() + make_interval(secs => pen.delay)
+                      ELSE j.run_at END
+    FROM pen
+    WHERE j.id = pen.id
+    RETURNING j.id, j.job_type, j.priority, pen.delay
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)
-    SELECT id, job_type, priority, 'retry', delay FROM pen
+    SELECT id, job_type, priority, 'retry', delay FROM held
 )
 SELECT false AS held, id, job_type, payload, priority, attempts, retry_count, max_retries,
        timeout_seconds, meta, trace_context, wait FROM upd
 UNION ALL
-SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay FROM pen
+SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay FROM held
 """,
 )
 

@@ -33,6 +33,8 @@ async def write(store: Store, conn: Connection, completed: Sequence[Running]) ->
     jobs = [j for r in asked if r.job.id in ok for j in r.followups]
     if not jobs:
         return 0
-    await store.job_insert_many(conn, jobs)
+    # job_insert_checked: meta and unique_for/unique_key go through the full insert (a plain
+    # insert has no columns for them); a duplicate of a unique follow-up is not inserted
+    done = await store.job_insert_checked(conn, jobs)
     await store.outbox_notify(conn)
-    return len(jobs)
+    return len(done.inserted)
