@@ -197,22 +197,7 @@ class AttemptStatements(Statements):
             default_max_retries,
             list(types),
         )
-        return [
-            ClaimedJob(
-                id=r["id"],
-                job_type=r["job_type"],
-                payload=orjson.loads(r["payload"]),
-                priority=r["priority"],
-                attempts=r["attempts"],
-                retry_count=r["retry_count"],
-                max_retries=r["max_retries"],
-                timeout_seconds=r["timeout_seconds"],
-                wait_seconds=r["wait"],
-                trace_context=r["trace_context"],
-                meta=None if r["meta"] is None else orjson.loads(r["meta"]),
-            )
-            for r in rows
-        ]
+        return [ClaimedJob.from_record(r) for r in rows]
 
     async def job_complete_many(
         self, conn: Connection, items: Sequence[Completion]

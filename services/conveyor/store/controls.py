@@ -20,8 +20,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from ..core.jobs import PEN_LADDER
 from .attempts import HandlerDefaults
 from .base import Connection, Statements
@@ -215,21 +213,5 @@ class ControlStatements(Statements):
             list(types),
             list(PEN_LADDER),
         )
-        claimed = [
-            ClaimedJob(
-                id=r["id"],
-                job_type=r["job_type"],
-                payload=orjson.loads(r["payload"]),
-                priority=r["priority"],
-                attempts=r["attempts"],
-                retry_count=r["retry_count"],
-                max_retries=r["max_retries"],
-                timeout_seconds=r["timeout_seconds"],
-                wait_seconds=r["wait"],
-                trace_context=r["trace_context"],
-                meta=None if r["meta"] is None else orjson.loads(r["meta"]),
-            )
-            for r in rows
-            if not r["held"]
-        ]
+        claimed = [ClaimedJob.from_record(r) for r in rows if not r["held"]]
         return claimed, {r["id"]: int(r["wait"]) for r in rows if r["held"]}

@@ -105,6 +105,23 @@ class ClaimedJob:
     trace_context: str | None = None  # the submit's traceparent (tracing)
     meta: dict[str, Any] | None = None
 
+    @classmethod
+    def from_record(cls, r: Any) -> ClaimedJob:
+        """A row of a claim statement (``job_claim_many``, ``job_claim_controlled``)."""
+        return cls(
+            id=r["id"],
+            job_type=r["job_type"],
+            payload=orjson.loads(r["payload"]),
+            priority=r["priority"],
+            attempts=r["attempts"],
+            retry_count=r["retry_count"],
+            max_retries=r["max_retries"],
+            timeout_seconds=r["timeout_seconds"],
+            wait_seconds=r["wait"],
+            trace_context=r["trace_context"],
+            meta=None if r["meta"] is None else orjson.loads(r["meta"]),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
