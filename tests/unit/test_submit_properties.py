@@ -89,7 +89,7 @@ def _check_round_trip(body: dict[str, Any], row: Any) -> None:
     assert row.max_retries == body.get("max_retries")
     assert row.timeout_seconds == body.get("timeout_seconds")
     assert row.delay_seconds == body.get("delay_seconds")
-    if "run_at" in body:
+    if body.get("run_at") is not None:  # null is the same as absent
         assert row.run_at == datetime.fromisoformat(body["run_at"])
     priority = body.get("priority", "normal")
     assert row.priority == {"high": 9, "normal": 5, "low": 1}.get(priority, priority)
