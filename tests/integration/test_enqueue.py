@@ -113,3 +113,18 @@ async def test_enqueue_inside_a_traced_request_stores_the_callers_span(
         traced: f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}",
         untraced: None,
     }
+
+
+async def test_a_unique_or_meta_job_keeps_the_callers_trace(db: asyncpg.Connection) -> None:
+    """Review finding (tracing with unique jobs and meta): those rows take the full insert,
+    which stored no trace context. Failed before: trace_context NULL for both."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("app")
+    with tracer.start_as_current_span("checkout") as span:
+        unique = await enqueue(db, "send_email", {"to": "a@example.com"}, unique_for=60)
+        with_meta = await enqueue(db, "send_email", {"to": "b@example.com"}, meta={"t": 1})
+    c = span.get_span_context()
+    want = f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
+    rows = dict(await db.fetch("SELECT id, trace_context FROM jobs"))
+    assert rows == {unique: want, with_meta: want}

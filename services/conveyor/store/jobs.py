@@ -137,6 +137,23 @@ JOB_FENCE_MANY = statement(
 )
 
 
+def insert_arrays(jobs: Sequence[NewJob]) -> list[list[object]]:
+    """The column arrays ``$1``-``$10`` of both job inserts (``job_insert_many`` and
+    ``unique.job_insert_full``), in their order."""
+    return [
+        [j.id for j in jobs],
+        [j.job_type for j in jobs],
+        [j.payload_json for j in jobs],
+        [j.priority for j in jobs],
+        [j.max_retries for j in jobs],
+        [j.timeout_seconds for j in jobs],
+        [j.run_at for j in jobs],
+        [j.delay_seconds for j in jobs],
+        [j.idempotency_key for j in jobs],
+        [j.request_hash for j in jobs],
+    ]
+
+
 class JobStatements(Statements):
     async def job_insert_many(
         self, conn: Connection, jobs: Sequence[NewJob], trace_context: str | None = None
@@ -148,16 +165,7 @@ class JobStatements(Statements):
         traced = () if trace_context is None else (trace_context,)
         rows = await conn.fetch(
             self.sql[JOB_INSERT_MANY_TRACED if traced else JOB_INSERT_MANY],
-            [j.id for j in jobs],
-            [j.job_type for j in jobs],
-            [j.payload_json for j in jobs],
-            [j.priority for j in jobs],
-            [j.max_retries for j in jobs],
-            [j.timeout_seconds for j in jobs],
-            [j.run_at for j in jobs],
-            [j.delay_seconds for j in jobs],
-            [j.idempotency_key for j in jobs],
-            [j.request_hash for j in jobs],
+            *insert_arrays(jobs),
             *traced,
         )
         return {r["id"]: JobRow.from_record(r) for r in rows}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from .base import Connection, Statements, affected
-from .jobs import JOB_COLUMNS, JobStatements
+from .jobs import JOB_COLUMNS, JobStatements, insert_arrays
 from .registry import statement
 from .rows import JobRow, NewJob
 
@@ -46,10 +46,12 @@ WITH u AS (
     WHERE u.ukey IS NULL OR u.id IN (SELECT job_id FROM won)
 ), ins AS (
     INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
-                                 timeout_seconds, run_at, idempotency_key, request_hash, meta)
+                                 timeout_seconds, run_at, idempotency_key, request_hash, meta,
+                                 trace_context)
     SELECT id, job_type,
            (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
-           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, meta::jsonb
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, meta::jsonb,
+           $15::text
     FROM v
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -101,26 +103,23 @@ def needs_full_insert(rows: Sequence[NewJob]) -> bool:
 
 class UniqueStatements(Statements):
     async def job_insert_full(
-        self, conn: Connection, jobs: Sequence[NewJob], *, among: Sequence[uuid.UUID] = ()
+        self,
+        conn: Connection,
+        jobs: Sequence[NewJob],
+        *,
+        among: Sequence[uuid.UUID] = (),
+        trace_context: str | None = None,
     ) -> dict[uuid.UUID, JobRow]:
         """``job_insert_many`` with ``meta`` and unique keys: a row whose key is held (and not
-        expired, nor held by one of ``among``) is not inserted."""
+        expired, nor held by one of ``among``) is not inserted. ``trace_context`` as there."""
         rows = await conn.fetch(
             self.sql[JOB_INSERT_FULL],
-            [j.id for j in jobs],
-            [j.job_type for j in jobs],
-            [j.payload_json for j in jobs],
-            [j.priority for j in jobs],
-            [j.max_retries for j in jobs],
-            [j.timeout_seconds for j in jobs],
-            [j.run_at for j in jobs],
-            [j.delay_seconds for j in jobs],
-            [j.idempotency_key for j in jobs],
-            [j.request_hash for j in jobs],
+            *insert_arrays(jobs),
             [j.meta_json for j in jobs],
             [j.unique_key for j in jobs],
             [j.unique_for for j in jobs],
             list(among),
+            trace_context,
         )
         return {r["id"]: JobRow.from_record(r) for r in rows}
 
@@ -144,11 +143,11 @@ class UniqueStatements(Statements):
         unique key or ``meta`` through ``job_insert_full``. A row missing from both results was
         refused by its idempotency key. Run it in a transaction when ``jobs`` has unique keys
         and must be all or none: a key whose job vanished is taken over by a second statement.
-        ``trace_context`` (tracing) is stored by the plain insert only."""
+        ``trace_context`` (tracing) is stored by either insert."""
         if not needs_full_insert(jobs):
             plain = cast(JobStatements, self)
             return Inserted(await plain.job_insert_many(conn, jobs, trace_context), {})
-        inserted = await self.job_insert_full(conn, jobs)
+        inserted = await self.job_insert_full(conn, jobs, trace_context=trace_context)
         duplicates: dict[uuid.UUID, JobRow] = {}
         pending = [j for j in jobs if j.unique_key is not None and j.id not in inserted]
         for _ in range(_TAKEOVER_ROUNDS):
@@ -173,7 +172,9 @@ class UniqueStatements(Statements):
             # only the first of several rows with one key may claim it; the others are its
             # duplicates on the next round
             firsts = list({j.unique_key: j for j in reversed(retry)}.values())
-            more = await self.job_insert_full(conn, firsts, among=vanished)
+            more = await self.job_insert_full(
+                conn, firsts, among=vanished, trace_context=trace_context
+            )
             inserted.update(more)
             pending = [j for j in retry if j.id not in more]
         return Inserted(inserted, duplicates)
