@@ -151,3 +151,25 @@ async def test_last_error_shows_the_last_line_not_the_traceback(settings: Settin
         got = (await s.client.get(f"/jobs/{job}")).json()
     traceback = got["last_error_traceback"]
     assert "Traceback (most recent call last)" in traceback and ".py" in traceback
+
+
+async def test_submit_headers_declared_and_validated(stack: Stack) -> None:
+    """Both submit routes declare ``Idempotency-Key`` (1-255 characters) and ``traceparent``
+    (W3C Trace Context, optional: an invalid one is ignored, a new trace starts) as header
+    parameters; a key outside its bounds is a 422 naming the header, and writes nothing."""
+    spec = (await stack.client.get("/openapi.json")).json()
+    for path in ("/jobs", "/jobs/batch"):
+        params = {p["name"]: p for p in spec["paths"][path]["post"].get("parameters", [])}
+        assert set(params) == {"Idempotency-Key", "traceparent"}, (path, sorted(params))
+        for p in params.values():
+            assert p["in"] == "header" and not p.get("required") and p.get("description"), p
+        key = params["Idempotency-Key"]["schema"]
+        assert (key.get("minLength"), key.get("maxLength")) == (1, 255), key
+    for path, body in (("/jobs", {"type": "t"}), ("/jobs/batch", {"jobs": [{"type": "t"}]})):
+        for bad in ("k" * 256, ""):
+            r = await stack.client.post(path, json=body, headers={"Idempotency-Key": bad})
+            got = _shape(r, 422, "invalid_request")
+            assert got["detail"][0]["loc"] == ["header", "idempotency-key"], got
+        r = await stack.client.post(path, json=body, headers={"traceparent": "not-a-trace"})
+        assert r.status_code in (201, 422), r.text  # 422 only for the unknown type "t"
+        assert r.json().get("error") != "invalid_request", r.text

@@ -148,7 +148,9 @@ class Verdict:
 async def _snapshot(conn: asyncpg.Connection) -> tuple[dict[uuid.UUID, Any], int]:
     rows = await conn.fetch(
         "SELECT id, status::text AS status, attempts, retry_count, max_retries, last_error,"
-        " result::text AS result FROM jobs"
+        " result::text AS result, run_at, updated_at, now() AS seen_at,"
+        " (SELECT string_agg(o.destination || ':' || COALESCE(o.delay_seconds::text, '-'), ',')"
+        "  FROM job_outbox o WHERE o.job_id = jobs.id) AS outbox FROM jobs"
     )
     outbox = int(await conn.fetchval("SELECT count(*) FROM job_outbox"))
     return {r["id"]: r for r in rows}, outbox
@@ -230,7 +232,9 @@ async def check(
             v.stuck += 1
             v.problems.append(
                 f"stuck: {job_id} {row['status']} attempts={row['attempts']} "
-                f"retry_count={row['retry_count']}"
+                f"retry_count={row['retry_count']} run_at={row['run_at']} "
+                f"updated_at={row['updated_at']} seen_at={row['seen_at']} "
+                f"outbox={row['outbox']} last_error={row['last_error']!r}"
             )
 
     trail: dict[uuid.UUID, list[Any]] = defaultdict(list)

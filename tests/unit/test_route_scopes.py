@@ -1,5 +1,6 @@
 """Every route of the app is in ``api/auth.py``'s scope table (or explicitly open), and every
-route that needs a scope actually runs the ``Auth`` dependency. A branch that adds a route
+route that needs a scope actually runs ``Auth`` (is of the guarded route class ``auth.install``
+puts on the app's router). A branch that adds a route
 without declaring it fails here (the route would need ``admin`` until then: fail closed)."""
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from conveyor.core.apikeys import SCOPES
 from conveyor.core.config import Settings
 
 
-def _app_routes() -> list[object]:
-    return list(create_app(Settings(auth="required")).routes)
-
-
 def test_every_route_declares_a_scope_or_open() -> None:
+    app = create_app(Settings(auth="required"))
+    guarded = app.state.auth.route_class
+    assert guarded is not None and issubclass(guarded, APIRoute)
     missing, unguarded, seen = [], [], set()
-    for route in _app_routes():
+    for route in app.routes:
         path: str = getattr(route, "path", "")
         if isinstance(route, Mount):
             assert path in OPEN_MOUNTS, f"mount {path} is not declared open"
@@ -29,11 +29,9 @@ def test_every_route_declares_a_scope_or_open() -> None:
             seen.add(("GET" if method == "HEAD" else method, template(path)))
             if scope is None:
                 missing.append(f"{method} {path}")
-            elif scope != OPEN:
-                # only an APIRoute runs the app's dependencies; anything else is unguarded
-                deps = route.dependant.dependencies if isinstance(route, APIRoute) else []
-                if not any(isinstance(d.call, Auth) for d in deps):
-                    unguarded.append(f"{method} {path}")
+            elif scope != OPEN and not isinstance(route, guarded):
+                # only the guarded route class runs Auth; anything else is unguarded
+                unguarded.append(f"{method} {path}")
     assert not missing, f"routes without a scope in api/auth.py ROUTE_SCOPES: {missing}"
     assert not unguarded, f"routes that need a scope but do not run Auth: {unguarded}"
     stale = set(ROUTE_SCOPES) - seen
@@ -56,8 +54,8 @@ def test_an_undeclared_route_needs_admin() -> None:
 
     auth: Auth = app.state.auth
     route = next(r for r in app.routes if getattr(r, "path", "") == "/not-declared")
-    assert isinstance(route, APIRoute)
-    assert any(isinstance(d.call, Auth) for d in route.dependant.dependencies)
+    assert isinstance(route, APIRoute) and auth.route_class is not None
+    assert isinstance(route, auth.route_class)
 
     class _Req:
         method = "GET"

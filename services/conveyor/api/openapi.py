@@ -56,15 +56,49 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-def json_body(model: type[SubmitJob] | type[SubmitBatch], description: str) -> dict[str, Any]:
-    """``openapi_extra`` for a route that reads its body itself (see ``body.py``)."""
-    return {
+def json_body(
+    model: type[SubmitJob] | type[SubmitBatch],
+    description: str,
+    headers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``openapi_extra`` for a route that reads its body (see ``body.py``) and ``headers``
+    itself."""
+    extra: dict[str, Any] = {
         "requestBody": {
             "required": True,
             "description": description,
             "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
         }
     }
+    if headers:
+        extra["parameters"] = headers
+    return extra
+
+
+def submit_headers() -> list[dict[str, Any]]:
+    """The headers a submit reads (``routes.idempotency_key``, tracing)."""
+    return [
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": False,
+            "description": "Makes a retry safe: the same key with the same body returns the "
+            "first answer's jobs (200) without creating new ones; a different body with it is "
+            "a 409.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+            "example": "order-42-confirmation",
+        },
+        {
+            "name": "traceparent",
+            "in": "header",
+            "required": False,
+            "description": "W3C Trace Context of the caller (with `conveyor[otel]` and tracing "
+            "on): the submit's span, and every attempt of the job, join the caller's trace. An "
+            "invalid value is ignored (a new trace starts), as the W3C recommendation says.",
+            "schema": {"type": "string"},
+            "example": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        },
+    ]
 
 
 # After POST /jobs (201/200), the new job's id feeds the operations on one job.

@@ -7,7 +7,8 @@ import uuid
 from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI, Header, Query, Request, Response
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -15,19 +16,31 @@ from ..core.jobs import TYPE_PATTERN, Status
 from ..core.metrics import Metrics
 from .errors import error_response
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
-from .openapi import errors, json_body
+from .openapi import errors, json_body, submit_headers
 from .service import Api
 
-IdempotencyKey = Annotated[
-    str | None,
-    Header(
-        min_length=1,
-        max_length=255,
-        description="Makes a retry safe: the same key with the same body returns the first "
-        "answer's jobs (200) without creating new ones; a different body with it is a 409.",
-        examples=["order-42-confirmation"],
-    ),
-]
+# The submit routes read their headers themselves (a FastAPI ``Header`` parameter costs a
+# dependency-solving pass per request); ``openapi.submit_headers`` declares them.
+IDEMPOTENCY_KEY_MAX = 255
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The ``Idempotency-Key`` header, 1-255 characters (a 422 naming the header otherwise)."""
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
+        short = not key
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("header", "idempotency-key"),
+                    "type": "string_too_short" if short else "string_too_long",
+                    "msg": "String should have at least 1 character"
+                    if short
+                    else f"String should have at most {IDEMPOTENCY_KEY_MAX} characters",
+                }
+            ]
+        )
+    return key
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -52,11 +65,11 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
             200: {"model": JobResource, "description": "Idempotent replay: the existing job."},
             **errors(400, 409, 413, 422, 503),
         },
-        openapi_extra=json_body(SubmitJob, "The job to submit."),
+        openapi_extra=json_body(SubmitJob, "The job to submit.", submit_headers()),
     )
-    async def submit_job(request: Request, idempotency_key: IdempotencyKey = None) -> Response:
+    async def submit_job(request: Request) -> Response:
         status, resource = await api.submit(
-            await request.body(), idempotency_key, request.headers.get("traceparent")
+            await request.body(), idempotency_key(request), request.headers.get("traceparent")
         )
         return _json(resource, status)
 
@@ -74,11 +87,11 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
             200: {"model": BatchResource, "description": "Idempotent replay: the existing jobs."},
             **errors(400, 409, 413, 422, 503),
         },
-        openapi_extra=json_body(SubmitBatch, "The jobs to submit."),
+        openapi_extra=json_body(SubmitBatch, "The jobs to submit.", submit_headers()),
     )
-    async def submit_batch(request: Request, idempotency_key: IdempotencyKey = None) -> Response:
+    async def submit_batch(request: Request) -> Response:
         status, batch = await api.submit_batch(
-            await request.body(), idempotency_key, request.headers.get("traceparent")
+            await request.body(), idempotency_key(request), request.headers.get("traceparent")
         )
         return _json(batch, status)
 
