@@ -12,7 +12,7 @@ import asyncpg
 from conveyor import enqueue
 from conveyor.core.metrics import Metrics
 from conveyor.router import Job
-from conveyor.store import for_schema
+from conveyor.store import connect, for_schema
 from conveyor.store.connect import create_pool
 from conveyor.worker import outcomes
 from conveyor.worker.completer import LARGE_RESULT_CHARS, Completer, Pending, is_data_error
@@ -120,3 +120,43 @@ async def test_a_large_result_does_not_hold_back_the_other_outcomes(
     statuses = await db.fetch("SELECT status::text FROM jobs ORDER BY id")
     assert [r["status"] for r in statuses] == ["COMPLETED"] * 3
     assert len(done) == 3 and all(p.written for p in done)
+
+
+async def test_a_batch_of_one_kind_is_one_statement_without_begin_commit(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    """Completions alone (no progress report, no follow-up) are one atomic statement: no
+    BEGIN/COMMIT round trips. A batch mixing completions and failures is one transaction."""
+    queries: list[str] = []
+
+    async def init(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda r: queries.append(r.query.split()[0].rstrip(";").upper()))
+
+    # as create_pool's: no reset query on release
+    pool = await asyncpg.create_pool(
+        db_url, min_size=1, max_size=1, init=init, reset=connect._skip_session_reset
+    )
+
+    async def record(batch: list[Pending]) -> None:
+        pass
+
+    completer = Completer(pool, for_schema(), Metrics(), done=record)
+    try:
+        runs = await _claimed(db, 6)
+        for r in runs[:2]:  # warm-up: asyncpg introspects the statement's types once
+            completer.put(r, outcomes.completed({"ok": True}))
+        await completer.flush_once()
+        queries.clear()
+        for r in runs[2:4]:
+            completer.put(r, outcomes.completed({"ok": True}))
+        assert await completer.flush_once() == 2
+        assert queries == ["WITH"], queries  # job_complete_many alone
+        queries.clear()
+        completer.put(runs[4], outcomes.completed(None))
+        completer.put(runs[5], outcomes.failure("no", retry_count=0, max_retries=0, spec=None))
+        assert await completer.flush_once() == 2
+        assert queries[0] == "BEGIN" and queries[-1] == "COMMIT", queries
+    finally:
+        await pool.close()
+    statuses = sorted(r["s"] for r in await db.fetch("SELECT status::text AS s FROM jobs"))
+    assert statuses == ["COMPLETED"] * 5 + ["FAILED"], statuses

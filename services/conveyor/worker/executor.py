@@ -80,7 +80,7 @@ class Executor:
             outcome = await self._traced(running)
         else:
             outcome = await self.attempt(running)
-        self.metrics.job_duration.labels(running.job.type).observe(self.clock() - started)
+        self.metrics.job_duration_of(running.job.type).observe(self.clock() - started)
         self.report(running, outcome)
         return outcome
 
