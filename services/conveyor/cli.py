@@ -49,10 +49,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         f"database {name!r} {'created and ' if created else ''}migrated to head "
         f"(schema {settings.db_schema!r})"
     )
-    if args.grant_roles:
-        from .cli_keys import grant_roles
+    if args.grant_roles or args.create_roles:
+        from .cli_keys import grant_roles, role_passwords
 
-        granted = asyncio.run(grant_roles(settings))
+        try:
+            passwords = role_passwords(os.environ) if args.create_roles else None
+            granted = asyncio.run(grant_roles(settings, passwords))
+        except Exception as exc:  # no traceback: one line naming what failed
+            print(f"conveyor migrate: roles: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         print(f"granted least privileges to {', '.join(granted) or 'no role (none exists)'}")
     return 0
 
@@ -154,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then grant each existing role conveyor_api, conveyor_publisher, "
                    "conveyor_worker, conveyor_sweeper only what it uses "
                    "(see conveyor roles sql)")  # fmt: skip
+    s.add_argument("--create-roles", action="store_true",
+                   help="first create those four login roles (or set their passwords) from "
+                   "CONVEYOR_<API|PUBLISHER|WORKER|SWEEPER>_DB_PASSWORD, then grant; needs "
+                   "CREATEROLE (docker-compose.yml and k8s/base/migrate-job.yaml use it)",
+                   )  # fmt: skip
     s.set_defaults(func=cmd_migrate)
 
     s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")

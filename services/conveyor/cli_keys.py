@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .core.config import Settings
@@ -86,15 +87,30 @@ def cmd_roles(args: argparse.Namespace) -> int:
     return 0
 
 
-async def grant_roles(settings: Settings) -> list[str]:
-    """``conveyor migrate --grant-roles``: the grants to the default roles that exist."""
+def role_passwords(environ: Mapping[str, str]) -> dict[str, str]:
+    """``conveyor migrate --create-roles``: each component's password from
+    ``CONVEYOR_<COMPONENT>_DB_PASSWORD``; raises ValueError naming the missing ones."""
+    from .store.roles import COMPONENTS
+
+    names = {c: f"CONVEYOR_{c.upper()}_DB_PASSWORD" for c in COMPONENTS}
+    missing = [n for n in names.values() if not environ.get(n)]
+    if missing:
+        raise ValueError(f"--create-roles needs {', '.join(missing)}")
+    return {c: environ[n] for c, n in names.items()}
+
+
+async def grant_roles(settings: Settings, passwords: Mapping[str, str] | None = None) -> list[str]:
+    """``conveyor migrate --grant-roles``: the grants to the default roles that exist; with
+    ``passwords`` (``--create-roles``), first create those roles or set their passwords."""
     import asyncpg
 
     from .store.connect import connect_options
-    from .store.roles import grant_existing
+    from .store.roles import ensure_login_roles, grant_existing
 
     conn = await asyncpg.connect(settings.database_url, **connect_options(settings.db_pooler))
     try:
+        if passwords:
+            await ensure_login_roles(conn, passwords)
         return await grant_existing(conn, settings.db_schema)
     finally:
         await conn.close()

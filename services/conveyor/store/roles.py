@@ -18,6 +18,11 @@ names); ``conveyor migrate --grant-roles`` applies them to roles that exist.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from .registry import check_schema
@@ -99,6 +104,45 @@ async def grant_existing(conn: Any, schema: str) -> list[str]:
         for statement in grant_statements(schema, roles):
             await conn.execute(statement)
     return sorted(roles.values())
+
+
+def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = 4096) -> str:
+    """PostgreSQL's SCRAM-SHA-256 verifier of ``password`` (RFC 5802/7677, the format of
+    ``pg_authid.rolpassword``), so the plain password never reaches the server or its logs:
+    ``CREATE ROLE … PASSWORD '<verifier>'`` stores it as given."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+
+    def b64(b: bytes) -> str:
+        return base64.b64encode(b).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+# CREATE/ALTER ROLE take no parameters: the server quotes the name and the verifier (format).
+_LOGIN_ROLE = """
+SELECT format(CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)
+                   THEN 'ALTER ROLE %I LOGIN PASSWORD %L'
+                   ELSE 'CREATE ROLE %I LOGIN PASSWORD %L' END, $1::text, $2::text)
+"""
+
+
+async def ensure_login_roles(conn: Any, passwords: Mapping[str, str]) -> list[str]:
+    """Create each component's login role (``DEFAULT_ROLES``) with its password, or set the
+    password of one that exists (rotation), in one transaction; returns the role names. Needs
+    CREATEROLE (or a superuser): the role that runs ``conveyor migrate`` in a deployment."""
+    names = []
+    async with conn.transaction():
+        for component, password in passwords.items():
+            if not password:
+                raise ValueError(f"an empty password for {component}")
+            role = DEFAULT_ROLES[component]
+            await conn.execute(await conn.fetchval(_LOGIN_ROLE, role, scram_verifier(password)))
+            names.append(role)
+    return names
 
 
 def roles_sql(schema: str, roles: dict[str, str] | None = None) -> str:

@@ -1,0 +1,111 @@
+"""Issue 13.5 end to end: ``conveyor migrate --create-roles`` (what docker-compose.yml's and
+k8s's migrate step runs) on a PostgreSQL cluster of the test's own, where role names are not
+shared with anyone and TCP logins need a password (SCRAM). The real CLI creates the four login
+roles with the passwords it is given (sent as SCRAM verifiers, never in clear), grants them,
+and each role logs in with its password, does its work and is refused DDL. Run again with a new
+password it rotates; a missing password is one line, no traceback, nothing created."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import Iterator
+
+import asyncpg
+import pytest
+
+from conveyor.store.roles import COMPONENTS, DEFAULT_ROLES
+
+from ..e2e.test_processes import _run
+from ..faults.infra import PG_BIN, PrivatePostgres
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PrivatePostgres]:
+    pg = PrivatePostgres()
+    pg.start()
+    # the superuser keeps trust (the test's own door); every other TCP login needs its password
+    (pg.data / "pg_hba.conf").write_text(
+        "local all all trust\n"
+        "host all postgres 127.0.0.1/32 trust\n"
+        "host all all 127.0.0.1/32 scram-sha-256\n"
+    )
+    pg._pg(str(PG_BIN / "pg_ctl"), "-D", str(pg.data), "reload")
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+def _login(pg: PrivatePostgres, role: str, password: str) -> str:
+    return f"postgresql://{role}:{password}@127.0.0.1:{pg.port}/conveyor_roles"
+
+
+def _env(pg: PrivatePostgres, passwords: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env["CONVEYOR_DATABASE_URL"] = pg.url("conveyor_roles")
+    env.update({f"CONVEYOR_{c.upper()}_DB_PASSWORD": p for c, p in passwords.items()})
+    return env
+
+
+async def test_migrate_creates_grants_and_rotates_the_component_roles(
+    cluster: PrivatePostgres,
+) -> None:
+    passwords = {c: f"pw-{c}-{secrets.token_hex(4)}" for c in COMPONENTS}
+    missing = dict(passwords)
+    del missing["sweeper"]
+    code, _, err = await _run(["migrate", "--create-roles"], _env(cluster, missing))
+    assert code == 1, err
+    assert "CONVEYOR_SWEEPER_DB_PASSWORD" in err and "Traceback" not in err, err
+    assert all(p not in err for p in passwords.values()), err
+
+    owner = await asyncpg.connect(cluster.url("postgres"))
+    try:
+        assert not await owner.fetchval(
+            "SELECT count(*) FROM pg_roles WHERE rolname = ANY($1::text[])",
+            list(DEFAULT_ROLES.values()),
+        ), "a refused run must create no role"
+    finally:
+        await owner.close()
+
+    code, out, err = await _run(["migrate", "--create-roles"], _env(cluster, passwords))
+    assert code == 0, err
+    assert "granted least privileges to conveyor_api, conveyor_publisher" in out, out
+
+    owner = await asyncpg.connect(cluster.url("postgres"))
+    try:
+        stored = {r["rolname"]: r["rolpassword"] for r in await owner.fetch(
+            "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = ANY($1::text[])",
+            list(DEFAULT_ROLES.values()))}  # fmt: skip
+    finally:
+        await owner.close()
+    assert sorted(stored) == sorted(DEFAULT_ROLES.values())
+    assert all(v.startswith("SCRAM-SHA-256$4096:") for v in stored.values()), stored
+
+    for component, role in DEFAULT_ROLES.items():
+        conn = await asyncpg.connect(_login(cluster, role, passwords[component]))
+        try:
+            # its grants work (every runtime role reads the schema version: readiness)
+            assert await conn.fetchval("SELECT count(*) FROM conveyor.alembic_version") == 1
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("CREATE TABLE conveyor.intruder (i int)")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("TRUNCATE conveyor.jobs")
+        finally:
+            await conn.close()
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(_login(cluster, role, "wrong-" + passwords[component]))
+
+    # rotation: the same command with a new password; the old one stops working
+    rotated = {**passwords, "worker": "pw-rotated-" + secrets.token_hex(4)}
+    code, _, err = await _run(["migrate", "--create-roles"], _env(cluster, rotated))
+    assert code == 0, err
+    worker = DEFAULT_ROLES["worker"]
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(_login(cluster, worker, passwords["worker"]))
+    conn = await asyncpg.connect(_login(cluster, worker, rotated["worker"]))
+    await conn.close()
+    await asyncio.sleep(0)
