@@ -172,6 +172,7 @@ WAIT_FOR = {
     "postgres": "service_healthy",
     "rabbitmq": "service_healthy",
     "migrate": "service_completed_successfully",
+    "broker-users": "service_completed_successfully",
 }
 
 
@@ -196,14 +197,14 @@ def command_of(service: dict[str, Any]) -> argparse.Namespace | str:
 def compose_problems(compose: dict[str, Any], shutdown_grace: float, overhead: float) -> list[str]:
     problems = []
     services: dict[str, dict[str, Any]] = compose.get("services", {})
-    for name in ("postgres", "rabbitmq", "migrate", *APP_SERVICES):
+    for name in ("postgres", "rabbitmq", "migrate", "broker-users", *APP_SERVICES):
         if name not in services:
             problems.append(f"no {name} service")
     for name, svc in services.items():
         unknown = set(svc) - KNOWN_SERVICE_KEYS
         if unknown:
             problems.append(f"{name}: unknown keys {sorted(unknown)}")
-        one_shot = svc.get("command") == ["migrate"]
+        one_shot = svc.get("restart") == "no"  # migrate, broker-users: run once, then exit
         health = svc.get("healthcheck")
         if not one_shot and not (health and health.get("test")):
             problems.append(f"{name}: a long-running service without a healthcheck")

@@ -48,7 +48,7 @@ def test_compose_services_run_real_conveyor_commands(service: str) -> None:
 
 def test_the_compose_commands_are_the_documented_ones() -> None:
     services = compose_services()
-    assert services["migrate"]["command"] == ["migrate"]
+    assert services["migrate"]["command"] == ["migrate", "--create-roles"]
     assert services["api"]["command"] == ["api", "--host", "0.0.0.0", "--port", "8000"]
     assert services["worker"]["command"] == [
         "worker", "--app", "examples.app:router", "--concurrency", "16", "--health-port", "8081",

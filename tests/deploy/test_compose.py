@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,7 +58,7 @@ def test_conveyor_services_share_one_image_built_from_deploy(compose: dict[str, 
         svc = compose["services"][name]
         assert svc["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}
         assert (ROOT / svc["build"]["dockerfile"]).is_file()
-        assert svc["env_file"] == ".env"
+        assert "env_file" not in svc, f"{name}: .env holds every service's password"
         images.add(svc["image"])
     assert len(images) == 1
 
@@ -111,31 +112,81 @@ def test_the_worker_may_take_longer_to_stop_than_its_drain(
 # ---------------------------------------------------------------------------- .env.example
 
 
+PASSWORDS = {
+    *(f"CONVEYOR_{c}_DB_PASSWORD" for c in ("API", "PUBLISHER", "WORKER", "SWEEPER")),
+    *(f"CONVEYOR_{c}_AMQP_PASSWORD" for c in ("PUBLISHER", "WORKER", "SWEEPER")),
+}
+
+
 def test_env_example_holds_every_setting_conveyor_reads(env: dict[str, str]) -> None:
     conveyor = {k: v for k, v in env.items() if k.startswith("CONVEYOR_")}
-    assert set(conveyor) == {
-        "CONVEYOR_DATABASE_URL",
-        "CONVEYOR_AMQP_URL",
+    settings_names = {
         "CONVEYOR_NAMESPACE",
         "CONVEYOR_VISIBILITY_TIMEOUT",
         "CONVEYOR_SHUTDOWN_GRACE",
     }
+    assert set(conveyor) == settings_names | PASSWORDS
     settings = Settings.model_validate(
-        {k.removeprefix("CONVEYOR_").lower(): v for k, v in conveyor.items()}
+        {k.removeprefix("CONVEYOR_").lower(): conveyor[k] for k in settings_names}
     )
     assert settings.namespace == "jobs"
+    assert all("example" in conveyor[k] for k in PASSWORDS), "placeholders only"
+    assert len({conveyor[k] for k in PASSWORDS if "_DB_" in k}) == 4, "one password per role"
 
 
-def test_env_example_urls_match_the_containers_credentials(env: dict[str, str]) -> None:
-    db = urlsplit(env["CONVEYOR_DATABASE_URL"])
-    assert (db.hostname, db.username, db.password, db.path) == (
-        "postgres", env["POSTGRES_USER"], env["POSTGRES_PASSWORD"], "/" + env["POSTGRES_DB"],
-    )  # fmt: skip
-    amqp = urlsplit(env["CONVEYOR_AMQP_URL"])
-    assert (amqp.hostname, amqp.username, amqp.password) == (
-        "rabbitmq", env["RABBITMQ_DEFAULT_USER"], env["RABBITMQ_DEFAULT_PASS"],
-    )  # fmt: skip
-    assert "example" in env["POSTGRES_PASSWORD"] and "example" in env["RABBITMQ_DEFAULT_PASS"]
+def _env_of(compose: dict[str, Any], service: str) -> dict[str, str]:
+    env = compose["services"][service].get("environment", {})
+    assert isinstance(env, dict), f"{service}: environment as a mapping"
+    return {k: str(v) for k, v in env.items()}
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m[1], m[2] or ""), value)
+
+
+@pytest.mark.parametrize("service", ["api", "publisher", "worker"])
+def test_each_component_connects_as_its_own_role_and_user(
+    compose: dict[str, Any], env: dict[str, str], service: str
+) -> None:
+    """Least privilege (issue 13.5): the component's own database role and broker user, with
+    only its own password in its environment; never the owner's or the administrator's."""
+    own = _env_of(compose, service)
+    db = urlsplit(_expand(own["CONVEYOR_DATABASE_URL"], env))
+    assert (db.hostname, db.username, db.path) == ("postgres", f"conveyor_{service}", "/conveyor")
+    assert db.password == env[f"CONVEYOR_{service.upper()}_DB_PASSWORD"]
+    if service == "api":
+        assert "CONVEYOR_AMQP_URL" not in own, "the API uses no broker"
+    else:
+        amqp = urlsplit(_expand(own["CONVEYOR_AMQP_URL"], env))
+        assert (amqp.hostname, amqp.username) == ("rabbitmq", f"conveyor_{service}")
+        assert amqp.password == env[f"CONVEYOR_{service.upper()}_AMQP_PASSWORD"]
+    text = " ".join(own.values())
+    mine = {f"CONVEYOR_{service.upper()}_DB_PASSWORD", f"CONVEYOR_{service.upper()}_AMQP_PASSWORD"}
+    for secret in ("POSTGRES_PASSWORD", "RABBITMQ_DEFAULT_PASS", *(PASSWORDS - mine)):
+        assert "${" + secret + "}" not in text, f"{service} holds {secret}"
+
+
+def test_migrate_creates_the_roles_and_broker_users_runs_the_generated_script(
+    compose: dict[str, Any], env: dict[str, str]
+) -> None:
+    migrate = compose["services"]["migrate"]
+    assert migrate["command"] == ["migrate", "--create-roles"]
+    own = _env_of(compose, "migrate")
+    owner = urlsplit(_expand(own["CONVEYOR_DATABASE_URL"], env))
+    assert (owner.username, owner.password) == (env["POSTGRES_USER"], env["POSTGRES_PASSWORD"])
+    assert {k for k in own if k.endswith("_DB_PASSWORD")} == {
+        p for p in PASSWORDS if p.endswith("_DB_PASSWORD")
+    }
+    users = compose["services"]["broker-users"]
+    assert users["restart"] == "no" and "rabbitmq-users.sh" in " ".join(users["entrypoint"])
+    mounted = [v for v in users["volumes"] if "rabbitmq-users.sh" in v]
+    assert mounted and (ROOT / mounted[0].split(":")[0]).is_file()
+    assert {k for k in _env_of(compose, "broker-users") if k.endswith("_AMQP_PASSWORD")} == {
+        p for p in PASSWORDS if p.endswith("_AMQP_PASSWORD")
+    }
+    for infra, keys in (("postgres", "POSTGRES_"), ("rabbitmq", "RABBITMQ_")):
+        assert "env_file" not in compose["services"][infra]
+        assert all(k.startswith(keys) for k in _env_of(compose, infra)), infra
 
 
 def test_the_real_env_file_stays_out_of_git() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -173,22 +174,53 @@ def test_everything_lands_in_one_namespace(docs: list[Doc]) -> None:
             assert doc["metadata"].get("namespace") == namespace, doc["metadata"]["name"]
 
 
+OWN_SECRET = {"migrate": "conveyor-migrate", "api": "conveyor-api",
+              "publisher": "conveyor-publisher", "worker": "conveyor-worker"}  # fmt: skip
+DB_PASSWORDS = {f"CONVEYOR_{c}_DB_PASSWORD" for c in ("API", "PUBLISHER", "WORKER", "SWEEPER")}
+
+
 def test_config_and_secret_keys_are_real_settings(docs: list[Doc]) -> None:
     fields = {f"CONVEYOR_{name.upper()}" for name in Settings.model_fields}
-    env_sources = set()
-    for doc in docs:
-        for c in containers(doc):
-            for source in c.get("envFrom", []):
-                ref = source.get("configMapRef") or source.get("secretRef")
-                env_sources.add(ref["name"])
-    assert env_sources == {"conveyor-config", "conveyor-secrets"}
     config = by_kind(docs, "ConfigMap")["conveyor-config"]["data"]
-    secrets = by_kind(docs, "Secret")["conveyor-secrets"]["stringData"]
-    assert set(config) | set(secrets) <= fields
-    assert {"CONVEYOR_DATABASE_URL", "CONVEYOR_AMQP_URL"} <= set(secrets)
-    Settings.model_validate(
-        {k.removeprefix("CONVEYOR_").lower(): v for k, v in {**config, **secrets}.items()}
-    )
+    secrets = by_kind(docs, "Secret")
+    for name in OWN_SECRET.values():
+        data = secrets[name]["stringData"]
+        extra = DB_PASSWORDS if name == "conveyor-migrate" else set()
+        assert set(data) <= fields | extra, name
+        Settings.model_validate(
+            {k.removeprefix("CONVEYOR_").lower(): v for k, v in {**config, **data}.items()
+             if k in fields}
+        )  # fmt: skip
+    assert set(config) <= fields
+
+
+def test_each_component_reads_only_its_own_secret(docs: list[Doc]) -> None:
+    """Least privilege (issue 13.5): every pod reads the config and its component's Secret,
+    whose URLs name that component's own role and user; only the migrate Job holds the
+    owner's URL and the roles' passwords."""
+    secrets = by_kind(docs, "Secret")
+    seen = set()
+    for doc in docs:
+        label = doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component", "")
+        component = "worker" if label.startswith("worker") else label  # worker-email, ...
+        for c in containers(doc):
+            sources = {
+                (s.get("configMapRef") or s.get("secretRef"))["name"] for s in c.get("envFrom", [])
+            }
+            assert sources == {"conveyor-config", OWN_SECRET[component]}, (component, sources)
+            seen.add(component)
+            data = secrets[OWN_SECRET[component]]["stringData"]
+            db = urlsplit(data["CONVEYOR_DATABASE_URL"])
+            if component == "migrate":
+                assert db.username == "conveyor" and set(data) >= DB_PASSWORDS
+                continue
+            assert db.username == f"conveyor_{component}", (component, db.username)
+            assert not DB_PASSWORDS & set(data), component
+            if component == "api":
+                assert "CONVEYOR_AMQP_URL" not in data
+            else:
+                assert urlsplit(data["CONVEYOR_AMQP_URL"]).username == f"conveyor_{component}"
+    assert seen >= set(OWN_SECRET)
 
 
 def test_example_secrets_hold_only_placeholders(docs: list[Doc]) -> None:
@@ -203,7 +235,7 @@ def test_example_secrets_hold_only_placeholders(docs: list[Doc]) -> None:
 def test_the_migrate_job_runs_conveyor_migrate_once(docs: list[Doc]) -> None:
     job = by_kind(docs, "Job")["migrate"]
     spec = job["spec"]["template"]["spec"]
-    assert spec["containers"][0]["args"] == ["migrate"]
+    assert spec["containers"][0]["args"] == ["migrate", "--create-roles"]
     assert spec["restartPolicy"] == "Never"
     assert job["spec"]["backoffLimit"] > 0
 

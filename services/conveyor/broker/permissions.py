@@ -59,13 +59,22 @@ def permissions(
 def rabbitmqctl_commands(
     namespace: str, vhost: str = "/", types: Sequence[str] | None = None
 ) -> str:
-    """The ``rabbitmqctl`` lines creating one user per component (passwords to fill in)."""
-    lines = [f"# Conveyor broker users for namespace {namespace} (conveyor roles amqp)"]
+    """A shell script creating one user per component with ``rabbitmqctl``, its password from
+    ``CONVEYOR_<COMPONENT>_AMQP_PASSWORD``. Idempotent: a user that exists gets the password
+    again (rotation) and its permissions reset. ``RABBITMQ_NODENAME`` picks the node
+    (docker-compose.yml's ``broker-users`` service runs it against the ``rabbitmq`` one)."""
+    lines = [
+        "#!/bin/sh",
+        f"# Conveyor broker users for namespace {namespace} (conveyor roles amqp)",
+        "set -eu",
+    ]
     for c in COMPONENTS:
         user = f"conveyor_{c}"
+        password = f'"$CONVEYOR_{c.upper()}_AMQP_PASSWORD"'
         conf, write, read = permissions(namespace, c, types if c == "worker" else None)
         lines += [
-            f'rabbitmqctl add_user {user} "$CONVEYOR_{c.upper()}_AMQP_PASSWORD"',
+            f"rabbitmqctl add_user {user} {password} >/dev/null 2>&1 ||"
+            f" rabbitmqctl change_password {user} {password}",
             f"rabbitmqctl set_permissions -p '{vhost}' {user} '{conf}' '{write}' '{read}'",
         ]
     return "\n".join(lines) + "\n"
