@@ -4,12 +4,14 @@ from fastapi import FastAPI
 
 from ..attempts import HasConnection
 from .pages import add_ui as _add_pages
+from .schedules_page import add_schedules_page
 from .types_page import add_types_page
 
 
 def add_ui(app: FastAPI, api: HasConnection) -> None:
     _add_pages(app, api)
     add_types_page(app, api)  # /ui/types (its own module)
+    add_schedules_page(app, api)  # /ui/schedules
 
 
 __all__ = ["add_ui"]

@@ -65,6 +65,7 @@ def page(title: str, body: str, *, user: str = "") -> str:
             ("/ui/jobs", "Jobs"),
             ("/ui/dead", "Dead letters"),
             ("/ui/types", "Types"),
+            ("/ui/schedules", "Schedules"),
         )
     )
     if user:
