@@ -42,7 +42,7 @@ class Options:
     batch_size: int
     batch_connections: int
     concurrency: int
-    celery_pool: str
+    celery_pools: list[str]
     with_backfill: bool
     backfill_rows: int
     timeout: float

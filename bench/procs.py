@@ -130,6 +130,11 @@ class RssSampler:
         if pid is not None:
             self._sample(name, pid)
 
+    def reset(self, name: str) -> None:
+        """Forget ``name``'s peak (a service of that name is about to start afresh)."""
+        with self._lock:
+            self.peak.pop(name, None)
+
     def peak_mb(self, name: str) -> float | None:
         with self._lock:
             value = self.peak.get(name)

@@ -178,8 +178,17 @@ def _celery_broker(amqp_url: str) -> str:
     return "py" + amqp_url if amqp_url.startswith("amqp") else amqp_url
 
 
-async def celery(h: Harness, n: int, repeat: int = 1) -> Result:
-    """Celery 5 on the same RabbitMQ, a worker of one process (``--pool=solo`` by default), tasks
+# Celery's configurations the benchmark tries (each in turn, the best is compared): its pool
+# argument, the worker's --concurrency, and how many processes that is.
+CELERY_POOLS = {
+    "solo": (["--pool=solo", "--concurrency=1"], 1),
+    "prefork": (["--pool=prefork", "--concurrency=2"], 3),  # a consumer parent + 2 children
+    "threads": (["--pool=threads", "--concurrency=4"], 1),
+}
+
+
+async def celery(h: Harness, n: int, repeat: int = 1, pool: str = "solo") -> Result:
+    """Celery 5 on the same RabbitMQ, a worker in one of ``CELERY_POOLS``' configurations, tasks
     published by ``apply_async`` from a process of their own; each task run appends its finishing
     time to a counter file.
 
@@ -217,10 +226,11 @@ async def celery(h: Harness, n: int, repeat: int = 1) -> Result:
     }
     argv = [
         sys.executable, "-m", "celery", "-A", "bench.celery_worker", "worker",
-        f"--pool={h.opts.celery_pool}", "--concurrency=1", "-Q", h.celery_queue,
+        *CELERY_POOLS[pool][0], "-Q", h.celery_queue,
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         "--loglevel=WARNING", "-n", f"{h.namespace}@%h",
     ]  # fmt: skip
+    h.rss.reset("celery")
     h.start("celery", argv, env)
 
     async def first() -> bool:
@@ -241,14 +251,18 @@ async def celery(h: Harness, n: int, repeat: int = 1) -> Result:
     for i in range(repeat):
         runs.append(await _celery_e2e(h, publish_argv, counter, n, (i + 2) * n))
     best = max(runs, key=lambda r: float(r["jobs_per_s"]))
+    h.stop("celery")
+    rss = h.rss.peak_mb("celery")
     return {
         **best,
         **({"runs": [r["jobs_per_s"] for r in runs]} if repeat > 1 else {}),
         "publish_idle_worker_jobs_per_s": _rate(n, filled["seconds"]),
         "drain_seconds": round(drain_seconds, 3),
         "drain_jobs_per_s": _rate(n - 1, drain_seconds),
-        "pool": h.opts.celery_pool,
-        "worker_processes": 1,
+        "pool": pool,
+        "worker_args": CELERY_POOLS[pool][0],
+        "worker_processes": CELERY_POOLS[pool][1],
+        "rss_mb": rss,
         "prefetch": prefetch,
         "drain_cpu_seconds": drain_cpu,
         "drain_cpu_jobs": n - done_before,
