@@ -13,13 +13,14 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from fastapi import APIRouter
 
 from conveyor.api.auth import OPEN, ROUTE_SCOPES
 from conveyor.cli_keys import create_key, revoke_key
 from conveyor.core.config import Settings
 from conveyor.services import api_server, serve_api
 
-from ..security import BAD_KEYS, RIGHT, WRONG, bearer, keyed_stack, required
+from ..security import BAD_KEYS, RIGHT, WRONG, bearer, keyed_stack, make_keys, required
 from ..stack import free_port
 
 Req = tuple[str, str, dict[str, Any]]
@@ -194,3 +195,45 @@ async def test_no_key_in_logs_bodies_metrics_or_openapi(
     secret = key.split("_", 2)[2]
     for text in [*texts, logged]:
         assert secret not in text
+
+
+async def test_a_router_included_later_is_guarded_too(settings: Settings) -> None:
+    """Routes that do not come from the app's guarded route class (an ``APIRouter`` included
+    with ``include_router``, as a dashboard page split into its own module would be) still run
+    ``Auth``, and need ``admin`` since the table does not declare them: fail closed, as the
+    app-wide dependency did before the guarded route class."""
+    s = required(settings, accept_unknown_types=True)
+    keys = await make_keys(s)
+    server = api_server(s, "127.0.0.1", free_port())
+    extra, ui = APIRouter(), APIRouter(prefix="/ui")
+
+    @extra.get("/jobs-export")
+    async def export() -> dict[str, str]:
+        return {"secret": "every job"}
+
+    @ui.get("/extra")
+    async def ui_extra() -> dict[str, str]:
+        return {"secret": "a dashboard page"}
+
+    server.config.app.include_router(extra)
+    server.config.app.include_router(ui)
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_api(server, stop))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.config.port}") as c:
+            got = {}
+            for path in ("/jobs-export", "/ui/extra"):
+                for case, headers in (("none", {}), ("bad", bearer(BAD_KEYS[0])),
+                                      ("read", bearer(keys["jobs:read"])),
+                                      ("write", bearer(keys["jobs:read,jobs:write"])),
+                                      ("admin", bearer(keys["admin"]))):  # fmt: skip
+                    r = await c.get(path, headers=headers)
+                    got[path, case] = r.status_code
+                    assert r.status_code == 200 or "secret" not in r.text, (path, case)
+        want = {"none": 401, "bad": 401, "read": 403, "write": 403, "admin": 200}
+        assert got == {(p, c): want[c] for p, c in got}, got
+    finally:
+        stop.set()
+        await task

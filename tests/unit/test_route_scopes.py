@@ -32,6 +32,10 @@ def test_every_route_declares_a_scope_or_open() -> None:
             elif scope != OPEN and not isinstance(route, guarded):
                 # only the guarded route class runs Auth; anything else is unguarded
                 unguarded.append(f"{method} {path}")
+            if isinstance(route, APIRoute):  # the guarded class runs Auth itself, not twice
+                assert not route.dependant.dependencies, f"{method} {path} solves a dependency"
+    # a route of any other class (a router included later) runs the fail-closed dependency
+    assert any(d.dependency == app.state.auth.foreign for d in app.router.dependencies)
     assert not missing, f"routes without a scope in api/auth.py ROUTE_SCOPES: {missing}"
     assert not unguarded, f"routes that need a scope but do not run Auth: {unguarded}"
     stale = set(ROUTE_SCOPES) - seen
