@@ -237,3 +237,41 @@ async def test_a_router_included_later_is_guarded_too(settings: Settings) -> Non
     finally:
         stop.set()
         await task
+
+
+async def test_the_submit_quota_is_fleet_wide(settings: Settings, db: asyncpg.Connection) -> None:
+    """Two API replicas, one key, 5 a minute: the key gets 5 submits in all, not 5 per replica
+    (the quota was per process: N replicas admitted N times the rate). The buckets live in
+    PostgreSQL (tests/unit/test_security_parts.py: a statement per chunk of tokens)."""
+    s = required(settings, accept_unknown_types=True, rate_limit="5/m")
+    keys = await make_keys(s)
+    stop = asyncio.Event()
+    servers = [api_server(s, "127.0.0.1", free_port()) for _ in range(2)]
+    tasks = [asyncio.create_task(serve_api(srv, stop)) for srv in servers]
+    try:
+        while not all(srv.started for srv in servers):
+            await asyncio.sleep(0.01)
+        clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{srv.config.port}")
+                   for srv in servers]  # fmt: skip
+        try:
+            a, b = bearer(keys["jobs:write"]), bearer(keys["jobs:read,jobs:write"])
+            statuses = []
+            for i in range(12):
+                r = await clients[i % 2].post("/jobs", json={"type": "e"}, headers=a)
+                statuses.append(r.status_code)
+                if r.status_code == 429:
+                    assert 1 <= int(r.headers["retry-after"]) <= 12, r.headers
+            assert sorted(statuses) == [201] * 5 + [429] * 7, statuses
+            assert (
+                await clients[1].post("/jobs", json={"type": "e"}, headers=b)
+            ).status_code == 201
+        finally:
+            for c in clients:
+                await c.aclose()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 6
+    # a refused key is refused locally for a window: not a statement per refused submit
+    limiter = servers[0].config.app.state.auth.limiter
+    assert limiter.round_trips <= 8, limiter.round_trips

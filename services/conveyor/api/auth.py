@@ -28,7 +28,8 @@ from ..core.apikeys import SCOPES, effective
 from ..core.config import Settings
 from ..core.errors import InvalidJob
 from .errors import error_response
-from .keycache import KeyCache, RateLimiter
+from .keycache import KeyCache
+from .ratelimit import FleetRateLimiter
 
 OPEN = "open"
 READ, WRITE, ADMIN = SCOPES
@@ -156,11 +157,19 @@ class Auth:
     def __init__(self, settings: Settings, api: Any) -> None:
         self.settings = settings
         self.required = settings.auth == "required"
+        self.api = api
         self.keys = KeyCache(api, settings.auth_cache_seconds)
-        self.limiter = RateLimiter(settings.rate_limit)
+        self.limiter = FleetRateLimiter(settings.rate_limit, self._rate_take)
         self.anonymous = Principal("anonymous", frozenset(SCOPES), settings.api_expose_tracebacks)
         self._routes: dict[tuple[int, str], tuple[str, str]] = {}
         self.route_class: type[APIRoute] | None = None  # set by ``install``: the guarded routes
+
+    async def _rate_take(self, who: str, rate: float, size: float, want: int) -> tuple[int, float]:
+        async with self.api.connection() as conn:
+            taken: tuple[int, float] = await self.api.store.api_rate_take(
+                conn, who, rate, size, want
+            )
+        return taken
 
     def scope_of(self, method: str, path: str) -> str | None:
         """The scope (method, path template) needs here (None: not declared)."""
@@ -207,7 +216,7 @@ class Auth:
 
             await check_csrf(request, p)
         if (request.method, path) in SUBMITS:
-            wait = self.limiter.take(p.key_id or p.name)
+            wait = await self.limiter.take(p.key_id or p.name)
             if wait is not None:
                 raise AuthError(429, "rate_limited", f"over the submit quota; retry in {wait} s",
                                 headers={"Retry-After": str(wait)})  # fmt: skip

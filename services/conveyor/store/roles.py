@@ -54,6 +54,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
             "job_types",
         ),
         ("SELECT", "api_keys"),
+        ("SELECT, INSERT, UPDATE", "api_rate"),  # the fleet-wide submit quota's buckets
         ("SELECT, INSERT, UPDATE", "job_uniques"),  # unique jobs: the submit claims the key
         ("SELECT, INSERT, UPDATE, DELETE", "schedules"),  # /schedules (admin)
         ("SELECT", _VIEWS),
