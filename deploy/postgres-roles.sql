@@ -15,6 +15,7 @@ GRANT SELECT, DELETE ON conveyor.job_attempts TO conveyor_api;
 GRANT INSERT ON conveyor.job_outbox TO conveyor_api;
 GRANT SELECT, UPDATE (paused, concurrency, rate_limit, rate_period, limits_set_at, recent_starts) ON conveyor.job_types TO conveyor_api;
 GRANT SELECT ON conveyor.api_keys TO conveyor_api;
+GRANT SELECT, INSERT, UPDATE ON conveyor.api_rate TO conveyor_api;
 GRANT SELECT, INSERT, UPDATE ON conveyor.job_uniques TO conveyor_api;
 GRANT SELECT, INSERT, UPDATE, DELETE ON conveyor.schedules TO conveyor_api;
 GRANT SELECT ON conveyor.backlog, conveyor.stuck_jobs, conveyor.recent_failures, conveyor.throughput TO conveyor_api;

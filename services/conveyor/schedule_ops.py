@@ -40,7 +40,7 @@ def build_schedule(
     now: datetime | None = None,
 ) -> NewSchedule:
     """Validate a schedule (``InvalidSchedule``, a 422) and plan its first tick after ``now``."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidSchedule(
             "name must be 1-100 letters, digits, '_', '.', '-', starting with a letter or digit"
         )

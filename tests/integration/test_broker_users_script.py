@@ -55,9 +55,10 @@ async def test_the_users_script_creates_rotates_and_refuses_unset_passwords(
     node: PrivateRabbit, tmp_path: Path
 ) -> None:
     passwords = {c: f"pw-{c}-{secrets.token_hex(4)}" for c in COMPONENTS}
-    partial = {c: p for c, p in passwords.items() if c != "publisher"}  # the first one
-    assert _script(node, tmp_path, partial) != 0
-    assert "conveyor_" not in node.ctl("list_users"), "an unset password must create no user"
+    for unset in ("publisher", "sweeper"):  # the first user's, and the last one's
+        partial = {c: p for c, p in passwords.items() if c != unset}
+        assert _script(node, tmp_path, partial) != 0
+        assert "conveyor_" not in node.ctl("list_users"), f"{unset} unset: no user at all"
 
     assert _script(node, tmp_path, passwords) == 0
     listed = node.ctl("list_permissions", "-p", "/")
@@ -75,3 +76,46 @@ async def test_the_users_script_creates_rotates_and_refuses_unset_passwords(
     await _login(node, "conveyor_worker", rotated["worker"])
     with pytest.raises((aiormq.exceptions.ProbableAuthenticationError, ConnectionError)):
         await _login(node, "conveyor_worker", passwords["worker"])
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+async def test_awkward_passwords_are_set_exactly(node: PrivateRabbit, tmp_path: Path) -> None:
+    """A password that starts with a dash, holds quotes, a backslash, a dollar sign, a command
+    substitution or Unicode is set exactly as given, never parsed as an option nor run by a
+    shell (Debian's rabbitmqctl wrapper, run as root, passes its arguments through ``sh -c``),
+    when the user is created and when it is rotated. One rabbitmqctl would cut (white space at
+    either end, a line break) is refused before any user is made."""
+    marker = Path(f"/tmp/conveyor-injected-{secrets.token_hex(4)}")
+    awkward = {
+        "publisher": "-starts-with-a-dash",
+        "worker": f'it\'s "q" \\ $HOME `id` $(touch {marker}) %s caf\u00e9',
+        "sweeper": "--help",
+    }
+    try:
+        for round_ in ("create", "rotate"):
+            passwords = {c: p + ("" if round_ == "create" else "-2") for c, p in awkward.items()}
+            assert _script(node, tmp_path, passwords) == 0, round_
+            for c, password in passwords.items():
+                user = f"conveyor_{c}"
+                try:
+                    conn = await aio_pika.connect(
+                        host="127.0.0.1", port=node.port, login=user, password=password,
+                        timeout=10,
+                    )  # fmt: skip
+                    await conn.close()
+                except (aiormq.exceptions.ProbableAuthenticationError, ConnectionError) as exc:
+                    pytest.fail(f"{round_}: {user} cannot log in with its password: {exc!r}")
+            assert not _exists(marker), "a password was run as a shell command"
+    finally:
+        _remove(marker)
+    node.ctl("delete_user", "conveyor_worker")
+    for cut in (" leading", "trailing\t", "two\nlines"):
+        assert _script(node, tmp_path, {**awkward, "worker": cut}) != 0, repr(cut)
+        assert "conveyor_worker" not in node.ctl("list_users"), repr(cut)

@@ -4,18 +4,21 @@ commits the others, and the refused one becomes a recorded failure (issue 8 item
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
 import asyncpg
+import orjson
 
 from conveyor import enqueue
 from conveyor.core.metrics import Metrics
 from conveyor.router import Job
 from conveyor.store import connect, for_schema
 from conveyor.store.connect import create_pool
-from conveyor.worker import outcomes
+from conveyor.worker import outcomes, progress
 from conveyor.worker.completer import LARGE_RESULT_CHARS, Completer, Pending, is_data_error
+from conveyor.worker.followups import build_followup
 from conveyor.worker.running import Running
 
 from .. import db as tdb
@@ -160,3 +163,91 @@ async def test_a_batch_of_one_kind_is_one_statement_without_begin_commit(
         await pool.close()
     statuses = sorted(r["s"] for r in await db.fetch("SELECT status::text AS s FROM jobs"))
     assert statuses == ["COMPLETED"] * 5 + ["FAILED"], statuses
+
+
+async def test_a_lost_connection_mid_statement_retries_the_whole_batch_once(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    """A batch of one kind runs as one statement outside a transaction: when its connection is
+    lost while the statement runs (here: blocked on a row lock, then its backend terminated),
+    nothing of it is committed and the retry writes every outcome once, each with exactly one
+    attempt row."""
+    pool = await create_pool(db_url, application_name="test-completer-lost", max_size=2)
+    done: list[Pending] = []
+
+    async def record(batch: list[Pending]) -> None:
+        done.extend(batch)
+
+    completer = Completer(pool, for_schema(), Metrics(), done=record)
+    locker = await tdb.connect(db_url)
+    try:
+        runs = await _claimed(db, 4)
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", runs[2].job.id)
+        for i, r in enumerate(runs):
+            completer.put(r, outcomes.completed({"i": i}))
+        flush = asyncio.create_task(completer.flush_once())
+        deadline = time.monotonic() + 10
+        while not await db.fetchval(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+            "'test-completer-lost' AND wait_event_type = 'Lock'"
+        ):
+            assert time.monotonic() < deadline, "the batch never waited on the lock"
+            await asyncio.sleep(0.02)
+        await tx.rollback()
+        assert await asyncio.wait_for(flush, 20) == 4
+    finally:
+        await locker.close()
+        await pool.close()
+    assert len(done) == 4 and all(p.written for p in done)
+    ids = [r.job.id for r in runs]
+    rows = await db.fetch(
+        "SELECT j.status::text AS s, count(a.*) AS n FROM jobs j LEFT JOIN job_attempts a "
+        "ON a.job_id = j.id WHERE j.id = ANY($1::uuid[]) GROUP BY j.id, j.status",
+        ids,
+    )
+    assert sorted((r["s"], r["n"]) for r in rows) == [("COMPLETED", 1)] * 4, rows
+
+
+async def test_a_mixed_batch_keeps_progress_follow_ups_and_isolates_a_refused_follow_up(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    """Completions with a last progress report and with follow-ups, beside a failure, in one
+    batch: all written in one transaction. A follow-up PostgreSQL refuses (NUL in jsonb) fails
+    only its parent, atomically: no COMPLETED attempt row and no child for it, the others
+    keep theirs."""
+    store = for_schema()
+    pool = await create_pool(db_url, application_name="test-completer-mixed", max_size=2)
+
+    async def record(batch: list[Pending]) -> None:
+        pass
+
+    completer = Completer(pool, store, Metrics(), done=record)
+    try:
+        runs = await _claimed(db, 4)
+        runs[0].last_progress = progress.report(runs[0].job.id, runs[0].job.attempt, 70, "most")
+        runs[1].followups.append(build_followup("t", {"child": 1}, {}, max_payload_bytes=1 << 20))
+        bad = build_followup("t", {"x": 1}, {}, max_payload_bytes=1 << 20)
+        runs[2].followups.append(dataclasses.replace(bad, payload_json='{"x": "a\\u0000b"}'))
+        for r in runs[:3]:
+            completer.put(r, outcomes.completed({"ok": True}))
+        completer.put(runs[3], outcomes.failure("no", retry_count=0, max_retries=0, spec=None))
+        assert await completer.flush_once() == 4
+    finally:
+        await pool.close()
+    got = {
+        r["id"]: (r["status"], r["outcomes"], r["percent"])
+        for r in await db.fetch(
+            "SELECT j.id, j.status::text AS status, (j.progress->>'percent')::float8 AS percent, "
+            "array_agg(a.outcome ORDER BY a.attempt) AS outcomes FROM jobs j "
+            "JOIN job_attempts a ON a.job_id = j.id GROUP BY j.id"
+        )
+    }
+    ids = [r.job.id for r in runs]
+    assert got[ids[0]] == ("COMPLETED", ["completed"], 70.0), got[ids[0]]
+    assert got[ids[1]][:2] == ("COMPLETED", ["completed"]), got[ids[1]]
+    assert got[ids[2]][:2] == ("FAILED", ["failed"]), got[ids[2]]
+    assert got[ids[3]][:2] == ("FAILED", ["failed"]), got[ids[3]]
+    children = await db.fetch("SELECT payload FROM jobs WHERE NOT (id = ANY($1::uuid[]))", ids)
+    assert [orjson.loads(r["payload"]) for r in children] == [{"child": 1}], children

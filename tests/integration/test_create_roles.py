@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import subprocess
 from collections.abc import Iterator
 
 import asyncpg
@@ -109,3 +110,42 @@ async def test_migrate_creates_grants_and_rotates_the_component_roles(
     conn = await asyncpg.connect(_login(cluster, worker, rotated["worker"]))
     await conn.close()
     await asyncio.sleep(0)
+
+
+# Passwords an operator may well choose: quotes, backslashes, format() and SQL look-alikes, and
+# Unicode that SASLprep (RFC 4013, which PostgreSQL, libpq and asyncpg apply to a SCRAM
+# password) rewrites: a non-ASCII space, a ligature, a compatibility character, a combining
+# accent, a character mapped to nothing. The verifier must be of the prepared password, or the
+# role can never log in with the password the operator set.
+AWKWARD = {
+    "api": "it's \"quoted\" \\ back\\slash'; DROP ROLE x; -- %s %L $1",
+    "publisher": "pa\u00a0ss-\ufb01sh-\u212b-e\u0301",
+    "worker": "soft\u00adhyphen-\u2163-caf\u00e9",
+    "sweeper": "\u043f\u0430\u0440\u043e\u043b\u044c-\u5bc6\u7801-\U0001f511",
+}
+
+
+async def test_awkward_passwords_log_in_with_asyncpg_and_libpq(cluster: PrivatePostgres) -> None:
+    code, out, err = await _run(["migrate", "--create-roles"], _env(cluster, AWKWARD))
+    assert code == 0, err
+    assert all(p not in out + err for p in AWKWARD.values()), out + err
+    refused = []
+    for component, role in DEFAULT_ROLES.items():
+        password = AWKWARD[component]
+        try:
+            conn = await asyncpg.connect(
+                host="127.0.0.1", port=cluster.port, user=role, password=password,
+                database="conveyor_roles",
+            )  # fmt: skip
+            await conn.close()
+        except asyncpg.InvalidPasswordError:
+            refused.append(("asyncpg", component))
+        env = {**os.environ, "PGPASSWORD": password, "PGCONNECT_TIMEOUT": "10"}
+        psql = subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", role, "-d",
+             "conveyor_roles", "-Atc", "SELECT current_user"],
+            env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if psql.returncode != 0 or psql.stdout.strip() != role:
+            refused.append(("libpq", component))
+    assert not refused, refused

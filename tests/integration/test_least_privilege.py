@@ -62,10 +62,12 @@ FORBIDDEN = {
         "INSERT INTO conveyor.api_keys VALUES ('x', 'x', '\\x00'::bytea, '{admin}')",
         "UPDATE conveyor.api_keys SET scopes = '{admin}'",
         "DELETE FROM conveyor.alembic_version",
+        "TRUNCATE conveyor.api_rate",
     ],
-    "api": ["DELETE FROM conveyor.job_outbox", "UPDATE conveyor.job_types SET max_retries = 0"],
+    "api": ["DELETE FROM conveyor.job_outbox", "UPDATE conveyor.job_types SET max_retries = 0",
+            "DELETE FROM conveyor.api_rate"],
     "worker": ["DELETE FROM conveyor.jobs", "DELETE FROM conveyor.job_outbox",
-               "SELECT count(*) FROM conveyor.api_keys"],
+               "SELECT count(*) FROM conveyor.api_keys", "SELECT count(*) FROM conveyor.api_rate"],
     "sweeper": ["DELETE FROM conveyor.job_outbox", "SELECT count(*) FROM conveyor.api_keys",
                 "DELETE FROM conveyor.schedules"],
     # the publisher runs the sweeper's duties by default, schedule ticks (new jobs) included
@@ -81,7 +83,8 @@ async def test_each_component_under_its_own_role(
     async with component_roles(db, "pg") as roles:
         s = {c: settings.model_copy(update={"database_url": as_role(db_url, r)})
              for c, r in roles.items()}  # fmt: skip
-        api_settings = s["api"].model_copy(update={"auth": "required"})
+        # a submit quota: the API's role takes from the fleet-wide buckets (api_rate)
+        api_settings = s["api"].model_copy(update={"auth": "required", "rate_limit": "1000/s"})
         key = await create_key(settings, "ops", "admin")  # `conveyor keys` runs as the owner
         headers = {"Authorization": f"Bearer {key}"}
         stop = asyncio.Event()
@@ -117,6 +120,7 @@ async def test_each_component_under_its_own_role(
                 await asyncio.gather(*tasks)
             for part in (relay, sweeper, duties):
                 await part.close()
+        assert await db.fetchval("SELECT count(*) FROM conveyor.api_rate") == 1  # the key's
         for component, role in roles.items():
             conn = await asyncpg.connect(as_role(db_url, role))
             try:

@@ -6,7 +6,7 @@ without declaring it fails here (the route would need ``admin`` until then: fail
 from __future__ import annotations
 
 from fastapi.routing import APIRoute
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 
 from conveyor.api.app import create_app
 from conveyor.api.auth import OPEN, OPEN_MOUNTS, ROUTE_SCOPES, Auth, declared_scope, template
@@ -21,6 +21,9 @@ def test_every_route_declares_a_scope_or_open() -> None:
     missing, unguarded, seen = [], [], set()
     for route in app.routes:
         path: str = getattr(route, "path", "")
+        # anything else (an included router, a host, a websocket) has no path or methods here,
+        # so the checks below would not see it
+        assert isinstance(route, APIRoute | Route | Mount), f"unexpected {type(route).__name__}"
         if isinstance(route, Mount):
             assert path in OPEN_MOUNTS, f"mount {path} is not declared open"
             continue
@@ -32,6 +35,10 @@ def test_every_route_declares_a_scope_or_open() -> None:
             elif scope != OPEN and not isinstance(route, guarded):
                 # only the guarded route class runs Auth; anything else is unguarded
                 unguarded.append(f"{method} {path}")
+            if isinstance(route, APIRoute):  # the guarded class runs Auth itself, not twice
+                assert not route.dependant.dependencies, f"{method} {path} solves a dependency"
+    # a route of any other class (a router included later) runs the fail-closed dependency
+    assert any(d.dependency == app.state.auth.foreign for d in app.router.dependencies)
     assert not missing, f"routes without a scope in api/auth.py ROUTE_SCOPES: {missing}"
     assert not unguarded, f"routes that need a scope but do not run Auth: {unguarded}"
     stale = set(ROUTE_SCOPES) - seen
@@ -62,3 +69,20 @@ def test_an_undeclared_route_needs_admin() -> None:
         scope = {"route": route}
 
     assert auth._route(_Req())[0] == "admin"  # type: ignore[arg-type]
+
+
+def test_a_router_included_later_is_not_missed() -> None:
+    """Review finding: an ``APIRouter`` included with ``include_router`` shows in ``app.routes``
+    as one object with no path and no methods: the walk above skipped it silently."""
+    from fastapi import APIRouter
+
+    app = create_app(Settings(auth="required"))
+    router = APIRouter()
+
+    @router.get("/sneaky")
+    async def sneaky() -> None:
+        return None
+
+    app.include_router(router)
+    odd = [r for r in app.routes if not isinstance(r, APIRoute | Route | Mount)]
+    assert odd, "FastAPI lists included routers as themselves: the walk must refuse them"

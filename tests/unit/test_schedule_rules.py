@@ -120,3 +120,24 @@ def test_missed_ticks_are_skipped_or_the_last_one_runs() -> None:
 def test_invalid_rules(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidSchedule):
         Rule(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["nightly\n", "nightly\r\n", "\nnightly", "night ly", ""])
+def test_a_schedule_name_is_matched_whole(name: str) -> None:
+    """Review finding: ``re.match`` with ``$`` let a trailing newline through (the CLI and a
+    handler's ``schedule=`` take this path; the API's pattern did not), making a schedule that
+    neither the API nor the dashboard's buttons could address."""
+    from conveyor.schedule_ops import build_schedule
+
+    with pytest.raises(InvalidSchedule):
+        build_schedule(name, job_type="t", every_seconds=60)
+    assert build_schedule("nightly", job_type="t", every_seconds=60).name == "nightly"
+
+
+def test_a_schema_name_is_matched_whole() -> None:
+    """The same ``$`` slip in ``check_schema`` (schema and role names go into SQL unquoted)."""
+    from conveyor.store.registry import check_schema
+
+    with pytest.raises(ValueError):
+        check_schema("conveyor\n")
+    assert check_schema("conveyor") == "conveyor"

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conveyor.api.keycache import KeyCache, RateLimiter, parse_rate
+from conveyor.api.keycache import KeyCache, parse_rate
+from conveyor.api.ratelimit import FleetRateLimiter
 from conveyor.broker.permissions import rabbitmqctl_commands
 from conveyor.core.apikeys import digest, effective, key_id_of, new_key, parse_scopes
 from conveyor.core.secrets import mask, mask_url
@@ -39,16 +41,59 @@ def test_scopes() -> None:
     assert effective(["jobs:write"]) == {"jobs:write"}
 
 
-def test_rate_limiter_refills_and_says_how_long_to_wait() -> None:
+class _Bucket:
+    """``store.keys.API_RATE_TAKE`` in memory (the real one: tests/e2e/test_security.py)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.rows: dict[str, tuple[float, float]] = {}
+        self.clock = clock
+        self.calls = 0
+
+    async def take(self, who: str, rate: float, size: float, want: int) -> tuple[int, float]:
+        self.calls += 1
+        now = self.clock()
+        tokens, at = self.rows.get(who, (size, now))
+        tokens = min(size, tokens + (now - at) * rate)
+        got = min(math.floor(tokens), want)
+        self.rows[who] = (tokens - got, now)
+        return got, tokens - got
+
+
+async def test_rate_limiter_refills_and_says_how_long_to_wait() -> None:
     now = [0.0]
-    limiter = RateLimiter("2/s", clock=lambda: now[0])
-    assert [limiter.take("a") for _ in range(3)] == [None, None, 1]
-    assert limiter.take("b") is None  # per key
+    bucket = _Bucket(lambda: now[0])
+    limiter = FleetRateLimiter("2/s", bucket.take, clock=lambda: now[0])
+
+    async def takes(lim: FleetRateLimiter, who: str, n: int) -> list[int | None]:
+        return [await lim.take(who) for _ in range(n)]
+
+    assert await takes(limiter, "a", 3) == [None, None, 1]
+    assert await limiter.take("b") is None  # per key
     now[0] = 0.5
-    assert limiter.take("a") is None and limiter.take("a") == 1
-    slow = RateLimiter("6/m", clock=lambda: now[0])
-    assert [slow.take("a") for _ in range(7)][-1] == 10
-    assert RateLimiter(None).take("a") is None
+    assert await limiter.take("a") is None and await limiter.take("a") == 1
+    slow = FleetRateLimiter("6/m", bucket.take, clock=lambda: now[0])
+    assert (await takes(slow, "s", 7))[-1] == 10
+    assert await FleetRateLimiter(None, bucket.take).take("a") is None
+
+
+async def test_rate_limiter_is_fleet_wide_and_cheap() -> None:
+    """Two processes share one bucket: a key gets its quota once, not once per process. A key
+    within its quota costs a statement per chunk; one refused, a statement per window."""
+    now = [0.0]
+    bucket = _Bucket(lambda: now[0])
+    a, b = (FleetRateLimiter("5/m", bucket.take, clock=lambda: now[0]) for _ in range(2))
+    got = [await (a if i % 2 else b).take("k") for i in range(10)]
+    assert got.count(None) == 5, got
+    calls = bucket.calls
+    assert [await a.take("k") for _ in range(100)].count(None) == 0
+    assert bucket.calls == calls, "a refusal is trusted locally for a window"
+    fast = FleetRateLimiter("400/s", bucket.take, clock=lambda: now[0])
+    calls = bucket.calls
+    assert [await fast.take("f") for _ in range(300)].count(None) == 300
+    assert bucket.calls - calls == 3  # chunks of 100
+
+
+def test_parse_rate() -> None:
     assert parse_rate("50/s") == (50.0, 50.0)
     for bad in ("50", "x/s", "0/s", "5/d"):
         with pytest.raises(ValueError):

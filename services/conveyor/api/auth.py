@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
@@ -28,7 +28,8 @@ from ..core.apikeys import SCOPES, effective
 from ..core.config import Settings
 from ..core.errors import InvalidJob
 from .errors import error_response
-from .keycache import KeyCache, RateLimiter
+from .keycache import KeyCache
+from .ratelimit import FleetRateLimiter
 
 OPEN = "open"
 READ, WRITE, ADMIN = SCOPES
@@ -151,16 +152,24 @@ class AuthError(Exception):
 
 
 class Auth:
-    """The app-wide dependency (``install``)."""
+    """Who may call what (``install``)."""
 
     def __init__(self, settings: Settings, api: Any) -> None:
         self.settings = settings
         self.required = settings.auth == "required"
+        self.api = api
         self.keys = KeyCache(api, settings.auth_cache_seconds)
-        self.limiter = RateLimiter(settings.rate_limit)
+        self.limiter = FleetRateLimiter(settings.rate_limit, self._rate_take)
         self.anonymous = Principal("anonymous", frozenset(SCOPES), settings.api_expose_tracebacks)
         self._routes: dict[tuple[int, str], tuple[str, str]] = {}
         self.route_class: type[APIRoute] | None = None  # set by ``install``: the guarded routes
+
+    async def _rate_take(self, who: str, rate: float, size: float, want: int) -> tuple[int, float]:
+        async with self.api.connection() as conn:
+            taken: tuple[int, float] = await self.api.store.api_rate_take(
+                conn, who, rate, size, want
+            )
+        return taken
 
     def scope_of(self, method: str, path: str) -> str | None:
         """The scope (method, path template) needs here (None: not declared)."""
@@ -182,7 +191,16 @@ class Auth:
         return found
 
     async def __call__(self, request: Request) -> None:
+        """The guarded route class's first step: the scope the table gives the route."""
         need, path = self._route(request)
+        await self.check(request, need, path)
+
+    async def foreign(self, request: Request) -> None:
+        """The app-wide dependency, for a route not of the guarded class (a router included
+        with ``include_router``): not in the table, so ``admin`` (fail closed)."""
+        await self.check(request, ADMIN, request.url.path)
+
+    async def check(self, request: Request, need: str, path: str) -> None:
         if need == OPEN:
             CURRENT.set(None)
             return
@@ -198,7 +216,7 @@ class Auth:
 
             await check_csrf(request, p)
         if (request.method, path) in SUBMITS:
-            wait = self.limiter.take(p.key_id or p.name)
+            wait = await self.limiter.take(p.key_id or p.name)
             if wait is not None:
                 raise AuthError(429, "rate_limited", f"over the submit quota; retry in {wait} s",
                                 headers={"Retry-After": str(wait)})  # fmt: skip
@@ -235,9 +253,17 @@ def install(app: FastAPI, api: Any, settings: Settings) -> Auth:
     """Call before any route is added: every route added afterwards runs ``Auth`` first."""
     auth = Auth(settings, api)
 
+    # Fail closed: a route of any other class (include_router keeps a router's own) runs
+    # this dependency instead; the guarded class leaves it out and runs ``auth`` itself.
+    foreign = Depends(auth.foreign)
+
     class GuardedRoute(APIRoute):
         """Every API route added after ``install``: ``auth`` first (before the route's own
         parameters are read, so 401/403 come before 422), then the route."""
+
+        def __init__(self, path: str, endpoint: Callable[..., Any], **kw: Any) -> None:
+            kw["dependencies"] = [d for d in kw.get("dependencies") or () if d is not foreign]
+            super().__init__(path, endpoint, **kw)
 
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
@@ -249,6 +275,7 @@ def install(app: FastAPI, api: Any, settings: Settings) -> Auth:
             return guarded
 
     app.router.route_class = auth.route_class = GuardedRoute
+    app.router.dependencies.append(foreign)
     app.state.auth = auth
 
     @app.exception_handler(AuthError)

@@ -5,14 +5,13 @@ CACHE_SECONDS``, at most 5), so a request costs a regex, a SHA-256 and a dict lo
 is read once per key per ``ttl`` by one request while the others wait for it (single flight).
 A revocation therefore takes effect on every replica within ``ttl`` seconds.
 
-``RateLimiter``: a token bucket per key (``CONVEYOR_RATE_LIMIT``, ``50/s``); the quota is per
-API process, so N replicas admit up to N times the rate."""
+``parse_rate``: ``CONVEYOR_RATE_LIMIT`` (``50/s``), the per-key submit quota that
+``ratelimit.FleetRateLimiter`` enforces fleet-wide."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 import re
 import time
 from collections.abc import Callable
@@ -82,24 +81,3 @@ def parse_rate(spec: str | None) -> tuple[float, float] | None:
     if n <= 0:
         raise ValueError("a rate limit must be positive")
     return n / window, max(1.0, n)
-
-
-class RateLimiter:
-    def __init__(self, spec: str | None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = parse_rate(spec)
-        self.clock = clock
-        self.buckets: dict[str, tuple[float, float]] = {}  # who → (tokens, at)
-
-    def take(self, who: str) -> int | None:
-        """None: admitted. Else the whole seconds to wait (``Retry-After``)."""
-        if self.rate is None:
-            return None
-        per_second, size = self.rate
-        now = self.clock()
-        tokens, at = self.buckets.get(who, (size, now))
-        tokens = min(size, tokens + (now - at) * per_second)
-        if tokens >= 1:
-            self.buckets[who] = (tokens - 1, now)
-            return None
-        self.buckets[who] = (tokens, now)
-        return max(1, math.ceil((1 - tokens) / per_second))

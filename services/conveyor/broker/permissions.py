@@ -17,6 +17,7 @@ commands."""
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 
 from ..core.jobs import check_type
@@ -63,18 +64,32 @@ def rabbitmqctl_commands(
     ``CONVEYOR_<COMPONENT>_AMQP_PASSWORD``. Idempotent: a user that exists gets the password
     again (rotation) and its permissions reset. ``RABBITMQ_NODENAME`` picks the node
     (docker-compose.yml's ``broker-users`` service runs it against the ``rabbitmq`` one)."""
+    variables = [f"CONVEYOR_{c.upper()}_AMQP_PASSWORD" for c in COMPONENTS]
     lines = [
         "#!/bin/sh",
         f"# Conveyor broker users for namespace {namespace} (conveyor roles amqp)",
         "set -eu",
+        "# A password goes on stdin, never on a command line: ps would show it, one starting with",
+        "# a dash would be read as an option, and Debian's rabbitmqctl wrapper (run as root)",
+        "# passes its arguments through sh -c. rabbitmqctl reads one line and trims it, so a",
+        "# line break or white space at either end is refused rather than cut.",
+        "nl='",
+        "'",
+        "check() {",
+        '  case "$2" in *"$nl"* | [[:space:]]* | *[[:space:]])',
+        '    echo "$1: no line break or white space at either end, please" >&2; exit 1 ;;',
+        "  esac",
+        "}",
+        "# every password first: a missing or refused one creates no user at all",
+        *[f'check {v} "${{{v}:?is not set}}"' for v in variables],
     ]
-    for c in COMPONENTS:
+    for c, variable in zip(COMPONENTS, variables, strict=True):
         user = f"conveyor_{c}"
-        password = f'"$CONVEYOR_{c.upper()}_AMQP_PASSWORD"'
+        feed = f"printf '%s\\n' \"${variable}\" | rabbitmqctl"
         conf, write, read = permissions(namespace, c, types if c == "worker" else None)
         lines += [
-            f"rabbitmqctl add_user {user} {password} >/dev/null 2>&1 ||"
-            f" rabbitmqctl change_password {user} {password}",
-            f"rabbitmqctl set_permissions -p '{vhost}' {user} '{conf}' '{write}' '{read}'",
+            f"{feed} add_user {user} >/dev/null 2>&1 || {feed} change_password {user} >/dev/null",
+            f"rabbitmqctl set_permissions -p {shlex.quote(vhost)} {user} "
+            + " ".join(shlex.quote(p) for p in (conf, write, read)),
         ]
     return "\n".join(lines) + "\n"

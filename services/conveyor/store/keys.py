@@ -43,6 +43,25 @@ API_KEY_REVOKE = statement(
     "UPDATE __schema__.api_keys SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL",
 )
 
+# The fleet-wide submit quota (``api/ratelimit.py``): refill the key's bucket for the time since
+# its last take ($2 tokens a second, at most $3), hand out up to $4 whole tokens, and return
+# what was handed out and what is left. ON CONFLICT ... DO UPDATE reads the row's old values in
+# every SET expression, so ``refill`` is spelt out in each; one statement, one row lock.
+_REFILL = "least($3::float8, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $2::float8)"
+API_RATE_TAKE = statement(
+    "api_rate_take",
+    f"""
+INSERT INTO __schema__.api_rate AS b (key_id, tokens, granted, at)
+VALUES ($1, $3::float8 - least(floor($3::float8), $4::float8),
+        least(floor($3::float8), $4::float8), now())
+ON CONFLICT (key_id) DO UPDATE SET
+    granted = least(floor({_REFILL}), $4::float8),
+    tokens = {_REFILL} - least(floor({_REFILL}), $4::float8),
+    at = now()
+RETURNING granted, tokens
+""",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyRow:
@@ -76,3 +95,10 @@ class KeyStatements(Statements):
 
     async def api_key_revoke(self, conn: Connection, name: str) -> int:
         return affected(await conn.execute(self.sql[API_KEY_REVOKE], name))
+
+    async def api_rate_take(
+        self, conn: Connection, who: str, per_second: float, size: float, want: int
+    ) -> tuple[int, float]:
+        """Take up to ``want`` tokens from ``who``'s fleet-wide bucket: (taken, tokens left)."""
+        r = await conn.fetchrow(self.sql[API_RATE_TAKE], who, per_second, size, float(want))
+        return int(r["granted"]), float(r["tokens"])

@@ -30,7 +30,7 @@ def statement(name: str, sql: str, *, catalog: bool = False) -> str:
 
 def check_schema(schema: str) -> str:
     """Schema names are plain lower-case identifiers, so they never need quoting."""
-    if not _SCHEMA_RE.match(schema):
+    if not _SCHEMA_RE.fullmatch(schema):
         raise ValueError(
             f"invalid schema name {schema!r}: use lower-case letters, digits and underscores"
         )

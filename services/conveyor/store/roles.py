@@ -25,6 +25,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.saslprep import saslprep
 from .registry import check_schema
 
 COMPONENTS = ("api", "publisher", "worker", "sweeper")
@@ -53,6 +54,7 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
             "job_types",
         ),
         ("SELECT", "api_keys"),
+        ("SELECT, INSERT, UPDATE", "api_rate"),  # the fleet-wide submit quota's buckets
         ("SELECT, INSERT, UPDATE", "job_uniques"),  # unique jobs: the submit claims the key
         ("SELECT, INSERT, UPDATE, DELETE", "schedules"),  # /schedules (admin)
         ("SELECT", _VIEWS),
@@ -109,9 +111,11 @@ async def grant_existing(conn: Any, schema: str) -> list[str]:
 def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = 4096) -> str:
     """PostgreSQL's SCRAM-SHA-256 verifier of ``password`` (RFC 5802/7677, the format of
     ``pg_authid.rolpassword``), so the plain password never reaches the server or its logs:
-    ``CREATE ROLE … PASSWORD '<verifier>'`` stores it as given."""
+    ``CREATE ROLE … PASSWORD '<verifier>'`` stores it as given. Of the password as SASLprep
+    prepares it, as PostgreSQL's own ``PASSWORD 'plain'`` and every client (libpq, asyncpg) do."""
     salt = salt if salt is not None else secrets.token_bytes(16)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    prepared = saslprep(password).encode("utf-8", "surrogateescape")  # os.environ: bytes kept
+    salted = hashlib.pbkdf2_hmac("sha256", prepared, salt, iterations)
     client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
     stored_key = hashlib.sha256(client_key).digest()
     server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()

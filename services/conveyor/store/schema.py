@@ -187,6 +187,16 @@ def _define_keys(metadata: sa.MetaData) -> None:
         unique=True,
         postgresql_where=keys.c.revoked_at.is_(None),
     )
+    # the fleet-wide submit quota's buckets (migration 0011, store/ratelimit.py)
+    sa.Table(
+        "api_rate",
+        metadata,
+        sa.Column("key_id", sa.Text(), primary_key=True),
+        sa.Column("tokens", pg.DOUBLE_PRECISION(), nullable=False),
+        sa.Column("granted", pg.DOUBLE_PRECISION(), nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+        prefixes=["UNLOGGED"],
+    )
 
 
 def _type_controls() -> list[sa.Column[Any] | sa.CheckConstraint]:
