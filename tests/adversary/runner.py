@@ -32,6 +32,7 @@ class Rig:
     fleet: WorkerFleet
     publisher: Proc
     db_url: str
+    started_in: float  # seconds the first workers took to start: a restart under this load
 
     async def submit(self, job_type: str, payloads: list[dict[str, Any]]) -> list[str]:
         body = {"jobs": [{"type": job_type, "payload": p} for p in payloads]}
@@ -101,6 +102,7 @@ async def rig(
 ) -> AsyncIterator[Rig]:
     """``types``: each worker's job types (``--types``), e.g. an adversary on a process of its
     own and the neighbours on another; None: every worker runs every type."""
+    t0 = time.monotonic()
     publisher = Proc(
         "publisher", [*conveyor_command(), "publisher"], component_env(settings), log_dir
     ).start()
@@ -114,8 +116,9 @@ async def rig(
         async with running_stack(settings, None, relays=0, maintenance=False) as stack:
             await publisher.wait_for_log("publisher_started", 30)
             await fleet.ready()
+            started_in = time.monotonic() - t0
             supervisor = asyncio.create_task(fleet.supervise(stop))
-            yield Rig(stack, fleet, publisher, settings.database_url)
+            yield Rig(stack, fleet, publisher, settings.database_url, started_in)
     finally:
         stop.set()
         if supervisor is not None:

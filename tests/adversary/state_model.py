@@ -14,6 +14,8 @@ every status change:
 - ``attempts`` within the job's budget: (redrives + 1) * (max_retries + 1) + snoozes + hand-backs;
 - every non-terminal job has a way forward: SCHEDULED/RETRYING have a ``run_at``, IN_PROGRESS a
   lease, PENDING/RETRYING an outbox row, a message, or the reconciler's eligibility (no outbox row);
+- the reconciler's bound: once time passes beyond ``reconcile_after``, its two passes re-publish
+  every stranded job that is overdue when no ready message can stand for it;
 
 and at the end of each example it drives every job to a terminal state with the system's own
 moves only (liveness: nothing is stuck).
@@ -216,9 +218,23 @@ class JobModel(ModelState):
 
     @action(lambda self: self._stranded())
     def reconcile(self, data: st.DataObject | None = None) -> None:
-        """Time passes beyond ``reconcile_after``; the reconciler compares with the queue."""
-        self.run(self.ops.age_all(self.ops.settings.reconcile_after + 1))
+        """Time passes beyond ``reconcile_after``; the reconciler compares with the queue. Its
+        bound: with no message in the queue to count against them, every stranded job that is
+        now overdue (PENDING, or RETRYING and due for ``reconcile_after``) is re-published by
+        the two passes, not just eventually (issue 8: a RETRYING job whose retry vanished)."""
+        after = self.ops.settings.reconcile_after
+        self.run(self.ops.age_all(after + 1))
+        stranded = self._stranded()
+        jobs, _ = self.run(self.ops.snapshot())
+        now = self.run(self.ops.now())
         self.run(self.ops.reconcile({JOB_TYPE: len(self.queue)}))
+        if self.queue:
+            return  # ready messages may stand for them: the reconciler cannot tell whose
+        _, outbox = self.run(self.ops.snapshot())
+        for j in stranded:
+            row = jobs[j]
+            overdue = row.run_at is None or (now - row.run_at).total_seconds() > after
+            assert not overdue or j in outbox, f"stranded, overdue, not re-published: {row}"
 
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:

@@ -172,6 +172,11 @@ class StoreOps:
 
     # ------------------------------------------------------------------ observation
 
+    async def now(self) -> datetime:
+        """The database's clock (the reconciler's)."""
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval("SELECT now()")  # type: ignore[no-any-return]
+
     async def snapshot(self) -> tuple[dict[uuid.UUID, Row], set[uuid.UUID]]:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(

@@ -17,7 +17,7 @@ from conveyor.maintenance.sweeper import Sweeper
 from .. import db as tdb
 from .apps import router
 from .checker import Ledger, check
-from .harness import fault_settings, queue_ready, running, topology, wait_until
+from .harness import fault_settings, purge, queue_ready, running, topology, wait_until
 
 # Regression test for a bug found and fixed: Sweeper.reconcile counts overdue jobs first and reads
 # the queue's ready count second; a message delivered in between (ready -1, its job still PENDING
@@ -157,3 +157,46 @@ async def test_reconciler_and_a_consumed_backlog(
     v.assert_clean()
     assert idle == 0, "the reconciler flooded a backlog that sat in its queue"
     assert reconciled == 0, f"{reconciled} duplicates of jobs whose message was never lost"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8 (open): the reconciler compares a type's overdue jobs with every ready "
+    "message of the type; fresh messages, not overdue, stand for a lost one",
+)
+@pytest.mark.timeout(60)
+async def test_a_lost_message_behind_fresh_ones_is_republished(
+    fsettings: Settings, ledger: Ledger
+) -> None:
+    """One job's message is lost and the job is overdue; meanwhile three fresh jobs of the same
+    type wait in the queue (a busy type's queue is rarely empty). Nothing stands for the lost
+    job: the two passes must re-publish it. (A queue that never drains below the number of
+    overdue jobs would otherwise keep it lost for as long as the traffic lasts.)"""
+    settings = fault_settings(fsettings, reconcile_after=5.0)
+    work_q = topology(settings).work_queue("work")
+    async with running(settings, sweeper=False) as stack:
+
+        async def ready(n: int) -> bool:
+            return await queue_ready(settings.amqp_url, work_q) == n
+
+        lost = await stack.submit("work", {"ledger": str(ledger)})
+        await wait_until(lambda: ready(1), timeout=10, what="the job's message")
+        await purge(settings.amqp_url, work_q)  # lost
+        db = await tdb.connect(settings.database_url)
+        await _age(db, settings.reconcile_after + 1)  # and overdue
+        await stack.submit_many(3, "work", lambda i: {"ledger": str(ledger)})
+        await wait_until(lambda: ready(3), timeout=10, what="three fresh messages")
+        sweeper = Sweeper(settings)
+        await sweeper.start()
+        try:
+            republished = [await sweeper.reconcile() for _ in range(2)]
+            row = await db.fetchrow(
+                "SELECT status::text AS status, updated_at > now() - interval '5 s' AS touched"
+                " FROM jobs WHERE id = $1",
+                uuid.UUID(lost),
+            )
+        finally:
+            await sweeper.close()
+            await db.close()
+    assert republished == [0, 1], f"lost job not re-published: {republished}"
+    assert row is not None and row["touched"], dict(row or {})  # it was the one re-published
