@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -168,14 +169,21 @@ async def _plans(url: str) -> list[str]:
     return bad
 
 
-async def _retention_under_load(settings: Settings, seconds: float, limit: float) -> dict[str, Any]:
+async def _retention_under_load(
+    settings: Settings, seconds: float, limit: float, vacuum: bool
+) -> dict[str, Any]:
     """Retention of the older half (~4.7 million COMPLETED jobs past 15 days) with the batch
     workload running all along, in windows of ``seconds``: retention on, then paused, in turn,
     until it has deleted everything or ``limit`` seconds have passed. Each pair of windows gives
     a ratio (workload beside retention / workload alone right after); the median of those is
-    the figure, and the autovacuum the deletions trigger runs in both kinds of window."""
+    the figure, and the autovacuum the deletions trigger runs in both kinds of window
+    (``vacuum``: a server without autovacuum gets ``_vacuum_like_autovacuum`` throughout)."""
     sweeper = Sweeper(settings.model_copy(update={"retention_days": 15.0}))
     await sweeper.start()
+    vacuum_stop = asyncio.Event()
+    vacuums = asyncio.create_task(
+        _vacuum_like_autovacuum(settings.database_url, vacuum_stop) if vacuum else _zero()
+    )
     deleted = 0
     deleting = 0.0
     on: list[float] = []
@@ -213,9 +221,11 @@ async def _retention_under_load(settings: Settings, seconds: float, limit: float
             off.append(await _batch_rate(settings.database_url, seconds))
             _say(f"  deleted {deleted:,}: {on[-1]} beside retention, {off[-1]} alone jobs/s")
     finally:
+        vacuum_stop.set()
         await sweeper.close()
     ratios = [a / b for a, b in zip(on, off, strict=True)]
     return {
+        "vacuums_of_jobs": await vacuums,
         "deleted": deleted,
         "finished": finished,
         "deleted_per_s": round(deleted / deleting),
@@ -228,6 +238,10 @@ async def _retention_under_load(settings: Settings, seconds: float, limit: float
         "median_pair_ratio": round(statistics.median(ratios), 3),
         "pair_ratios": [round(r, 3) for r in ratios],
     }
+
+
+async def _zero() -> int:
+    return 0
 
 
 def _done(task: asyncio.Task[None]) -> asyncio.Event:
@@ -244,21 +258,69 @@ async def _fresh(url: str) -> None:
     await asyncio.to_thread(upgrade, url)
 
 
+async def _vacuum(url: str) -> None:
+    """What autovacuum would have done by now (``jobs``: after 1 % dead rows, migration 0009),
+    for a server that runs with ``autovacuum = off`` (the shared test server does): without it
+    every batch leaves two dead versions per job and the comparison measures the garbage."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("VACUUM conveyor.jobs, conveyor.job_outbox", timeout=3600)
+    finally:
+        await conn.close()
+
+
+async def _autovacuum_off(url: str) -> bool:
+    conn = await asyncpg.connect(url)
+    try:
+        return bool(await conn.fetchval("SHOW autovacuum") == "off")
+    finally:
+        await conn.close()
+
+
+async def _vacuum_like_autovacuum(url: str, stop: asyncio.Event) -> int:
+    """With ``autovacuum = off``: a VACUUM of ``jobs`` each time its dead rows pass 1 % (+1,000),
+    throttled like an autovacuum worker (cost limit 2,000, delay 2 ms), until ``stop``.
+    Returns how many vacuums ran."""
+    conn = await asyncpg.connect(url)
+    runs = 0
+    try:
+        await conn.execute("SET vacuum_cost_limit = 2000; SET vacuum_cost_delay = '2ms'")
+        while not stop.is_set():
+            dead, live = await conn.fetchrow(
+                "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables"
+                " WHERE relid = 'conveyor.jobs'::regclass"
+            )
+            if dead > 0.01 * live + 1000:
+                await conn.execute("VACUUM conveyor.jobs, conveyor.job_outbox", timeout=3600)
+                runs += 1
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 5)
+    finally:
+        await conn.close()
+    return runs
+
+
 def _load() -> float:
     return round(os.getloadavg()[0], 1)
 
 
-async def _rates(empty: str, full: str, seconds: float, rounds: int) -> dict[str, Any]:
+async def _rates(
+    empty: str, full: str, seconds: float, rounds: int, vacuum: bool
+) -> dict[str, Any]:
     """``rounds`` pairs of runs, empty and full in ABBA order (empty-full, full-empty, ...), so
     a neighbour's burst or a drift over the minutes lands on both sides alike. Reported: the
     median of each side and the median of the pairs' ratios (each pair ran back to back), with
-    every run and the load average beside it: on a shared machine one run proves nothing."""
+    every run and the load average beside it: on a shared machine one run proves nothing.
+    ``vacuum``: VACUUM the table before each run (a server without autovacuum)."""
     e: list[float] = []
     f: list[float] = []
     load: list[float] = []
     for i in range(rounds):
         order = ((e, empty), (f, full)) if i % 2 == 0 else ((f, full), (e, empty))
         for runs, url in order:
+            if vacuum:
+                await _vacuum(url)
             load.append(_load())
             runs.append(await _batch_rate(url, seconds))
         _say(f"  pair {i + 1}/{rounds}: empty {e[-1]}, full {f[-1]} jobs/s (load {load[-1]})")
@@ -363,15 +425,18 @@ async def main(opts: argparse.Namespace) -> dict[str, Any]:
         # with the outbox of the 100,000 PENDING jobs waiting (a relay that fell behind) ...
         out["full_outbox_backlog_idle_ms"] = await _idle_passes(settings)
         await _admin_sql(url, "DELETE FROM conveyor.job_outbox")
+        vacuum = out["autovacuum_off"] = await _autovacuum_off(url)
+        if vacuum:
+            await _vacuum(url)
         # ... and published (a relay that keeps up)
         out["full_idle_ms"] = await _idle_passes(settings)
         out["gauge_accuracy"] = await _gauge_accuracy(settings)
         _say("batch rate, empty and full in turn ...")
-        out["batch"] = await _rates(empty, url, opts.seconds, opts.rounds)
+        out["batch"] = await _rates(empty, url, opts.seconds, opts.rounds, vacuum)
         if opts.retention_limit > 0:
             _say("retention of the older half beside the batch workload ...")
             out["retention"] = await _retention_under_load(
-                settings, opts.retention_seconds, opts.retention_limit
+                settings, opts.retention_seconds, opts.retention_limit, vacuum
             )
     finally:
         for u in (url, empty) if not opts.keep else (empty,):
