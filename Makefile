@@ -50,7 +50,7 @@ bench: install ## benchmark against Celery, with the 500k-row drain step (QUICK=
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) -m bench.run $(if $(QUICK),--quick,--with-backfill)
 
-bench-scale: install ## the database at 10 million jobs: duties' idle passes, plans, batch rate vs empty, retention (ROWS=…; ~15 min)
+bench-scale: install ## the database at 10 million jobs: duties' idle passes, plans, gauges, batch rate vs empty, retention of 5M rows (ROWS=…; ~35 min)
 	$(PY) -m bench.scale --rows $(or $(ROWS),10000000)
 
 clean: ## remove the virtualenv and caches

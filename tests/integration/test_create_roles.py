@@ -91,6 +91,9 @@ async def test_migrate_creates_grants_and_rotates_the_component_roles(
         try:
             # its grants work (every runtime role reads the schema version: readiness)
             assert await conn.fetchval("SELECT count(*) FROM conveyor.alembic_version") == 1
+            # JIT off for the role, so also behind PgBouncer, which passes no session setting
+            # (asyncpg's type introspection JIT-compiled for ~0.7-1 s a connection: README)
+            assert await conn.fetchval("SHOW jit") == "off"
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await conn.execute("CREATE TABLE conveyor.intruder (i int)")
             with pytest.raises(asyncpg.InsufficientPrivilegeError):

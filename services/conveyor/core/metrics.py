@@ -105,6 +105,11 @@ class Metrics:
             "conveyor_jobs", "Jobs by type and status (COMPLETED and CANCELLED are not counted: "
             "see conveyor_jobs_finished_total)", ["type", "status"], registry=r,
         )  # fmt: skip
+        self.jobs_estimated = Gauge(
+            "conveyor_jobs_estimated", "1 where conveyor_jobs{type,status} is the planner's "
+            "estimate (above the exact-count cap), 0 where it is an exact count",
+            ["type", "status"], registry=r,
+        )  # fmt: skip
         self.queue_messages = Gauge(
             "conveyor_queue_messages", "Messages in a queue: ready (from the broker) and unacked "
             "(held by this worker)", ["queue", "state"], registry=r,

@@ -91,7 +91,14 @@ async def create_pool(
 ) -> Any:
     """A pool that does not connect eagerly (``min_size=0``), so a process starts while the
     database is down and recovers by itself when it comes back. ``pooler``: see
-    ``connect_options``."""
+    ``connect_options``.
+
+    JIT off: asyncpg reads each non-builtin type's definition once per connection with a
+    catalog query whose estimated cost passes ``jit_above_cost``; JIT-compiling it took
+    0.7-1 s of CPU a connection (the query itself: milliseconds), and Conveyor's statements are
+    index lookups JIT never speeds up. A transaction pooler passes no session setting (PgBouncer
+    refuses unknown startup parameters): there ``conveyor migrate --create-roles`` sets it on the
+    component roles (``ALTER ROLE … SET jit = off``; README, "PgBouncer")."""
     return await asyncpg.create_pool(
         url,
         min_size=min_size,
@@ -99,7 +106,8 @@ async def create_pool(
         timeout=timeout,
         command_timeout=command_timeout,
         max_inactive_connection_lifetime=60.0,
-        server_settings={"application_name": application_name},
+        server_settings={"application_name": application_name}
+        | ({"jit": "off"} if pooler == "none" else {}),
         reset=_skip_session_reset,
         **connect_options(pooler),
     )

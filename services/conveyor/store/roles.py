@@ -133,10 +133,13 @@ SELECT format(CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)
                    ELSE 'CREATE ROLE %I LOGIN PASSWORD %L' END, $1::text, $2::text)
 """
 
+_JIT_OFF = "SELECT format('ALTER ROLE %I SET jit = off', $1::text)"
+
 
 async def ensure_login_roles(conn: Any, passwords: Mapping[str, str]) -> list[str]:
     """Create each component's login role (``DEFAULT_ROLES``) with its password, or set the
-    password of one that exists (rotation), in one transaction; returns the role names. Needs
+    password of one that exists (rotation), with ``jit = off`` (``connect.create_pool``), in one
+    transaction; returns the role names. Needs
     CREATEROLE (or a superuser): the role that runs ``conveyor migrate`` in a deployment."""
     names = []
     async with conn.transaction():
@@ -145,6 +148,8 @@ async def ensure_login_roles(conn: Any, passwords: Mapping[str, str]) -> list[st
                 raise ValueError(f"an empty password for {component}")
             role = DEFAULT_ROLES[component]
             await conn.execute(await conn.fetchval(_LOGIN_ROLE, role, scram_verifier(password)))
+            # for connections through a pooler, which cannot pass it (``connect.create_pool``)
+            await conn.execute(await conn.fetchval(_JIT_OFF, role))
             names.append(role)
     return names
 

@@ -1,10 +1,19 @@
 """Counts for gauges, the operator views and the dashboard. Each read is served by an index
-(``tests/integration/test_explain.py`` checks the plans on a million generated rows)."""
+(``tests/integration/test_explain.py`` checks the plans on a million generated rows).
+
+The gauges' job counts are exact up to a cap and estimated above it (README, "Metrics"):
+``JOB_COUNTS_CAPPED`` counts each (type, status) with an index-only scan that stops after ``$1``
+rows, so a refresh reads at most the cap per pair however big the backlog;
+``JOB_COUNT_ESTIMATE`` asks the planner for the rows of one pair (``reltuples`` scaled to the
+table's current size times the joint frequency in the ``jobs_type_status`` statistics of migration
+0011), which costs a plan, not a scan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+
+import orjson
 
 from .base import Connection, Statements
 from .registry import statement
@@ -12,6 +21,36 @@ from .registry import statement
 JOB_BACKLOG = statement(
     "job_backlog",
     "SELECT type, status::text AS status, count, oldest FROM __schema__.backlog",
+)
+
+# The backlog view's skip scan over the types, with each count stopped at the cap.
+JOB_COUNTS_CAPPED = statement(
+    "job_counts_capped",
+    """
+WITH RECURSIVE t(job_type) AS (
+    SELECT min(job_type) FROM __schema__.jobs
+    UNION ALL
+    SELECT (SELECT min(j.job_type) FROM __schema__.jobs j WHERE j.job_type > t.job_type)
+    FROM t WHERE t.job_type IS NOT NULL
+)
+SELECT t.job_type AS type, st.status::text AS status, c.n
+FROM t
+CROSS JOIN unnest(ARRAY['SCHEDULED', 'PENDING', 'RETRYING', 'IN_PROGRESS', 'FAILED']
+                  ::__schema__.job_status[]) AS st(status)
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT FROM __schema__.jobs j
+                    WHERE j.job_type = t.job_type AND j.status = st.status LIMIT $1) x) c
+WHERE t.job_type IS NOT NULL AND c.n > 0
+""",
+)
+
+# Planning only (EXPLAIN without ANALYZE runs nothing): the bound values are planned as
+# constants, so the estimate is the one of this type and status.
+JOB_COUNT_ESTIMATE = statement(
+    "job_count_estimate",
+    """
+EXPLAIN (FORMAT JSON) SELECT FROM __schema__.jobs
+WHERE job_type = $1 AND status = $2::__schema__.job_status
+""",
 )
 
 OUTBOX_STATS = statement(
@@ -40,6 +79,17 @@ class StatsStatements(Statements):
         """Jobs by type and status (not COMPLETED or CANCELLED), with the oldest's creation."""
         rows = await conn.fetch(self.sql[JOB_BACKLOG])
         return [BacklogRow(r["type"], r["status"], int(r["count"]), r["oldest"]) for r in rows]
+
+    async def job_counts_capped(self, conn: Connection, cap: int) -> dict[tuple[str, str], int]:
+        """Jobs by (type, status) for the live statuses and FAILED, each counted up to ``cap``
+        (a pair without jobs is left out)."""
+        rows = await conn.fetch(self.sql[JOB_COUNTS_CAPPED], cap)
+        return {(r["type"], r["status"]): int(r["n"]) for r in rows}
+
+    async def job_count_estimate(self, conn: Connection, job_type: str, status: str) -> int:
+        """The planner's estimate of the jobs of ``job_type`` in ``status``."""
+        plan = await conn.fetchval(self.sql[JOB_COUNT_ESTIMATE], job_type, status)
+        return int(orjson.loads(plan)[0]["Plan"]["Plan Rows"])
 
     async def outbox_stats(self, conn: Connection) -> tuple[int, float]:
         """Rows waiting in the outbox and the age of the oldest, in seconds."""
