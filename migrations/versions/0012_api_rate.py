@@ -6,8 +6,8 @@ takes a chunk of tokens at a time (``api.ratelimit``), so the table is touched a
 key per chunk, and a refused key at most once per key per short window. UNLOGGED: after a
 crash the buckets start full again, which only forgives a burst.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-11-24
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0011"
-down_revision: str | None = "0010"
+revision: str = "0012"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
