@@ -18,8 +18,12 @@ benchmark's relay step does. After a warm-up, two phases, each counted alone:
   first prefetch's deliveries arrived before counting (the same for every checkout).
 
 ``--callgrind DIR`` keeps the dumps (``callgrind_annotate DIR/<file>``); without it the figures
-are CPU milliseconds per job (psutil). ``--pyspy DIR``: py-spy's raw stacks of each counted phase
-(``<label>-<service>-<phase>.txt``: 1 the lone jobs, 2 the relay or the drain)."""
+are CPU milliseconds per job (psutil). First ``--idle`` seconds are counted with nothing to do:
+``<figure>_net`` is the figure less that idle rate over the phase's wall time (under valgrind
+everything takes ~50x longer, so timers and polls weigh ~50x more per job than at full speed).
+``--pyspy DIR``: py-spy's raw stacks of each counted phase (``<label>-<service>-<n>.txt``, in
+the order idle, lone, relay or drain); ``--profile DIR``: each service under cProfile for the
+whole run (``<label>-<service>.prof``)."""
 
 from __future__ import annotations
 
@@ -64,14 +68,17 @@ class Proc:
     def __init__(self, name: str, argv: list[str], opts: argparse.Namespace, label: str,
                  env: dict[str, str], cwd: Path) -> None:  # fmt: skip
         self.name, self.opts = name, opts
-        if opts.callgrind:
+        if opts.profile:
+            out = str(Path(opts.profile) / f"{label}-{name}.prof")
+            argv = [argv[0], "-m", "cProfile", "-o", out, *argv[1:]]
+        elif opts.callgrind:
             out = f"--callgrind-out-file={opts.callgrind}/{label}-{name}.%p"
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", out, *argv]
         self.log = open(f"/tmp/pipecpu-{label}-{name}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self.log, stderr=self.log,
                                      start_new_session=True)  # fmt: skip
         self.ps = psutil.Process(self.proc.pid)
-        self.cpu0 = 0.0
+        self.cpu0 = self.wall0 = self.seconds = 0.0
         self.spy: subprocess.Popen[bytes] | None = None
         self.label, self.phase = label, 0
 
@@ -94,9 +101,11 @@ class Proc:
             time.sleep(0.5)
         t = self.ps.cpu_times()
         self.cpu0 = t.user + t.system
+        self.wall0 = time.monotonic()
 
     def stop(self, jobs: int) -> float:
-        """Instructions (or CPU ms) per job since ``start``."""
+        """Instructions (or CPU ms) per job since ``start``; ``self.seconds``: the wall time."""
+        self.seconds = time.monotonic() - self.wall0
         if self.spy is not None:
             self.spy.send_signal(signal.SIGINT)
             self.spy.wait(30)
@@ -144,6 +153,12 @@ async def _one(conn: asyncpg.Connection) -> None:
     await _until(conn, COMPLETED, ids, want=1)
 
 
+def _net(out: dict[str, Any], idle: dict[str, float], p: Proc, key: str, jobs: int) -> None:
+    """``<key>_net``: less what the process spends idle in as long (its timers and polls)."""
+    if p.name in idle:
+        out[key + "_net"] = round(out[key] - idle[p.name] * p.seconds / jobs, 4)
+
+
 async def measure(checkout: Path, opts: argparse.Namespace, label: str) -> dict[str, Any]:
     url = await _recreate(f"conveyor_pipecpu_{label}")
     python = str(checkout / ".venv" / "bin" / "python")
@@ -167,12 +182,21 @@ async def measure(checkout: Path, opts: argparse.Namespace, label: str) -> dict[
         procs.append(wrk)
         for _ in range(opts.warmup):
             await _one(conn)
+        idle: dict[str, float] = {}
+        if opts.idle:  # what the timers cost per second (valgrind stretches time ~50x)
+            for p in procs:
+                p.start()
+            await asyncio.sleep(opts.idle)
+            for p in procs:
+                idle[p.name] = p.stop(1) / p.seconds
         pub.start()
         wrk.start()
         for _ in range(opts.lone):
             await _one(conn)
         out["publisher_lone"] = pub.stop(opts.lone)
         out["worker_lone"] = wrk.stop(opts.lone)
+        _net(out, idle, pub, "publisher_lone", opts.lone)
+        _net(out, idle, wrk, "worker_lone", opts.lone)
 
         ids = [r["id"] for r in await conn.fetch(INSERT_JOBS, opts.drain)]
         async with conn.transaction():
@@ -185,12 +209,14 @@ async def measure(checkout: Path, opts: argparse.Namespace, label: str) -> dict[
                     await other.execute(NOTIFY)
                 await _until(other, OUTBOX_EMPTY)
                 out["publisher_row"] = pub.stop(opts.drain)
+                _net(out, idle, pub, "publisher_row", opts.drain)
                 await _until(other, WAITING, want=1)
                 wrk.start()
             finally:
                 await other.close()
         await _until(conn, COMPLETED, ids, want=opts.drain)
         out["worker_drain"] = wrk.stop(opts.drain)
+        _net(out, idle, wrk, "worker_drain", opts.drain)
         return out
     finally:
         for p in reversed(procs):
@@ -203,7 +229,7 @@ async def measure(checkout: Path, opts: argparse.Namespace, label: str) -> dict[
 
 
 async def main(opts: argparse.Namespace) -> None:
-    for d in (opts.callgrind, opts.pyspy):
+    for d in (opts.callgrind, opts.pyspy, opts.profile):
         if d:
             os.makedirs(d, exist_ok=True)
     for r in range(opts.rounds):
@@ -219,8 +245,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20, help="lone jobs before counting")
     p.add_argument("--lone", type=int, default=100)
     p.add_argument("--drain", type=int, default=2000)
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=10.0,
+        help="seconds counted idle first: each figure's _net subtracts that rate",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--callgrind", help="directory: count instructions (valgrind)")
+    p.add_argument("--profile", help="directory: the services under cProfile (written at exit)")
     p.add_argument("--pyspy", help="directory for py-spy raw stacks of each counted phase")
     return p.parse_args(argv)
 
