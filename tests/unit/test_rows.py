@@ -10,8 +10,10 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from conveyor.api.models import SubmitJob
 from conveyor.core.jobs import Status
-from conveyor.store.rows import ClaimedJob, JobRow
+from conveyor.enqueue import JobSpec
+from conveyor.store.rows import ClaimedJob, JobRow, NewJob
 
 
 def _distinct_record(
@@ -64,3 +66,30 @@ def test_job_row_nulls_and_optional_columns() -> None:
     record["status"] = "NOT_A_STATUS"
     with pytest.raises(ValueError):
         JobRow.from_record(record)
+
+
+def test_new_job_of_takes_the_fields_in_order() -> None:
+    values = [uuid.uuid4(), "t", "{}", 3, 4, 5.0, datetime(2026, 1, 1, tzinfo=UTC), 6.0, "k",
+              "h", '{"m": 1}', "u", 7.0]  # fmt: skip
+    names = [f.name for f in dataclasses.fields(NewJob)]
+    assert NewJob.of(*values) == NewJob(**dict(zip(names, values, strict=True)))
+    with pytest.raises(ValueError):
+        NewJob.of(*values[:-1])
+
+
+def test_submit_to_spec_sets_exactly_the_job_spec_fields() -> None:
+    body = {"type": "t", "payload": {"a": 1}, "priority": "high", "max_retries": 2,
+            "timeout_seconds": 3.5, "delay_seconds": 4, "meta": {"m": 1}, "unique_for": 60,
+            "unique_key": "k"}  # fmt: skip
+    spec = SubmitJob.model_validate(body).to_spec("idem")
+    names = [f.name for f in dataclasses.fields(JobSpec)]
+    assert sorted(vars(spec)) == sorted(names)
+    expected = JobSpec(**{**{n: getattr(spec, n) for n in names}})
+    assert spec == expected
+    assert (spec.type, spec.payload, spec.priority, spec.idempotency_key) == (
+        "t", {"a": 1}, "high", "idem")  # fmt: skip
+    assert (spec.max_retries, spec.timeout_seconds, spec.delay_seconds, spec.run_at) == (
+        2, 3.5, 4, None)  # fmt: skip
+    assert (spec.meta, spec.unique_for, spec.unique_key) == ({"m": 1}, 60, "k")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.type = "other"  # type: ignore[misc]
