@@ -160,7 +160,7 @@ def _net(out: dict[str, Any], idle: dict[str, float], p: Proc, key: str, jobs: i
 
 
 async def measure(checkout: Path, opts: argparse.Namespace, label: str) -> dict[str, Any]:
-    url = await _recreate(f"conveyor_pipecpu_{label}")
+    url = await _recreate(f"conveyor_pipecpu_{label}_{os.getpid()}")
     python = str(checkout / ".venv" / "bin" / "python")
     conveyor = str(checkout / ".venv" / "bin" / "conveyor")
     ns = f"pipecpu{label}{os.getpid()}"
@@ -222,7 +222,7 @@ async def measure(checkout: Path, opts: argparse.Namespace, label: str) -> dict[
         for p in reversed(procs):
             p.close()
         await conn.close()
-        await _drop(f"conveyor_pipecpu_{label}")
+        await _drop(f"conveyor_pipecpu_{label}_{os.getpid()}")
         q = [f"{ns}.queue.noop", f"{ns}.dead_letter.queue"]
         x = [f"{ns}.exchange", f"{ns}.retry", f"{ns}.dead_letter"]
         await broker.delete(AMQP, q, x)
