@@ -13,7 +13,7 @@ import pytest
 from conveyor.api.models import SubmitJob
 from conveyor.core.jobs import Status
 from conveyor.enqueue import JobSpec
-from conveyor.store.rows import ClaimedJob, JobRow, NewJob
+from conveyor.store.rows import ClaimedJob, JobRow, NewJob, OutboxRow
 
 
 def _distinct_record(
@@ -93,3 +93,13 @@ def test_submit_to_spec_sets_exactly_the_job_spec_fields() -> None:
     assert (spec.meta, spec.unique_for, spec.unique_key) == ({"m": 1}, 60, "k")
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.type = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_outbox_row_from_record(traced: bool) -> None:
+    record = {"id": 7, "job_id": uuid.uuid4(), "job_type": "t", "priority": 3,
+              "destination": "dead", "delay_seconds": 5, "error": "e", "attempt": 2,
+              "trace_context": "00-ab"}  # fmt: skip
+    row = OutboxRow.from_record(record, traced=traced)
+    expected = {**record, "trace_context": "00-ab" if traced else None}
+    assert row == OutboxRow(**expected)  # type: ignore[arg-type]

@@ -170,7 +170,9 @@ class Publisher:
         results: list[BaseException | None] = [None] * len(rows)
         pending: list[int] = []
         for i, route in enumerate(routes):
-            error = next((refused[k] for k in route.needs if k in refused), None)
+            error = (
+                next((refused[k] for k in route.needs if k in refused), None) if refused else None
+            )
             if error is not None:
                 results[i] = error
             else:

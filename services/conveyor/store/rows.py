@@ -185,6 +185,18 @@ class OutboxRow:
     attempt: int | None = None
     trace_context: str | None = None  # read only by the traced take (tracing on)
 
+    @classmethod
+    def from_record(cls, r: Any, *, traced: bool = False) -> OutboxRow:
+        """A row of ``outbox_take_batch`` (``traced``: of the traced take), once per relayed
+        row: through the slot setters, as ``JobRow.from_record``."""
+        return _build(cls, _OUTBOX_ROW, (
+            r["id"], r["job_id"], r["job_type"], r["priority"], r["destination"],
+            r["delay_seconds"], r["error"], r["attempt"], r["trace_context"] if traced else None,
+        ))  # fmt: skip
+
+
+_OUTBOX_ROW = _setters(OutboxRow)
+
 
 @dataclass(frozen=True, slots=True)
 class JobTypeDefaults:
