@@ -142,20 +142,20 @@ def build_job(
     if spec.idempotency_key is not None and request_hash is None:
         request_hash = spec_hash(spec)
     unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
-    return NewJob(
-        id=new_job_id(),
-        job_type=spec.type,
-        payload_json=payload_json.decode(),
-        priority=parse_priority(spec.priority),
-        max_retries=spec.max_retries,
-        timeout_seconds=spec.timeout_seconds,
-        run_at=spec.run_at,
-        delay_seconds=spec.delay_seconds,
-        idempotency_key=spec.idempotency_key,
-        request_hash=request_hash,
-        meta_json=encode_meta(spec.meta),
-        unique_key=unique,
-        unique_for=spec.unique_for if unique is not None else None,
+    return NewJob.of(  # positional, in NewJob's field order
+        new_job_id(),  # id
+        spec.type,  # job_type
+        payload_json.decode(),  # payload_json
+        parse_priority(spec.priority),  # priority
+        spec.max_retries,  # max_retries
+        spec.timeout_seconds,  # timeout_seconds
+        spec.run_at,  # run_at
+        spec.delay_seconds,  # delay_seconds
+        spec.idempotency_key,  # idempotency_key
+        request_hash,  # request_hash
+        encode_meta(spec.meta),  # meta_json
+        unique,  # unique_key
+        spec.unique_for if unique is not None else None,  # unique_for
     )
 
 

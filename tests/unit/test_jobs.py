@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import pickle
 import random
 import uuid
 
@@ -50,6 +52,24 @@ def test_job_ids_are_uuid7_and_time_ordered() -> None:
     assert len(set(ids)) == len(ids)
     ms = [i.int >> 80 for i in ids]
     assert ms == sorted(ms)
+
+
+def test_job_ids_match_uuid_and_a_forked_child_never_repeats_its_parents_bits() -> None:
+    job_id = new_job_id()  # fills this thread's pool of random bits
+    assert job_id == uuid.UUID(str(job_id)) and hash(job_id) == hash(uuid.UUID(int=job_id.int))
+    assert pickle.loads(pickle.dumps(job_id)) == job_id
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then exit at once
+        os.write(write, new_job_id().bytes)
+        os._exit(0)
+    os.close(write)
+    child = uuid.UUID(bytes=os.read(read, 16))
+    os.close(read)
+    os.waitpid(pid, 0)
+    mask = (1 << 74) - 1  # the random bits (rand_a, rand_b) without version and variant
+    ours = new_job_id()  # what the pool held next: the child must not have handed it out
+    assert (child.int & mask) != (ours.int & mask)
 
 
 def test_configured_retry_delays_are_used_in_order_and_the_last_repeats() -> None:

@@ -14,6 +14,7 @@ from ..core.logging import event
 
 log = logging.getLogger("conveyor.access")
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
+_PATHS: dict[str, str] = {}  # route template → the logged path
 
 
 class AccessLog:
@@ -36,8 +37,10 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = scope.get("route")
-            # "/jobs/{job_id:uuid}" → "/jobs/{job_id}", the path as OpenAPI names it
-            path = _CONVERTER.sub(r"{\1}", getattr(route, "path", None) or "<unmatched>")
+            template = getattr(scope.get("route"), "path", None) or "<unmatched>"
+            path = _PATHS.get(template)
+            if path is None:  # once per route: the app's routes bound the cache
+                # "/jobs/{job_id:uuid}" → "/jobs/{job_id}", the path as OpenAPI names it
+                path = _PATHS[template] = _CONVERTER.sub(r"{\1}", template)
             event(log, "http_request", method=scope["method"], path=path, status=status,
                   duration_ms=round((time.perf_counter() - started) * 1000, 2))  # fmt: skip

@@ -137,6 +137,8 @@ class Publisher:
 
     def blocked(self) -> tuple[list[str], list[int]]:
         """Job types and pen delays whose declaration failed and waits for its next try."""
+        if not self._failing:  # the usual case, twice per lone row
+            return [], []
         now = self.clock()
         waiting = [k for k, f in self._failing.items() if f.until > now]
         return (
@@ -170,7 +172,9 @@ class Publisher:
         results: list[BaseException | None] = [None] * len(rows)
         pending: list[int] = []
         for i, route in enumerate(routes):
-            error = next((refused[k] for k in route.needs if k in refused), None)
+            error = (
+                next((refused[k] for k in route.needs if k in refused), None) if refused else None
+            )
             if error is not None:
                 results[i] = error
             else:

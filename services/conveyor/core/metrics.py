@@ -5,6 +5,10 @@ they stay bounded by what operators deploy."""
 
 from __future__ import annotations
 
+import bisect
+import collections
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -27,6 +31,21 @@ class Children:
         if child is None:
             child = self._children[values] = self.metric.labels(*values)
         return child
+
+
+def observe_many(child: Any, values: Sequence[float]) -> None:
+    """``child.observe(v)`` for each of ``values`` (a labelled ``Histogram``), with one lock per
+    bucket hit and one for the sum instead of two per value: the worker observes each claimed
+    batch's queue waits at once. NaN (no bucket in ``observe``) goes through ``observe``."""
+    if any(v != v for v in values):
+        for v in values:
+            child.observe(v)
+        return
+    bounds = child._upper_bounds  # prometheus_client's Histogram: the bucket bounds, then +Inf
+    for i, n in collections.Counter(bisect.bisect_left(bounds, v) for v in values).items():
+        child._buckets[i].inc(n)
+    if values:
+        child._sum.inc(math.fsum(values))
 
 
 class Metrics:

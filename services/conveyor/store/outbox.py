@@ -53,6 +53,10 @@ SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::int2[], $5::text[],
 OUTBOX_NOTIFY = statement("outbox_notify", "SELECT pg_notify('__schema___outbox', '')")
 
 
+def _by_id(row: OutboxRow) -> int:
+    return row.id
+
+
 class OutboxStatements(Statements):
     async def outbox_take_batch(
         self,
@@ -68,23 +72,7 @@ class OutboxStatements(Statements):
         ``traced``: with each job's ``trace_context``."""
         sql = self.sql[OUTBOX_TAKE_BATCH_TRACED if traced else OUTBOX_TAKE_BATCH]
         rows = await conn.fetch(sql, limit, list(skip_types), list(skip_pens))
-        return sorted(
-            (
-                OutboxRow(
-                    id=r["id"],
-                    job_id=r["job_id"],
-                    job_type=r["job_type"],
-                    priority=r["priority"],
-                    destination=r["destination"],
-                    delay_seconds=r["delay_seconds"],
-                    error=r["error"],
-                    attempt=r["attempt"],
-                    trace_context=r["trace_context"] if traced else None,
-                )
-                for r in rows
-            ),
-            key=lambda r: r.id,
-        )
+        return sorted((OutboxRow.from_record(r, traced=traced) for r in rows), key=_by_id)
 
     async def outbox_restore(self, conn: Connection, rows: Sequence[OutboxRow]) -> None:
         """Put back rows taken by ``outbox_take_batch`` whose publish failed."""

@@ -213,17 +213,20 @@ class Completer:
                 await asyncio.sleep(delay)
 
     async def _write(self, batch: list[Pending]) -> set[uuid.UUID]:
-        done = [p for p in batch if p.outcome.kind is Kind.COMPLETE]
-        fail = [p for p in batch if p.outcome.kind is Kind.FAIL]
-        release = [p for p in batch if p.outcome.kind is Kind.RELEASE]
+        done: list[Pending] = []
+        fail: list[Pending] = []
+        release: list[Pending] = []
+        by_kind = {Kind.COMPLETE: done, Kind.FAIL: fail, Kind.RELEASE: release}
+        extra = False  # a progress report, or a completion's follow-up jobs, to write beside
+        for p in batch:  # one pass: this runs once per job
+            by_kind[p.outcome.kind].append(p)
+            r = p.running
+            if r.last_progress is not None or (r.followups and p.outcome.kind is Kind.COMPLETE):
+                extra = True
         written: set[uuid.UUID] = set()
         # One statement is atomic by itself: a batch of one kind, with no progress report and
         # no follow-up job to write beside it, skips BEGIN/COMMIT (two round trips per batch)
-        alone = (
-            bool(done) + bool(fail) + bool(release) == 1
-            and all(p.running.last_progress is None for p in batch)
-            and not any(p.running.followups for p in done)
-        )
+        alone = not extra and bool(done) + bool(fail) + bool(release) == 1
         async with (
             self.pool.acquire() as conn,
             contextlib.nullcontext() if alone else conn.transaction(),

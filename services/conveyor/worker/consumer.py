@@ -25,7 +25,7 @@ from ..broker.acks import Acks
 from ..broker.consume import Delivery, MalformedMessage, job_id_of
 from ..core.backoff import Backoff
 from ..core.logging import event
-from ..core.metrics import Metrics
+from ..core.metrics import Metrics, observe_many
 from ..store import ClaimedJob, Store
 from ..store.attempts import HandlerDefaults
 
@@ -207,6 +207,7 @@ class Consumer:
         started: set[uuid.UUID] = set()
         dropped_ids: list[uuid.UUID] = []
         dropped: list[Delivery] = []
+        waits: dict[str, list[float]] = {}  # queue wait per type: observed once per batch
         for d, job_id in valid:
             row = claimed.get(job_id)
             if row is None or job_id in started:
@@ -217,7 +218,10 @@ class Consumer:
                 continue
             started.add(job_id)
             self._claimed += 1
+            waits.setdefault(row.job_type, []).append(row.wait_seconds)
             self.start(row, d)
+        for job_type, values in waits.items():
+            observe_many(self.metrics.job_wait_of(job_type), values)
         if dropped:
             await self.acks.ack(dropped)
         if dropped_ids:

@@ -109,9 +109,15 @@ class Executor:
         try:
             if spec is None:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
-            if spec.is_async:
+            if spec.is_async and timeout is None:  # no deadline: no timer to arm and cancel
+                running.in_handler = True  # the loop guard may preempt it (guard.py)
+                try:
+                    result = await chain(self.middlewares, spec.func)(job)
+                finally:
+                    running.in_handler = False
+            elif spec.is_async:
                 async with asyncio.timeout(timeout) as deadline:
-                    running.in_handler = True  # the loop guard may preempt it (guard.py)
+                    running.in_handler = True
                     try:
                         result = await chain(self.middlewares, spec.func)(job)
                     finally:

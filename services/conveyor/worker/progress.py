@@ -52,6 +52,8 @@ class ProgressWriter:
     def take(self, job_id: uuid.UUID) -> ProgressReport | None:
         """The attempt ended: its report not yet written goes with its outcome instead
         (``write_last``), so a finished job shows the last progress its handler reported."""
+        if not self._pending:  # the usual case, without the lock: this attempt's handler has
+            return None  # returned, so its own report (if any) is in the dict already
         with self._lock:
             return self._pending.pop(job_id, None)
 

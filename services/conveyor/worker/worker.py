@@ -232,7 +232,6 @@ class Worker:
             meta=row.meta or {},
         )
         spec = self.router.handlers.get(job.type)
-        self.metrics.job_wait_of(job.type).observe(row.wait_seconds)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
         known = None if self.settings.accept_unknown_types else (lambda: self.controls.known)
         job._hooks = AttemptHooks(running, self.progress, known_types=known,
