@@ -159,11 +159,9 @@ async def test_reconciler_and_a_consumed_backlog(
     assert reconciled == 0, f"{reconciled} duplicates of jobs whose message was never lost"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8 (open): the reconciler compares a type's overdue jobs with every ready "
-    "message of the type; fresh messages, not overdue, stand for a lost one",
-)
+# Regression test for a bug found and fixed (issue 8): the reconciler compared a type's overdue
+# jobs with every ready message of the type, so fresh messages (not overdue) stood for a lost one
+# ([0, 0]); now only the ready messages beyond the type's fresh jobs can stand for overdue ones
 @pytest.mark.timeout(60)
 async def test_a_lost_message_behind_fresh_ones_is_republished(
     fsettings: Settings, ledger: Ledger

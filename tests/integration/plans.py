@@ -82,7 +82,10 @@ BIG = ("jobs", "job_attempts", "job_outbox")
 # reconciler's anti-join "no outbox row for this job" (hashing the outbox once per pass costs
 # less than an index on ``job_outbox.job_id`` would cost every submit and every publish) and the
 # outbox gauge's count.
-OUTBOX_READERS = {"job_count_overdue", "job_overdue_ids", "job_republish_overdue", "outbox_stats"}
+OUTBOX_READERS = {
+    "job_count_overdue", "job_recount_overdue", "job_overdue_ids", "job_republish_overdue",
+    "outbox_stats",
+}  # fmt: skip
 
 # Arguments by parameter type: one plausible value each (a type of the data, a limit of 500,
 # an age of seven days, ids that exist nowhere).
@@ -121,6 +124,7 @@ _BY_TYPE: dict[str, Any] = {
 _OVERRIDES: dict[str, tuple[Any, ...]] = {
     "job_count_overdue": (60.0,),
     "job_overdue_ids": ("type_3", 60.0, 500),
+    "job_recount_overdue": ("type_3", 60.0),
     "job_republish_overdue": ("type_3", 60.0, 500, [SOME_ID]),
     "job_delete_expired": (7 * 86400.0, 30 * 86400.0, 500),
     "job_insert_many": (

@@ -141,7 +141,8 @@ class Sweeper:
     async def reconcile(self, *, queue_depth: Callable[[str], Awaitable[int]] | None = None) -> int:
         """Re-publish PENDING/RETRYING jobs that should long have reached a worker and have no
         outbox row in flight. Per type, only as many as the queue is short of: a long backlog
-        that is really sitting in its queue is left alone instead of flooded with duplicates.
+        that is really sitting in its queue is left alone instead of flooded with duplicates,
+        and fresh messages (jobs not yet overdue) do not stand for lost ones.
         A job is re-published by the second pass that finds it overdue and missing (the first
         marks it a suspect), so the delay after ``reconcile_after`` is one to two intervals."""
         depth = queue_depth or self._queue_depth
@@ -165,9 +166,10 @@ class Sweeper:
             async with self.pool.acquire() as conn, conn.transaction():
                 if not await self.store.job_reconcile_lock(conn, job_type):
                     continue
-                recount = await self.store.job_count_overdue(conn, after=after)
-                n = recount.get(job_type, 0)
-                missing = n - ready
+                n, fresh = await self.store.job_recount_overdue(conn, job_type, after=after)
+                # a fresh job (due, not yet overdue) has its message in the queue: of the ready
+                # messages, only those beyond the fresh jobs can stand for overdue ones
+                missing = n - max(0, ready - fresh)
                 suspects = self._suspects.pop(job_type, [])
                 if missing <= 0:
                     continue
@@ -189,7 +191,7 @@ class Sweeper:
                 self.notifier.wake()
                 self.metrics.reconciled.labels(job_type).inc(done)
             event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
-                  queued=ready, republished=done)  # fmt: skip
+                  queued=ready, fresh=fresh, republished=done)  # fmt: skip
         self._count("reconciled", total)
         return total
 

@@ -99,6 +99,26 @@ GROUP BY job_type
 """,
 )
 
+# The recount under a type's reconcile lock, in one snapshot: its overdue jobs (as above) and its
+# *fresh* ones: due now (``run_at`` passed; a job in a holding pen is not in the work queue) but
+# not overdue, with no outbox row. Only the ready messages beyond the fresh jobs can stand for
+# overdue ones (``Sweeper.reconcile``). Reads the waiting jobs (``jobs_waiting_idx``, partial:
+# PENDING/RETRYING only) of a type the idle count found overdue jobs of: an idle pass never runs it.
+JOB_RECOUNT_OVERDUE = statement(
+    "job_recount_overdue",
+    """
+WITH w AS MATERIALIZED (
+    SELECT id, (j.updated_at < now() - make_interval(secs => $2)
+                AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))) AS late
+    FROM __schema__.jobs j
+    WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
+      AND (j.run_at IS NULL OR j.run_at <= now())
+)
+SELECT count(*) FILTER (WHERE late) AS overdue, count(*) FILTER (WHERE NOT late) AS fresh
+FROM w WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = w.id)
+""",
+)
+
 JOB_REPUBLISH_OVERDUE = statement(
     "job_republish_overdue",
     """
@@ -186,6 +206,13 @@ class MaintenanceStatements(Statements):
         """Per type, PENDING/RETRYING jobs untouched for ``after`` seconds with no outbox row."""
         rows = await conn.fetch(self.sql[JOB_COUNT_OVERDUE], after)
         return {r["job_type"]: int(r["n"]) for r in rows}
+
+    async def job_recount_overdue(
+        self, conn: Connection, job_type: str, *, after: float
+    ) -> tuple[int, int]:
+        """``job_type``'s overdue jobs and its fresh ones (due, not overdue), no outbox row."""
+        r = await conn.fetchrow(self.sql[JOB_RECOUNT_OVERDUE], job_type, after)
+        return int(r["overdue"]), int(r["fresh"])
 
     async def job_republish_overdue(
         self,
