@@ -15,7 +15,9 @@ every status change:
 - every non-terminal job has a way forward: SCHEDULED/RETRYING have a ``run_at``, IN_PROGRESS a
   lease, PENDING/RETRYING an outbox row, a message, or the reconciler's eligibility (no outbox row);
 - the reconciler's bound: once time passes beyond ``reconcile_after``, its two passes re-publish
-  every stranded job that is overdue when no ready message can stand for it;
+  every stranded job that is overdue when no ready message can stand for it (a ready message
+  can stand for an overdue job only beyond the type's fresh jobs: due, not overdue, no outbox
+  row — some queued jobs are drawn fresh at each reconcile step);
 
 and at the end of each example it drives every job to a terminal state with the system's own
 moves only (liveness: nothing is stuck).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 from hypothesis import strategies as st
@@ -35,7 +38,7 @@ from conveyor.core.jobs import CANCELLABLE, REDRIVABLE, Status
 from conveyor.worker import outcomes
 
 from .model_state import TERMINAL_NAMES, Context, ModelState, RetryBoundViolated
-from .storeops import JOB_TYPE, Claim
+from .storeops import JOB_TYPE, Claim, Row
 
 F = TypeVar("F", bound=Callable[..., Any])
 __all__ = ["Context", "JobModel", "RetryBoundViolated", "machine"]
@@ -218,23 +221,44 @@ class JobModel(ModelState):
 
     @action(lambda self: self._stranded())
     def reconcile(self, data: st.DataObject | None = None) -> None:
-        """Time passes beyond ``reconcile_after``; the reconciler compares with the queue. Its
-        bound: with no message in the queue to count against them, every stranded job that is
-        now overdue (PENDING, or RETRYING and due for ``reconcile_after``) is re-published by
-        the two passes, not just eventually (issue 8: a RETRYING job whose retry vanished)."""
+        """Time passes beyond ``reconcile_after``; the reconciler compares with the queue. Some
+        queued jobs are fresh (touched just now: published moments ago). Its bound: when no
+        ready message can stand for them, every stranded job that is now overdue (PENDING, or
+        RETRYING and due for ``reconcile_after``) is re-published by the two passes, not just
+        eventually (issue 8: a RETRYING job whose retry vanished; a lost job behind fresh
+        messages). Only the ready messages beyond the fresh jobs can stand for overdue ones."""
         after = self.ops.settings.reconcile_after
         self.run(self.ops.age_all(after + 1))
         stranded = self._stranded()
-        jobs, _ = self.run(self.ops.snapshot())
+        jobs, outbox = self.run(self.ops.snapshot())
         now = self.run(self.ops.now())
+        fresh = self._draw_fresh(data, jobs, outbox, now)
         self.run(self.ops.reconcile({JOB_TYPE: len(self.queue)}))
-        if self.queue:
+        if len(self.queue) > len(fresh):
             return  # ready messages may stand for them: the reconciler cannot tell whose
         _, outbox = self.run(self.ops.snapshot())
         for j in stranded:
             row = jobs[j]
             overdue = row.run_at is None or (now - row.run_at).total_seconds() > after
             assert not overdue or j in outbox, f"stranded, overdue, not re-published: {row}"
+
+    def _draw_fresh(
+        self,
+        data: st.DataObject | None,
+        jobs: dict[uuid.UUID, Row],
+        outbox: set[uuid.UUID],
+        now: datetime,
+    ) -> list[uuid.UUID]:
+        """Queued jobs the reconciler will count as fresh, drawn and touched now: PENDING, or
+        RETRYING and due, with no outbox row (a stale copy's job is none of these)."""
+        due = [j for j in dict.fromkeys(self.queue) if j not in outbox
+               and jobs[j].status in ("PENDING", "RETRYING")
+               and (jobs[j].run_at is None or jobs[j].run_at <= now)]  # fmt: skip
+        if data is None or not due:
+            return []
+        fresh = data.draw(st.lists(st.sampled_from(due), unique=True), label="fresh")
+        self.run(self.ops.freshen(fresh))
+        return fresh
 
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:

@@ -170,6 +170,11 @@ class StoreOps:
                 seconds,
             )
 
+    async def freshen(self, ids: list[uuid.UUID]) -> None:
+        """The jobs were touched just now (published moments ago): fresh, not overdue."""
+        async with self.pool.acquire() as conn:
+            await conn.execute("UPDATE jobs SET updated_at = now() WHERE id = ANY($1::uuid[])", ids)
+
     # ------------------------------------------------------------------ observation
 
     async def now(self) -> datetime:

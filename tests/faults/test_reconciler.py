@@ -11,6 +11,7 @@ import asyncpg
 import orjson
 import pytest
 
+from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 
@@ -163,27 +164,35 @@ async def test_reconciler_and_a_consumed_backlog(
 # jobs with every ready message of the type, so fresh messages (not overdue) stood for a lost one
 # ([0, 0]); now only the ready messages beyond the type's fresh jobs can stand for overdue ones
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_a_lost_message_behind_fresh_ones_is_republished(
-    fsettings: Settings, ledger: Ledger
+    fsettings: Settings, ledger: Ledger, queue_type: str
 ) -> None:
     """One job's message is lost and the job is overdue; meanwhile three fresh jobs of the same
     type wait in the queue (a busy type's queue is rarely empty). Nothing stands for the lost
     job: the two passes must re-publish it. (A queue that never drains below the number of
-    overdue jobs would otherwise keep it lost for as long as the traffic lasts.)"""
-    settings = fault_settings(fsettings, reconcile_after=5.0)
-    work_q = topology(settings).work_queue("work")
+    overdue jobs would otherwise keep it lost for as long as the traffic lasts.) Two of the
+    fresh jobs are high-priority: in quorum mode they wait in the type's other band, and the
+    depth (both bands) and the fresh count (the type's jobs) still match."""
+    settings = fault_settings(fsettings, reconcile_after=5.0, queue_type=queue_type)
+    queues = Topology(settings.namespace, settings.queue_type).work_queues("work")
     async with running(settings, sweeper=False) as stack:
 
         async def ready(n: int) -> bool:
-            return await queue_ready(settings.amqp_url, work_q) == n
+            return sum([await queue_ready(settings.amqp_url, q) for q in queues]) == n
 
         lost = await stack.submit("work", {"ledger": str(ledger)})
         await wait_until(lambda: ready(1), timeout=10, what="the job's message")
-        await purge(settings.amqp_url, work_q)  # lost
+        for q in queues:
+            await purge(settings.amqp_url, q)  # lost
         db = await tdb.connect(settings.database_url)
         await _age(db, settings.reconcile_after + 1)  # and overdue
-        await stack.submit_many(3, "work", lambda i: {"ledger": str(ledger)})
+        await stack.submit("work", {"ledger": str(ledger)})
+        for _ in range(2):
+            await stack.submit("work", {"ledger": str(ledger)}, priority="high")
         await wait_until(lambda: ready(3), timeout=10, what="three fresh messages")
+        if queue_type == "quorum":  # the high band holds two of them
+            assert await queue_ready(settings.amqp_url, queues[0]) == 2
         sweeper = Sweeper(settings)
         await sweeper.start()
         try:
