@@ -4,6 +4,11 @@
 --   CREATE ROLE conveyor_publisher LOGIN PASSWORD '...';
 --   CREATE ROLE conveyor_worker LOGIN PASSWORD '...';
 --   CREATE ROLE conveyor_sweeper LOGIN PASSWORD '...';
+-- and, behind PgBouncer, JIT off on them (README, "JIT off for Conveyor's roles"):
+--   ALTER ROLE conveyor_api SET jit = off;
+--   ALTER ROLE conveyor_publisher SET jit = off;
+--   ALTER ROLE conveyor_worker SET jit = off;
+--   ALTER ROLE conveyor_sweeper SET jit = off;
 -- then run this file as the role that ran `conveyor migrate` (the schema's owner).
 -- Optional, if no other application needs it: REVOKE TEMPORARY ON DATABASE <db> FROM
 -- PUBLIC (temporary tables are the one CREATE a runtime role could still run).

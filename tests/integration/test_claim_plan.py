@@ -56,3 +56,35 @@ async def test_the_claim_reads_its_ids_not_the_types_range(db: asyncpg.Connectio
     assert [n.get("Index Name") for n in scans] == ["jobs_pkey"], scans
     read = sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans)
     assert read <= 20, read
+
+
+async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
+    db: asyncpg.Connection,
+) -> None:
+    # the claim of a type with a concurrency/rate limit or pause (job_claim_controlled) has the
+    # same type test in its candidates: it must not walk the unanalyzed type's range either
+    from conveyor.core.jobs import PEN_LADDER
+
+    await generate(db, 200_000)
+    await db.execute(
+        "INSERT INTO jobs (id, job_type, status, priority, payload, attempts, finished_at)"
+        " SELECT gen_random_uuid(), 'ghost', 'COMPLETED', 5, '{}', 1, now()"
+        " FROM generate_series(1, 60000)"
+    )
+    ids = await enqueue_many(db, [JobSpec("ghost")] * 20)
+    sql = for_schema().sql["job_claim_controlled"]
+    args = (ids, 30.0, "w", "{}", 3, ["ghost"], list(PEN_LADDER))
+    tr = db.transaction()
+    await tr.start()
+    try:
+        plan = json.loads(await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args))
+    finally:
+        await tr.rollback()
+    scans = [
+        n for n in _nodes(plan) if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
+    ]
+    seen = [(n.get("Index Name"), n["Actual Rows"] + n.get("Rows Removed by Filter", 0))
+            for n in scans]  # fmt: skip
+    assert "jobs_type_status_id_idx" not in {name for name, _ in seen}, seen
+    # (the limits' own reads, e.g. running jobs through jobs_lease_idx, are not the candidates')
+    assert sum(read for name, read in seen if name == "jobs_pkey") <= 60, seen

@@ -19,7 +19,7 @@ from conveyor.broker.permissions import rabbitmqctl_commands
 from conveyor.core.apikeys import digest, effective, key_id_of, new_key, parse_scopes
 from conveyor.core.secrets import mask, mask_url
 from conveyor.store import ApiKeyRow
-from conveyor.store.roles import roles_sql
+from conveyor.store.roles import DEFAULT_ROLES, roles_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,3 +190,11 @@ def test_broker_permissions_cover_dotted_types_and_the_high_band() -> None:
             assert re.match(conf, queue), (component, queue)
     read = permissions("jobs", "worker", ["email.send"])[2]
     assert re.match(read, "jobs.high.email.send") and not re.match(read, "jobs.queue.other")
+
+
+def test_roles_sql_tells_to_turn_jit_off_for_each_login_role() -> None:
+    # README "JIT off for Conveyor's roles": behind PgBouncer the setting must live on the roles;
+    # roles created by hand from the generated file (deploy/postgres-roles.sql) need it too
+    sql = roles_sql("conveyor")
+    for role in DEFAULT_ROLES.values():
+        assert f"ALTER ROLE {role} SET jit = off" in sql, role

@@ -57,7 +57,8 @@ WITH t AS (
     SELECT j.id, j.job_type, j.run_at, j.created_at,
            row_number() OVER (PARTITION BY j.job_type ORDER BY j.priority DESC, j.id) AS rn
     FROM __schema__.jobs j
-    WHERE j.id = ANY($1::uuid[]) AND j.job_type = ANY($6::text[]) AND {_CLAIMABLE}
+    WHERE j.id = ANY($1::uuid[]) AND array_position($6::text[], j.job_type) IS NOT NULL
+      AND {_CLAIMABLE}
 ), pick AS (
     SELECT cand.*, c.paused, c.conc_free, c.rate_free, c.rate_limit, c.rate_period, c.win,
            (NOT coalesce(c.paused, false) AND cand.rn <= coalesce(least(c.conc_free, c.rate_free),

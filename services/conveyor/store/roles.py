@@ -160,6 +160,8 @@ def roles_sql(schema: str, roles: dict[str, str] | None = None) -> str:
         f"-- Conveyor least-privilege grants for schema {schema} (generated: conveyor roles sql).",
         "-- Create the login roles first (as a superuser or CREATEROLE), with your passwords:",
         *[f"--   CREATE ROLE {r} LOGIN PASSWORD '...';" for r in roles.values()],
+        '-- and, behind PgBouncer, JIT off on them (README, "JIT off for Conveyor\'s roles"):',
+        *[f"--   ALTER ROLE {r} SET jit = off;" for r in roles.values()],
         "-- then run this file as the role that ran `conveyor migrate` (the schema's owner).",
         "-- Optional, if no other application needs it: REVOKE TEMPORARY ON DATABASE <db> FROM",
         "-- PUBLIC (temporary tables are the one CREATE a runtime role could still run).",
