@@ -48,6 +48,19 @@ def render(directory: Path) -> list[Doc]:
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
+def render_with_prometheus(tmp: Path) -> list[Doc]:
+    """The example overlay (a copy under ``tmp``) with the Prometheus-operator component added
+    the way its comment says, rendered."""
+    from .checks import K8S, OVERLAY
+
+    tree = tmp / "k8s"
+    shutil.copytree(K8S, tree)
+    overlay = tree / OVERLAY.relative_to(K8S)
+    with (overlay / "kustomization.yaml").open("a") as f:
+        f.write("components:\n  - ../../components/prometheus\n")
+    return render(overlay)
+
+
 def load_yaml_docs(path: Path) -> list[Doc]:
     with path.open() as f:
         return [d for d in yaml.safe_load_all(f) if d is not None]

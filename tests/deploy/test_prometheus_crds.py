@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from .checks import K8S, OVERLAY, by_kind
-from .manifests import Doc, render
+from .checks import by_kind
+from .manifests import Doc, render_with_prometheus
 
 PACKAGE = "@kubernetes-models/prometheus-operator@6.0.0"
 SCRIPT = Path(__file__).with_name("crd_validate.mjs")
@@ -47,12 +47,7 @@ def node_modules() -> Path:
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory: pytest.TempPathFactory) -> list[Doc]:
-    tree = tmp_path_factory.mktemp("crds") / "k8s"
-    shutil.copytree(K8S, tree)
-    overlay = tree / OVERLAY.relative_to(K8S)
-    with (overlay / "kustomization.yaml").open("a") as f:
-        f.write("components:\n  - ../../components/prometheus\n")
-    return render(overlay)
+    return render_with_prometheus(tmp_path_factory.mktemp("crds"))
 
 
 def problems(node_modules: Path, objects: list[Doc]) -> list[str]:

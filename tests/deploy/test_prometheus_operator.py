@@ -5,14 +5,13 @@ the example overlay."""
 from __future__ import annotations
 
 import copy
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .checks import K8S, OVERLAY, by_kind, listing_problems
-from .manifests import Doc, render
+from .checks import K8S, by_kind, listing_problems
+from .manifests import Doc, render_with_prometheus
 from .monitor_checks import coverage_problems, shape_problems
 from .prometheus_rule import groups
 from .prometheus_rule import render as render_rule
@@ -22,13 +21,7 @@ COMPONENT = K8S / "components" / "prometheus"
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory: pytest.TempPathFactory) -> list[Doc]:
-    """The example overlay with the component added the way its comment says."""
-    tree = tmp_path_factory.mktemp("prometheus") / "k8s"
-    shutil.copytree(K8S, tree)
-    overlay = tree / OVERLAY.relative_to(K8S)
-    with (overlay / "kustomization.yaml").open("a") as f:
-        f.write("components:\n  - ../../components/prometheus\n")
-    return render(overlay)
+    return render_with_prometheus(tmp_path_factory.mktemp("prometheus"))
 
 
 def test_every_file_is_listed() -> None:

@@ -187,7 +187,7 @@ def _define_keys(metadata: sa.MetaData) -> None:
         unique=True,
         postgresql_where=keys.c.revoked_at.is_(None),
     )
-    # the fleet-wide submit quota's buckets (migration 0011, store/ratelimit.py)
+    # the fleet-wide submit quota's buckets (migration 0012, api/ratelimit.py)
     sa.Table(
         "api_rate",
         metadata,
