@@ -181,7 +181,10 @@ class _TouchStore:
     def __init__(self) -> None:
         self.touched: list[uuid.UUID] = []
 
-    async def job_touch_waiting(self, conn: object, ids: list[uuid.UUID]) -> None:
+    async def job_touch_waiting(
+        self, conn: object, ids: list[uuid.UUID], *, hold_seconds: float
+    ) -> None:
+        assert hold_seconds == 30  # held for a lease (the worker's visibility timeout)
         self.touched.extend(ids)
 
 

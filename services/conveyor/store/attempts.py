@@ -152,12 +152,16 @@ RETURNING j.id, j.cancel_requested
 """,
 )
 
-# Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost, so
-# they must not look overdue to the reconciler (which only sees the queue's *ready* messages).
+# Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost,
+# and their messages are not among the queue's *ready* ones, which is all the reconciler sees.
+# The touch marks them *held* until ``$2`` seconds from now (``lease_expires_at`` of a waiting
+# job; ``store/maintenance.py``'s ``HELD``): the reconciler counts a held job neither as overdue
+# nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
+# broker requeues its unacknowledged deliveries and the hold runs out.
 JOB_TOUCH_WAITING = statement(
     "job_touch_waiting",
     """
-UPDATE __schema__.jobs SET updated_at = now()
+UPDATE __schema__.jobs SET updated_at = now(), lease_expires_at = now() + make_interval(secs => $2)
 WHERE id = ANY($1::uuid[]) AND status IN ('PENDING', 'RETRYING')
 """,
 )
@@ -249,5 +253,8 @@ class AttemptStatements(Statements):
         )
         return {r["id"]: r["cancel_requested"] for r in rows}
 
-    async def job_touch_waiting(self, conn: Connection, ids: Sequence[uuid.UUID]) -> None:
-        await conn.execute(self.sql[JOB_TOUCH_WAITING], list(ids))
+    async def job_touch_waiting(
+        self, conn: Connection, ids: Sequence[uuid.UUID], *, hold_seconds: float
+    ) -> None:
+        """Mark waiting jobs held by this worker for ``hold_seconds`` (refreshed before then)."""
+        await conn.execute(self.sql[JOB_TOUCH_WAITING], list(ids), hold_seconds)

@@ -6,8 +6,10 @@ Types without controls never come here: the worker claims them with ``job_claim_
 the fleet, then ``job_claim_controlled`` in a new statement (a new snapshot: it sees every claim
 committed before the lock was granted) counts the type's IN_PROGRESS jobs and the starts still
 in its rate window, claims at most what the limits allow, appends the starts to the window, and
-*holds* the rest: their ``updated_at`` is touched (the reconciler sees them in hand) and an outbox
-row sends each through a holding pen back to its queue — no retry consumed, nothing spins hot.
+*holds* the rest: they are touched and marked held (``lease_expires_at``) for their pen's delay
+plus a lease, so the reconciler counts them neither as overdue nor as fresh (their message is in
+the pen, not among the queue's ready ones), and an outbox row sends each through a holding pen
+back to its queue — no retry consumed, nothing spins hot.
 Times are ``statement_timestamp()``, taken after the lock was granted, so starts are recorded in
 the order the lock serialises them (``now()`` is the transaction's start, which can be earlier
 than a start recorded by the claim that held the lock). Held jobs wait in a pen of: 5 s while
@@ -115,6 +117,7 @@ WITH t AS (
     -- reconcile_after and missing from their queue, must not take it for lost (it would add
     -- a copy per pass); short holds (pause, concurrency: <= 10 s) keep their run_at
     UPDATE __schema__.jobs j SET updated_at = statement_timestamp(),
+        lease_expires_at = statement_timestamp() + make_interval(secs => pen.delay + $2),
         run_at = CASE WHEN pen.rate_held
                       THEN statement_timestamp() + make_interval(secs => pen.delay)
                       ELSE j.run_at END

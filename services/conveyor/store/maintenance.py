@@ -79,6 +79,13 @@ SELECT id, status::text AS status, job_type FROM upd
 """,
 )
 
+# A waiting job (PENDING/RETRYING) with a lease in the future is *held*: a worker has its delivery
+# in hand, waiting for a slot (``job_touch_waiting``), or a type limit sent it through a holding
+# pen (``job_claim_controlled``). Its message is not among the queue's ready ones, and it is not
+# lost: the reconciler counts it neither as overdue nor as fresh. Held is for a bounded time only
+# (a holder that dies stops renewing it; a pen's hold ends with its delay plus a lease).
+UNHELD = "(j.lease_expires_at IS NULL OR j.lease_expires_at <= now())"
+
 # Jobs that should have reached a worker long ago and have no outbox row in flight: counted per
 # type, so the reconciler can compare with the broker's queue depth before re-publishing. The
 # overdue jobs are found first (``jobs_waiting_idx``, an empty range when all is well) and only
@@ -86,12 +93,12 @@ SELECT id, status::text AS status, job_type FROM upd
 # only when some job is overdue, not on every idle pass.
 JOB_COUNT_OVERDUE = statement(
     "job_count_overdue",
-    """
+    f"""
 WITH c AS MATERIALIZED (
     SELECT id, job_type FROM __schema__.jobs j
     WHERE j.status IN ('PENDING', 'RETRYING')
       AND j.updated_at < now() - make_interval(secs => $1)
-      AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
+      AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1)) AND {UNHELD}
 )
 SELECT job_type, count(*) AS n FROM c
 WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = c.id)
@@ -101,18 +108,19 @@ GROUP BY job_type
 
 # The recount under a type's reconcile lock, in one snapshot: its overdue jobs (as above) and its
 # *fresh* ones: due now (``run_at`` passed; a job in a holding pen is not in the work queue) but
-# not overdue, with no outbox row. Only the ready messages beyond the fresh jobs can stand for
-# overdue ones (``Sweeper.reconcile``). Reads the waiting jobs (``jobs_waiting_idx``, partial:
-# PENDING/RETRYING only) of a type the idle count found overdue jobs of: an idle pass never runs it.
+# not overdue, with no outbox row; held jobs are neither. Only the ready messages beyond the
+# fresh jobs can stand for overdue ones (``Sweeper.reconcile``). Reads the waiting jobs
+# (``jobs_waiting_idx``, partial: PENDING/RETRYING only) of a type the idle count found overdue
+# jobs of: an idle pass never runs it.
 JOB_RECOUNT_OVERDUE = statement(
     "job_recount_overdue",
-    """
+    f"""
 WITH w AS MATERIALIZED (
     SELECT id, (j.updated_at < now() - make_interval(secs => $2)
                 AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))) AS late
     FROM __schema__.jobs j
     WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
-      AND (j.run_at IS NULL OR j.run_at <= now())
+      AND (j.run_at IS NULL OR j.run_at <= now()) AND {UNHELD}
 )
 SELECT count(*) FILTER (WHERE late) AS overdue, count(*) FILTER (WHERE NOT late) AS fresh
 FROM w WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = w.id)
@@ -121,14 +129,14 @@ FROM w WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = 
 
 JOB_REPUBLISH_OVERDUE = statement(
     "job_republish_overdue",
-    """
+    f"""
 WITH o AS (
     SELECT id FROM __schema__.jobs j
     WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
       AND j.updated_at < now() - make_interval(secs => $2)
       AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
       AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
-      AND j.id = ANY($4::uuid[])
+      AND {UNHELD} AND j.id = ANY($4::uuid[])
     ORDER BY j.updated_at LIMIT $3 FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET updated_at = now() FROM o WHERE j.id = o.id
@@ -145,12 +153,12 @@ SELECT count(*) FROM upd
 # only if they are still overdue then.
 JOB_OVERDUE_IDS = statement(
     "job_overdue_ids",
-    """
+    f"""
 SELECT id FROM __schema__.jobs j
 WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
   AND j.updated_at < now() - make_interval(secs => $2)
   AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
-  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
+  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id) AND {UNHELD}
 ORDER BY j.updated_at LIMIT $3
 """,
 )

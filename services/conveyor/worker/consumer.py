@@ -145,7 +145,9 @@ class Consumer:
         if ids:
             with contextlib.suppress(Exception):
                 async with self.pool.acquire() as conn:
-                    await self.store.job_touch_waiting(conn, ids)
+                    await self.store.job_touch_waiting(
+                        conn, ids, hold_seconds=self.visibility_timeout
+                    )
 
     async def run(self) -> None:
         while True:
