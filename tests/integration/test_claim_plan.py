@@ -88,3 +88,71 @@ async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
     assert "jobs_type_status_id_idx" not in {name for name, _ in seen}, seen
     # (the limits' own reads, e.g. running jobs through jobs_lease_idx, are not the candidates')
     assert sum(read for name, read in seen if name == "jobs_pkey") <= 60, seen
+
+
+# The hot path's statements by id, with statistics taken before a backlog arrived (ANALYZE saw an
+# empty table, as after a quiet night; the bench's fresh database never has any). The partial
+# index ``jobs_waiting_idx`` (PENDING/RETRYING) looks like a few rows then, and a status test
+# that implied its predicate let the planner AND a scan of the whole index with the ids: a claim
+# of 8 ids read all 20,000 waiting jobs' entries (O(backlog) per claim: in the batch benchmark
+# 85-98 us of PostgreSQL CPU per job for the claim instead of 46; found 2026-11-24 measuring the
+# batch rate's regression since 282ef8b).
+def _args(name: str, ids: list[Any]) -> tuple[Any, ...]:
+    from conveyor.core.jobs import PEN_LADDER
+
+    n = len(ids)
+    return {
+        "job_claim_many": (ids, 30.0, "w", "{}", 3, ["hot"]),
+        "job_claim_controlled": (ids, 30.0, "w", "{}", 3, ["hot"], list(PEN_LADDER)),
+        "job_touch_waiting": (ids, 30.0),
+        "job_fence_many": (ids,),
+        "job_complete_many": (ids, [1] * n, ["null"] * n),
+        "job_heartbeat_many": (ids, [1] * n, 30.0),
+        "job_release_many": (ids, [1] * n),
+        "job_fail_many": (ids, [1] * n, ["e"] * n, [1] * n, [True] * n),
+    }[name]
+
+
+_OF_WAITING = ("job_claim_many", "job_claim_controlled", "job_touch_waiting", "job_fence_many")
+_OF_RUNNING = ("job_complete_many", "job_heartbeat_many", "job_release_many", "job_fail_many")
+
+
+async def test_statements_by_id_read_their_ids_with_stale_statistics(
+    db: asyncpg.Connection,
+) -> None:
+    await db.execute("ANALYZE jobs")  # an empty table
+    await db.execute(
+        "INSERT INTO jobs (id, job_type, status, priority, payload, attempts, lease_expires_at)"
+        " SELECT gen_random_uuid(), 'hot', CASE WHEN i % 2 = 0 THEN 'PENDING'"
+        " ELSE 'IN_PROGRESS' END::job_status, 5, '{}', i % 2,"
+        " CASE WHEN i % 2 = 1 THEN now() + interval '1 hour' END"
+        " FROM generate_series(1, 40000) i"
+    )
+    ids = {
+        status: [r["id"] for r in await db.fetch(
+            "SELECT id FROM jobs WHERE status = $1 LIMIT 8", status)]
+        for status in ("PENDING", "IN_PROGRESS")
+    }  # fmt: skip
+    sql = for_schema().sql
+    bad = {}
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        await db.execute(f"SET plan_cache_mode = {mode}")
+        for name in _OF_WAITING + _OF_RUNNING:
+            of = ids["PENDING" if name in _OF_WAITING else "IN_PROGRESS"]
+            tr = db.transaction()
+            await tr.start()
+            try:
+                explain = f"EXPLAIN (ANALYZE, FORMAT JSON) {sql[name]}"
+                plan = json.loads(await db.fetchval(explain, *_args(name, of)))
+            finally:
+                await tr.rollback()
+            # 8 ids: an index scan on jobs that returns more read something else
+            wide = [
+                (n["Index Name"], n["Actual Rows"])
+                for n in _nodes(plan)
+                if n.get("Index Name", "").startswith("jobs_") and n["Actual Rows"] > 64
+            ]
+            if wide:
+                bad[(mode, name)] = wide
+    await db.execute("RESET plan_cache_mode")
+    assert not bad, "\n".join(f"{k}: {v}" for k, v in bad.items())

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.jobs import PEN_LADDER
-from .attempts import HandlerDefaults
+from .attempts import HandlerDefaults, claimable
 from .base import Connection, Statements
 from .registry import statement
 from .rows import ClaimedJob, TypeControl
@@ -35,9 +35,7 @@ TYPE_LOCK_MANY = statement(
     "SELECT name FROM __schema__.job_types WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE",
 )
 
-_CLAIMABLE = (
-    "(j.status = 'PENDING' OR (j.status = 'RETRYING' AND j.run_at <= now() + interval '1 second'))"
-)
+_CLAIMABLE = claimable("j")
 
 JOB_CLAIM_CONTROLLED = statement(
     "job_claim_controlled",
