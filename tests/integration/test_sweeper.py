@@ -365,3 +365,46 @@ async def test_jobs_a_type_limit_holds_in_a_pen_are_not_taken_for_lost(
 
 async def _noop(job: object) -> None:
     return None
+
+
+async def test_a_redriven_job_does_not_keep_the_hold_it_had_when_cancelled(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    """A retry held for its type's rate window (a pen of an hour: held until then plus a lease)
+    is cancelled, then redriven: PENDING, its message published and lost. Nothing holds it any
+    more, so the two passes after reconcile_after re-publish it. (The cancel kept the pen's
+    hold: a CANCELLED job with a lease, and the redriven job was held for the rest of the hour,
+    [0, 0], its lost message unseen; while its message sat ready it stood for another job's.)"""
+    r = JobRouter()
+    r.job("lost", rate_limit="1/h")(_noop)
+    await register_router_types(db, r)
+    retry_due = "status = 'RETRYING', attempts = 1, run_at = now() - interval '5 s'"
+    ids = await _waiting(db, 2, retry_due)
+    async with db.transaction():
+        await store.type_lock_many(db, ["lost"])
+        claimed, held = await store.job_claim_controlled(
+            db, ids, lease_seconds=30.0, worker_id="w", types=["lost"],
+            handler_defaults={}, default_max_retries=3,
+        )  # fmt: skip
+    assert len(claimed) == 1 and len(held) == 1
+    [job_id] = held
+    await db.execute("DELETE FROM job_outbox")  # the relay sent it to its pen
+    assert await store.job_cancel(db, job_id)
+    row = await db.fetchrow("SELECT status::text, lease_expires_at FROM jobs WHERE id=$1", job_id)
+    assert tuple(row) == ("CANCELLED", None)  # a lease belongs to a running or held job only
+    assert await store.job_redrive(db, [job_id]) == [job_id]
+    assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", job_id) == "PENDING"
+    await db.execute("DELETE FROM job_outbox")  # published, then lost
+    await db.execute(f"UPDATE jobs SET {_OVERDUE} WHERE id = $1", job_id)  # 40 s on
+    assert [await sweeper.reconcile(queue_depth=_depth(0)) for _ in range(2)] == [0, 1]
+
+
+async def test_a_redrive_clears_a_hold_left_on_a_cancelled_job(db: asyncpg.Connection) -> None:
+    """A job cancelled while held by a release whose cancel kept the hold (4e9e314) still has
+    its lease: the redrive drops it with the rest of the job's past (it would hide the redriven
+    job from the reconciler until the lease ran out)."""
+    [job_id] = await _waiting(db, 1, "status = 'CANCELLED', attempts = 1, finished_at = now(),"
+                                     " lease_expires_at = now() + interval '1 h'")  # fmt: skip
+    assert await store.job_redrive(db, [job_id]) == [job_id]
+    row = await db.fetchrow("SELECT status::text, lease_expires_at FROM jobs WHERE id=$1", job_id)
+    assert tuple(row) == ("PENDING", None)

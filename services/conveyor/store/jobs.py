@@ -69,6 +69,10 @@ JOB_GET_BY_IDEMPOTENCY_KEY = statement(
 
 # GET /jobs is ``job_list`` in ``dashboard.py``: the same index-served pages as the dashboard.
 
+# A waiting job may be *held* (a lease on a PENDING/RETRYING job: ``store/maintenance.py``'s
+# ``UNHELD``): cancelling it drops the hold, so a CANCELLED job has no lease and a redrive (which
+# clears one all the same) does not leave the reconciler blind to the redriven job's lost message
+# for the rest of a pen's delay (up to hours for a rate window).
 JOB_CANCEL = statement(
     "job_cancel",
     """
@@ -77,6 +81,7 @@ UPDATE __schema__.jobs SET
              ::__schema__.job_status,
     cancel_requested = true,
     finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
+    lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
     updated_at = now()
 WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
 RETURNING id
@@ -92,7 +97,7 @@ _REDRIVE_SET = """
     run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
                   THEN run_at END,
     retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
-    updated_at = now()
+    lease_expires_at = NULL, updated_at = now()
 """
 
 JOB_REDRIVE = statement(
