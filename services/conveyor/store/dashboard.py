@@ -116,7 +116,8 @@ JOB_REDRIVE_DEAD = statement(
     f"""
 WITH d AS ({_DEAD_FILTER}), r AS (
     UPDATE __schema__.jobs j SET status = 'PENDING', retry_count = 0, cancel_requested = false,
-        result = NULL, finished_at = NULL, run_at = NULL, updated_at = now()
+        result = NULL, finished_at = NULL, run_at = NULL, lease_expires_at = NULL,
+        updated_at = now()
     FROM d WHERE j.id = d.id
     RETURNING j.id, j.job_type, j.priority
 ), ob AS (
