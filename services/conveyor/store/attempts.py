@@ -31,6 +31,11 @@ def claimable(alias: str = "", now: str = "now()") -> str:
 
 
 WAITING = "CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN true ELSE false END"
+# The writes after a claim find their rows by id; ``j.status = 'IN_PROGRESS'`` would imply
+# ``jobs_lease_idx``'s predicate, and a plan cached for a fresh install's empty tables joined the
+# ids with a scan of that whole index, dead entries of every job ever claimed included
+# (``test_finishing_statements_keep_reading_their_ids_on_one_connection``).
+RUNNING = "CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END"
 
 # The claim: one conditional UPDATE for a batch of delivered ids. A job is claimable when it is
 # PENDING, or RETRYING and due (a tolerance of one second absorbs broker/database clock skew).
@@ -80,7 +85,7 @@ WITH upd AS (
         result = CASE WHEN j.cancel_requested THEN NULL ELSE u.result::jsonb END,
         finished_at = now(), updated_at = now(), lease_expires_at = NULL
     FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    WHERE j.id = u.id AND j.attempts = u.attempt AND {RUNNING}
     RETURNING {FINISHED}, NULL::text AS error
 ), att AS (
     {_RECORD_COMPLETED}
@@ -116,7 +121,7 @@ WITH u AS (  -- each failure with its attempt's due time, read before a retry re
         finished_at = CASE WHEN {_EXHAUSTED} OR j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM u
-    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    WHERE j.id = u.id AND j.attempts = u.attempt AND {RUNNING}
     RETURNING {finished("u.due")}, j.priority, u.delay, u.error
 ), att AS (
     {_RECORD_FAILED}
@@ -145,7 +150,7 @@ WITH upd AS (
         finished_at = CASE WHEN j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+    WHERE j.id = u.id AND j.attempts = u.attempt AND {RUNNING}
     RETURNING {FINISHED}, j.priority, NULL::text AS error
 ), att AS (
     {_RECORD_RELEASED}
@@ -159,10 +164,10 @@ SELECT id FROM upd
 
 JOB_HEARTBEAT_MANY = statement(
     "job_heartbeat_many",
-    """
+    f"""
 UPDATE __schema__.jobs j SET lease_expires_at = now() + make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+WHERE j.id = u.id AND j.attempts = u.attempt AND {RUNNING}
 RETURNING j.id, j.cancel_requested
 """,
 )

@@ -7,19 +7,20 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .attempts import RUNNING
 from .base import Connection, Statements
 from .registry import statement
 
 # Fenced like every write of an attempt: a stale attempt's report changes nothing.
 JOB_PROGRESS_MANY = statement(
     "job_progress_many",
-    """
+    f"""
 UPDATE __schema__.jobs j SET
     progress = jsonb_build_object('percent', u.percent, 'message', u.message,
                                   'updated_at', now())
 FROM unnest($1::uuid[], $2::int4[], $3::float8[], $4::text[])
     AS u(id, attempt, percent, message)
-WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'IN_PROGRESS'
+WHERE j.id = u.id AND j.attempts = u.attempt AND {RUNNING}
 RETURNING j.id
 """,
 )
