@@ -14,7 +14,8 @@ from typing import Any
 import asyncpg
 
 from conveyor import JobSpec, enqueue_many
-from conveyor.store import for_schema
+from conveyor.core.jobs import PEN_LADDER
+from conveyor.store import Attempt, Completion, for_schema
 
 from .plans import generate
 
@@ -32,22 +33,32 @@ def _nodes(plan: Any) -> list[dict[str, Any]]:
     return found
 
 
-async def test_the_claim_reads_its_ids_not_the_types_range(db: asyncpg.Connection) -> None:
+async def _explain(db: asyncpg.Connection, name: str, *args: Any) -> Any:
+    """``EXPLAIN (ANALYZE, FORMAT JSON)`` of the store's statement ``name``, rolled back."""
+    tr = db.transaction()
+    await tr.start()
+    try:
+        sql = f"EXPLAIN (ANALYZE, FORMAT JSON) {for_schema().sql[name]}"
+        return json.loads(await db.fetchval(sql, *args))
+    finally:
+        await tr.rollback()
+
+
+async def _ghosts(db: asyncpg.Connection) -> list[Any]:
+    """200,000 generated jobs, analyzed, then 60,000 finished jobs of a type ANALYZE has not
+    seen ('ghost'); returns the ids of 20 new PENDING ghosts."""
     await generate(db, 200_000)
     await db.execute(
         "INSERT INTO jobs (id, job_type, status, priority, payload, attempts, finished_at)"
         " SELECT gen_random_uuid(), 'ghost', 'COMPLETED', 5, '{}', 1, now()"
         " FROM generate_series(1, 60000)"
     )
-    ids = await enqueue_many(db, [JobSpec("ghost")] * 20)
-    sql = for_schema().sql["job_claim_many"]
-    args = (ids, 30.0, "w", "{}", 3, ["ghost"])
-    tr = db.transaction()
-    await tr.start()
-    try:
-        plan = json.loads(await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args))
-    finally:
-        await tr.rollback()
+    return await enqueue_many(db, [JobSpec("ghost")] * 20)
+
+
+async def test_the_claim_reads_its_ids_not_the_types_range(db: asyncpg.Connection) -> None:
+    ids = await _ghosts(db)
+    plan = await _explain(db, "job_claim_many", ids, 30.0, "w", "{}", 3, ["ghost"])
     root = plan[0]["Plan"]
     assert root["Actual Rows"] == 20
     scans = [
@@ -63,23 +74,9 @@ async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
 ) -> None:
     # the claim of a type with a concurrency/rate limit or pause (job_claim_controlled) has the
     # same type test in its candidates: it must not walk the unanalyzed type's range either
-    from conveyor.core.jobs import PEN_LADDER
-
-    await generate(db, 200_000)
-    await db.execute(
-        "INSERT INTO jobs (id, job_type, status, priority, payload, attempts, finished_at)"
-        " SELECT gen_random_uuid(), 'ghost', 'COMPLETED', 5, '{}', 1, now()"
-        " FROM generate_series(1, 60000)"
-    )
-    ids = await enqueue_many(db, [JobSpec("ghost")] * 20)
-    sql = for_schema().sql["job_claim_controlled"]
+    ids = await _ghosts(db)
     args = (ids, 30.0, "w", "{}", 3, ["ghost"], list(PEN_LADDER))
-    tr = db.transaction()
-    await tr.start()
-    try:
-        plan = json.loads(await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args))
-    finally:
-        await tr.rollback()
+    plan = await _explain(db, "job_claim_controlled", *args)
     scans = [
         n for n in _nodes(plan) if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
     ]
@@ -98,8 +95,6 @@ async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
 # 85-98 us of PostgreSQL CPU per job for the claim instead of 46; found 2026-11-24 measuring the
 # batch rate's regression since 282ef8b).
 def _args(name: str, ids: list[Any]) -> tuple[Any, ...]:
-    from conveyor.core.jobs import PEN_LADDER
-
     n = len(ids)
     return {
         "job_claim_many": (ids, 30.0, "w", "{}", 3, ["hot"]),
@@ -133,19 +128,12 @@ async def test_statements_by_id_read_their_ids_with_stale_statistics(
             "SELECT id FROM jobs WHERE status = $1 LIMIT 8", status)]
         for status in ("PENDING", "IN_PROGRESS")
     }  # fmt: skip
-    sql = for_schema().sql
     bad = {}
     for mode in ("force_custom_plan", "force_generic_plan"):
         await db.execute(f"SET plan_cache_mode = {mode}")
         for name in _OF_WAITING + _OF_RUNNING:
             of = ids["PENDING" if name in _OF_WAITING else "IN_PROGRESS"]
-            tr = db.transaction()
-            await tr.start()
-            try:
-                explain = f"EXPLAIN (ANALYZE, FORMAT JSON) {sql[name]}"
-                plan = json.loads(await db.fetchval(explain, *_args(name, of)))
-            finally:
-                await tr.rollback()
+            plan = await _explain(db, name, *_args(name, of))
             # 8 ids: an index scan on jobs that returns more read something else
             wide = [
                 (n["Index Name"], n["Actual Rows"])
@@ -173,8 +161,6 @@ async def test_finishing_statements_keep_reading_their_ids_on_one_connection(
         "INSERT INTO jobs (id, job_type, status, priority, payload)"
         " SELECT gen_random_uuid(), 'noop', 'PENDING', 5, '{}' FROM generate_series(1, 20000)"
     )
-    from conveyor.store import Attempt, Completion
-
     waiting = [r["id"] for r in await db.fetch("SELECT id FROM jobs")]
 
     async def cycle(beat: bool = False) -> None:

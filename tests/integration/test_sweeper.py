@@ -346,18 +346,11 @@ async def test_jobs_a_type_limit_holds_in_a_pen_are_not_taken_for_lost(
     and due. Their messages are in the pen, not in the work queue, so beside an overdue backlog
     of 10 that sits in the queue they must not stand for ready messages: nothing is
     re-published. (As fresh jobs they made two duplicates of the backlog.)"""
-    r = JobRouter()
-    r.job("lost")(_noop)
-    await register_router_types(db, r)
+    await _register_lost(db)
     await db.execute("UPDATE job_types SET paused = true WHERE name = 'lost'")
     await _waiting(db, 10, _OVERDUE)
     delivered = await _waiting(db, 2)
-    async with db.transaction():
-        await store.type_lock_many(db, ["lost"])
-        claimed, held = await store.job_claim_controlled(
-            db, delivered, lease_seconds=30.0, worker_id="w", types=["lost"],
-            handler_defaults={}, default_max_retries=3,
-        )  # fmt: skip
+    claimed, held = await _claim_controlled(db, delivered)
     assert claimed == [] and set(held) == set(delivered)
     await db.execute("DELETE FROM job_outbox")  # the relay sent them to their pen
     assert [await sweeper.reconcile(queue_depth=_depth(10)) for _ in range(4)] == [0] * 4
@@ -365,6 +358,25 @@ async def test_jobs_a_type_limit_holds_in_a_pen_are_not_taken_for_lost(
 
 async def _noop(job: object) -> None:
     return None
+
+
+async def _register_lost(db: asyncpg.Connection, **limits: object) -> None:
+    """Register the job type ``lost`` (with type controls ``limits``), as a worker does."""
+    r = JobRouter()
+    r.job("lost", **limits)(_noop)  # type: ignore[arg-type]
+    await register_router_types(db, r)
+
+
+async def _claim_controlled(
+    db: asyncpg.Connection, ids: list[uuid.UUID]
+) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
+    """A worker's claim of ``lost`` jobs under the type's controls: (claimed, held → pen)."""
+    async with db.transaction():
+        await store.type_lock_many(db, ["lost"])
+        return await store.job_claim_controlled(
+            db, ids, lease_seconds=30.0, worker_id="w", types=["lost"],
+            handler_defaults={}, default_max_retries=3,
+        )  # fmt: skip
 
 
 async def test_a_redriven_job_does_not_keep_the_hold_it_had_when_cancelled(
@@ -375,17 +387,10 @@ async def test_a_redriven_job_does_not_keep_the_hold_it_had_when_cancelled(
     more, so the two passes after reconcile_after re-publish it. (The cancel kept the pen's
     hold: a CANCELLED job with a lease, and the redriven job was held for the rest of the hour,
     [0, 0], its lost message unseen; while its message sat ready it stood for another job's.)"""
-    r = JobRouter()
-    r.job("lost", rate_limit="1/h")(_noop)
-    await register_router_types(db, r)
+    await _register_lost(db, rate_limit="1/h")
     retry_due = "status = 'RETRYING', attempts = 1, run_at = now() - interval '5 s'"
     ids = await _waiting(db, 2, retry_due)
-    async with db.transaction():
-        await store.type_lock_many(db, ["lost"])
-        claimed, held = await store.job_claim_controlled(
-            db, ids, lease_seconds=30.0, worker_id="w", types=["lost"],
-            handler_defaults={}, default_max_retries=3,
-        )  # fmt: skip
+    claimed, held = await _claim_controlled(db, ids)
     assert len(claimed) == 1 and len(held) == 1
     [job_id] = held
     await db.execute("DELETE FROM job_outbox")  # the relay sent it to its pen

@@ -30,12 +30,19 @@ def claimable(alias: str = "", now: str = "now()") -> str:
             f"{a}run_at <= {now} + interval '1 second' ELSE false END")  # fmt: skip
 
 
-WAITING = "CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN true ELSE false END"
+def status_in(*statuses: str, alias: str = "") -> str:
+    """``status IN (statuses)`` written so that no partial index's predicate follows from it."""
+    a = f"{alias}." if alias else ""
+    whens = " ".join(f"WHEN '{s}' THEN true" for s in statuses)
+    return f"CASE {a}status {whens} ELSE false END"
+
+
+WAITING = status_in("PENDING", "RETRYING")
 # The writes after a claim find their rows by id; ``j.status = 'IN_PROGRESS'`` would imply
 # ``jobs_lease_idx``'s predicate, and a plan cached for a fresh install's empty tables joined the
 # ids with a scan of that whole index, dead entries of every job ever claimed included
 # (``test_finishing_statements_keep_reading_their_ids_on_one_connection``).
-RUNNING = "CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END"
+RUNNING = status_in("IN_PROGRESS", alias="j")
 
 # The claim: one conditional UPDATE for a batch of delivered ids. A job is claimable when it is
 # PENDING, or RETRYING and due (a tolerance of one second absorbs broker/database clock skew).
@@ -175,7 +182,7 @@ RETURNING j.id, j.cancel_requested
 # Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost,
 # and their messages are not among the queue's *ready* ones, which is all the reconciler sees.
 # The touch marks them *held* until ``$2`` seconds from now (``lease_expires_at`` of a waiting
-# job; ``store/maintenance.py``'s ``HELD``): the reconciler counts a held job neither as overdue
+# job; ``store/maintenance.py``'s ``UNHELD``): the reconciler counts a held job neither as overdue
 # nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
 # broker requeues its unacknowledged deliveries and the hold runs out.
 JOB_TOUCH_WAITING = statement(

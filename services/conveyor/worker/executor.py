@@ -109,19 +109,17 @@ class Executor:
         try:
             if spec is None:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
-            if spec.is_async and timeout is None:  # no deadline: no timer to arm and cancel
+            if spec.is_async:
+                handler = chain(self.middlewares, spec.func)
                 running.in_handler = True  # the loop guard may preempt it (guard.py)
                 try:
-                    result = await chain(self.middlewares, spec.func)(job)
+                    if timeout is None:  # no deadline: no Timeout to enter and leave
+                        result = await handler(job)
+                    else:
+                        async with asyncio.timeout(timeout) as deadline:
+                            result = await handler(job)
                 finally:
                     running.in_handler = False
-            elif spec.is_async:
-                async with asyncio.timeout(timeout) as deadline:
-                    running.in_handler = True
-                    try:
-                        result = await chain(self.middlewares, spec.func)(job)
-                    finally:
-                        running.in_handler = False
             else:  # the timeout counts from the thread's start, inside the chain
                 inner = sync_call(self.threads.call, spec.func, timeout)
                 result = await chain(self.middlewares, inner)(job)
