@@ -26,7 +26,8 @@ from pamqp.commands import Basic
 
 from ..core.logging import event
 from ..core.metrics import Metrics
-from . import wire
+from . import frames, wire
+from .frames import PublishFailed as PublishFailed  # re-exported: the relay catches it
 from .topology import Topology, connect
 
 log = logging.getLogger("conveyor.publisher")
@@ -51,10 +52,6 @@ class Outgoing(Protocol):
     def attempt(self) -> int | None: ...
     @property
     def error(self) -> str | None: ...
-
-
-class PublishFailed(Exception):
-    """The broker did not confirm a message (nack, return, timeout, closed channel)."""
 
 
 class DeclarationFailed(PublishFailed):
@@ -180,12 +177,26 @@ class Publisher:
             else:
                 pending.append(i)
         tps = traceparents or [None] * len(rows)
-        sent = await asyncio.gather(
-            *(self._publish(channel, rows[i], routes[i], tps[i]) for i in pending)
-        )
+        if frames.one_write_possible(channel):
+            sent = await frames.publish_together(
+                channel, [self._outbound(rows[i], routes[i], tps[i]) for i in pending],
+                self.publish_timeout,
+            )  # fmt: skip
+        else:  # another aiormq: one basic_publish per message
+            sent = await asyncio.gather(
+                *(self._publish(channel, rows[i], routes[i], tps[i]) for i in pending)
+            )
         for i, result in zip(pending, sent, strict=True):
             results[i] = result
         return results
+
+    def _outbound(self, row: Outgoing, route: Route, traceparent: str | None) -> frames.Outbound:
+        return frames.Outbound(
+            route.exchange,
+            self.topology.routing_key(row.job_type, row.priority),
+            route.body,
+            wire.properties(str(row.job_id), row.priority, traceparent),
+        )
 
     async def _publish(
         self, channel: Any, row: Outgoing, route: Route, traceparent: str | None = None
