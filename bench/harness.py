@@ -242,10 +242,11 @@ class Harness:
         *,
         what: str,
         timeout: float | None = None,
-        interval: float = 0.05,
+        interval: float | Callable[[], float] = 0.05,
     ) -> float:
-        """Await ``check()`` every ``interval`` s until true; return the monotonic time it was
-        first seen true. Fails fast when a service dies, ``TimeoutError`` after ``timeout``."""
+        """Await ``check()`` every ``interval`` s (or as often as ``interval()`` says after each
+        check) until true; return the monotonic time it was first seen true. Fails fast when a
+        service dies, ``TimeoutError`` after ``timeout``."""
         timeout = self.opts.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
@@ -254,7 +255,7 @@ class Harness:
                 return time.monotonic()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not done within {timeout:.0f} s")
-            await asyncio.sleep(interval)
+            await asyncio.sleep(interval() if callable(interval) else interval)
 
     async def wait_api(self, timeout: float = 60.0) -> None:
         async with httpx.AsyncClient(base_url=self.api_url, timeout=2) as client:

@@ -19,6 +19,35 @@ def _rate(n: int, seconds: float) -> float:
     return round(n / seconds, 1) if seconds > 0 else 0.0
 
 
+class Countdown:
+    """Waiting for ``count()`` to reach ``n``, paced: the next poll comes after a third of the
+    time the rate so far says is left, between ``least`` and ``most`` seconds. The count reads
+    every row finished in the run (several ms of PostgreSQL near the end of a run); polled every
+    50 ms it took a tenth of a core from the services measured (2026-11-24: 287 polls, 1.4 s of
+    PostgreSQL in a 17 s REST run). The end is still seen within ``least`` of when the rate holds
+    to within a factor of three."""
+
+    def __init__(self, n: int, count: Any, *, least: float = 0.05, most: float = 0.25) -> None:
+        self.n, self.count, self.least, self.most = n, count, least, most
+        self.start = time.monotonic()
+        self.seen = 0
+
+    async def done(self) -> bool:
+        self.seen = await self.count()
+        return bool(self.seen >= self.n)
+
+    def interval(self) -> float:
+        elapsed = time.monotonic() - self.start
+        if self.seen <= 0 or elapsed <= 0:
+            return self.least
+        left = (self.n - self.seen) / (self.seen / elapsed)
+        return min(self.most, max(self.least, left / 3))
+
+
+async def _since(db: Any, since: Any, before: int) -> int:
+    return int(await db.completed_since(since)) - before
+
+
 async def relay(h: Harness, n: int) -> tuple[Result, Any]:
     """``n`` job + outbox rows inserted in one transaction while no worker runs; the publisher's
     time from that commit to an empty outbox. Returns the result and the database time before
@@ -59,10 +88,9 @@ async def drain(h: Harness, n: int, since: Any) -> Result:
     meter = h.cpu_meter()
     done_before = await db.completed_since(since)
 
-    async def done() -> bool:
-        return await db.completed_since(since) >= n
-
-    await h.poll(done, what=f"the worker finishing {n} queued jobs")
+    countdown = Countdown(n - done_before, lambda: _since(db, since, done_before))
+    await h.poll(countdown.done, what=f"the worker finishing {n} queued jobs",
+                 interval=countdown.interval)  # fmt: skip
     cpu = meter.stop()
     count, seconds = await db.drain_rate(since)
     return {
@@ -91,12 +119,14 @@ async def submitted(
         await gens.go()
         finishing = asyncio.create_task(gens.finish())
 
-        async def done() -> bool:
+        async def completed() -> int:
             if finishing is not None and finishing.done():
                 finishing.result()  # a failed load generator fails the workload now
-            return await db.completed_since(since) >= n
+            return await db.completed_since(since)
 
-        end = await h.poll(done, what=f"{n} jobs submitted ({mode}) COMPLETED")
+        countdown = Countdown(n, completed)
+        end = await h.poll(countdown.done, what=f"{n} jobs submitted ({mode}) COMPLETED",
+                           interval=countdown.interval)  # fmt: skip
         reports = await asyncio.wait_for(finishing, 60)
     finally:
         if finishing is not None and not finishing.done():
