@@ -15,6 +15,8 @@ from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.publisher.relay import Relay
 
+from .. import db as tdb
+
 
 @pytest.fixture
 async def amqp(settings: Settings) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
@@ -281,3 +283,58 @@ def test_every_destination_is_routed_in_one_place() -> None:
     assert (dead.exchange, dead.needs) == ("ns.dead", ())
     assert orjson.loads(dead.body) == {"id": str(job), "type": "t", "attempt": 2, "error": "boom"}
     assert orjson.loads(work.body) == orjson.loads(retry.body) == {"id": str(job), "type": "t"}
+
+
+async def test_a_small_batch_is_not_followed_by_an_empty_look_unless_something_may_wait(
+    settings: Settings, db: asyncpg.Connection, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    """After a batch smaller than ``relay_batch`` the loop waits for the next notification
+    instead of looking again at once (a transaction per job at low rates); a notification
+    that came while publishing makes it look again, and so does polling without a listener."""
+    relay = Relay(settings.model_copy(update={"relay_poll_interval": 30}))
+    await relay.start()
+    looks: list[int] = []
+    take = relay.run_once
+    other = await tdb.connect(settings.database_url)  # ``db`` is polled by the test meanwhile
+
+    async def counted() -> int:
+        n = await take()
+        looks.append(n)
+        if n and len(looks) == 2:  # while the first job's batch is published, a second commits
+            await enqueue_many(other, [JobSpec("eps")])
+        return n
+
+    relay.run_once = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    try:
+        for _ in range(500):  # listening, one empty look
+            if looks:
+                break
+            await asyncio.sleep(0.01)
+        await enqueue_many(db, [JobSpec("eps")])
+        for _ in range(200):
+            if len(looks) >= 3 and await db.fetchval("SELECT count(*) FROM job_outbox") == 0:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        # the empty look, the first job, at once the second (its notification came while the
+        # first was published), then nothing: no empty look after a quiet small batch
+        assert looks == [0, 1, 1], looks
+    finally:
+        stop.set()
+        await task
+        await relay.close()
+        await other.close()
+
+
+async def test_without_a_listener_a_small_batch_is_followed_by_another_look(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    relay = Relay(settings.model_copy(update={"relay_poll_interval": 30}))
+    await relay.start()
+    assert relay._listener is None
+    await enqueue_many(db, [JobSpec("eps")])
+    assert await relay.run_once() == 1
+    assert relay._look_again()  # polling: rows may have arrived unannounced
+    await relay.close()

@@ -46,6 +46,7 @@ class Relay:
         )
         self.pool: Any = None
         self._wake = asyncio.Event()
+        self._restored = False  # the last batch put rows back into the outbox
         self._listener: Any = None
         self.last_ok = time.monotonic()  # last loop turn that reached both services
 
@@ -92,6 +93,7 @@ class Relay:
             else:
                 results = await self.publisher.publish_batch(rows)
             failed = [r for r, res in zip(rows, results, strict=True) if res is not None]
+            self._restored = bool(failed)
             # rows whose publish failed for another reason than a refused declaration (those
             # are logged by the publisher), each with its own error
             broken = [(r, e) for r, e in zip(rows, results, strict=True)
@@ -146,6 +148,15 @@ class Relay:
             name="conveyor-publisher-listen",
         )
 
+    def _look_again(self) -> bool:
+        """After a batch smaller than ``relay_batch``: take the next one at once, or wait for a
+        notification? At once when rows may be waiting unannounced: a notification came while
+        publishing (a commit after this batch's snapshot notifies after it), nothing listens
+        (polling), or a row of the batch went back to the outbox. Otherwise the empty look
+        would cost a transaction per job at low rates (BEGIN, SELECT, COMMIT)."""
+        listening = self._listener is not None and not self._listener.is_closed()
+        return self._wake.is_set() or not listening or self._restored
+
     async def run(self, stop: asyncio.Event) -> None:
         backoff = Backoff()
         while not stop.is_set():
@@ -159,7 +170,8 @@ class Relay:
                     continue
                 if n:
                     event(log, "outbox_batch_published", logging.DEBUG, count=n)
-                    continue  # a small batch may mean more arrived while publishing
+                    if self._look_again():
+                        continue
                 await _wait_any(stop, self._wake, self.settings.relay_poll_interval)
             except Exception as exc:
                 delay = backoff.next()
