@@ -46,7 +46,7 @@ format: install ## apply ruff's formatting and fixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: install ## benchmark against Celery, with the 500k-row drain step (QUICK=1: ~1 minute, no backfill)
+bench: install ## benchmark against Celery, with the 10-million-row batch step (QUICK=1: ~1 minute, no backfill)
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) -m bench.run $(if $(QUICK),--quick,--with-backfill)
 

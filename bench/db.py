@@ -42,16 +42,43 @@ WITH j AS (
 INSERT INTO job_outbox (job_id, job_type, priority) SELECT id, job_type, priority FROM j
 """
 
-# Finished history, spread over the two days before now (inside the default 7-day retention, so
-# the sweeper leaves it alone).
+# The table of a busy install, for the batch step at scale (issue 14: "10 million finished and
+# pending jobs"), rows $1..$2 of $3 (inserted in chunks): created over the six days before now,
+# inside the default 7-day retention so the sweeper deletes none of them during the run; ids
+# UUIDv7-shaped in creation order, as Conveyor's are, so inserts append to the primary key as
+# production's do; 12 types (``(i + i / 100) % 12``, so every type gets every status), one of
+# them the benchmark's own ``noop`` (the claim and the completion poll read past its history);
+# 94 % COMPLETED, 2 % FAILED, 1 % CANCELLED and 3 % SCHEDULED over the next 30 days (waiting,
+# none due during the run: the promoter stays idle).
+# Each started job gets its attempt row, as the worker writes it.
 INSERT_BACKFILL = """
-INSERT INTO jobs (id, job_type, status, priority, payload, result, max_retries, attempts,
-                  created_at, updated_at, started_at, finished_at)
-SELECT gen_random_uuid(), 'noop', 'COMPLETED', 5, '{}'::jsonb, 'null'::jsonb, 3, 1,
-       t, t + interval '5 ms', t + interval '2 ms', t + interval '5 ms'
-FROM (SELECT now() - interval '2 days' + g * interval '300 ms' AS t
-      FROM generate_series(1, $1) AS g) AS s
+WITH j AS (
+  INSERT INTO jobs (id, job_type, status, priority, payload, result, attempts, last_error,
+                    created_at, updated_at, started_at, finished_at, run_at)
+  SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
+          || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid,
+         CASE WHEN (i + i / 100) % 12 = 0 THEN 'noop' ELSE 'type_' || ((i + i / 100) % 12) END,
+         (CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
+               WHEN i % 100 = 96 THEN 'CANCELLED' ELSE 'SCHEDULED' END)::job_status,
+         5, '{}'::jsonb, CASE WHEN i % 100 < 94 THEN 'null'::jsonb END,
+         CASE WHEN i % 100 < 96 THEN 1 ELSE 0 END,
+         CASE WHEN i % 100 IN (94, 95) THEN 'ValueError: ' || (i % 7) END,
+         t, t + interval '5 ms',
+         CASE WHEN i % 100 < 96 THEN t + interval '2 ms' END,
+         CASE WHEN i % 100 < 97 THEN t + interval '5 ms' END,
+         CASE WHEN i % 100 >= 97 THEN now() + make_interval(secs => 3600 + (i * 7919) % 2592000) END
+  FROM generate_series($1::bigint, $2::bigint) AS i,
+       LATERAL (SELECT now() - interval '6 days' + make_interval(secs => i * 518400.0 / $3))
+         AS g(t)
+  RETURNING id, job_type, status, started_at, finished_at, last_error
+)
+INSERT INTO job_attempts (job_id, attempt, job_type, worker_id, started_at, finished_at,
+                          outcome, error, duration_seconds, wait_seconds)
+SELECT id, 1, job_type, 'bench', started_at, finished_at,
+       CASE WHEN status = 'FAILED' THEN 'failed' ELSE 'completed' END, last_error, 0.003, 0.002
+FROM j WHERE started_at IS NOT NULL
 """
+BACKFILL_CHUNK = 1_000_000
 
 DRAIN_SECONDS = """
 SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min(started_at)) AS seconds
@@ -138,9 +165,16 @@ class Db:
             await self.conn.execute(INSERT_JOBS_WITH_OUTBOX, n)
             await self.conn.execute("SELECT pg_notify($1, '')", f"{self.schema}_outbox")
 
-    async def backfill(self, n: int) -> None:
-        await self.conn.execute(INSERT_BACKFILL, n, timeout=600)
-        await self.conn.execute("VACUUM ANALYZE jobs", timeout=600)
+    async def backfill(self, n: int, say: Any = None) -> None:
+        """``n`` jobs of INSERT_BACKFILL in chunks (each its own transaction, so the WAL of one
+        chunk is checkpointed while the next is written), then ``VACUUM ANALYZE`` as
+        autovacuum would after a bulk load: statistics and the visibility map."""
+        for first in range(1, n + 1, BACKFILL_CHUNK):
+            last = min(n, first + BACKFILL_CHUNK - 1)
+            await self.conn.execute(INSERT_BACKFILL, first, last, n, timeout=1800)
+            if say is not None:
+                say(f"   {last:,} of {n:,} rows")
+        await self.conn.execute("VACUUM ANALYZE jobs, job_attempts", timeout=1800)
 
     async def drain_rate(self, since: Any) -> tuple[int, float]:
         row = await self.conn.fetchrow(DRAIN_SECONDS, since)

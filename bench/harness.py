@@ -45,6 +45,7 @@ class Options:
     celery_pools: list[str]
     with_backfill: bool
     backfill_rows: int
+    backfill_repeat: int
     timeout: float
     http_client: str
     profile: bool

@@ -24,7 +24,7 @@ TARGETS = {
     "p50": "≤ 3",
     "p99": "≤ 10",
     "rss_worker": "api, worker ≤ 80",
-    "backfill": "within 20 % of empty",
+    "backfill": "≥ 90 % of empty",
 }
 
 
@@ -73,7 +73,7 @@ def summary(
         return (details.get(name) or {}).get(key)
 
     batch, celery_rate = get("batch", "jobs_per_s"), get("celery", "jobs_per_s")
-    batch_500k = get("batch_500k", "jobs_per_s")
+    big = details.get("batch_backfill") or {}
     latency = details.get("latency") or {}
     return {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -83,8 +83,8 @@ def summary(
         "conveyor": {
             "rest_jobs_per_s": get("rest", "jobs_per_s"),
             "batch_jobs_per_s": batch,
-            "batch_jobs_per_s_500k": batch_500k,
-            "batch_500k_vs_empty": round(batch_500k / batch, 3) if batch and batch_500k else None,
+            "batch_jobs_per_s_backfill": big.get("jobs_per_s"),
+            "batch_backfill_vs_empty": big.get("vs_empty"),
             "latency_ms": {"p50": latency.get("p50"), "p99": latency.get("p99")},
             "relay_msgs_per_s": get("relay", "msgs_per_s"),
             "worker_drain_jobs_per_s": get("drain", "jobs_per_s"),
@@ -165,11 +165,18 @@ def table(data: dict[str, Any]) -> str:
          "—"),
     ]  # fmt: skip
     if p.get("backfill_rows"):
-        share = c["batch_500k_vs_empty"]
-        note = "" if share is None else f" ({share:.0%} of empty)"
+        big = data["details"].get("batch_backfill") or {}
+        share = c["batch_backfill_vs_empty"]
+        note = (
+            ""
+            if share is None
+            else (f" vs {_num(big.get('empty_jobs_per_s'))} before it: **{share:.0%}**")
+        )
         rows.append((
-            f"Batch with {p['backfill_rows']:,} rows already in `jobs` (jobs/s)",
-            cell("batch_500k", c["batch_jobs_per_s_500k"]) + note, "—", TARGETS["backfill"],
+            f"Batch with {p['backfill_rows']:,} generated jobs in `jobs` (medians of "
+            f"{p.get('backfill_repeat', 1)} runs; jobs/s)",
+            cell("batch_backfill", c["batch_jobs_per_s_backfill"]) + note, "—",
+            TARGETS["backfill"],
         ))  # fmt: skip
     rows.append((
         "Peak RSS, MB (api / publisher / worker; Celery: worker)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,13 +178,26 @@ async def latency(h: Harness, seconds: float, rate: float) -> Result:
     }
 
 
-async def backfill(h: Harness, rows: int) -> float:
-    """Insert ``rows`` COMPLETED jobs (one INSERT … SELECT generate_series) and VACUUM ANALYZE;
-    returns the seconds it took."""
+async def backfill(h: Harness, rows: int, say: Callable[[str], None] | None = None) -> float:
+    """Generate ``rows`` jobs of a busy install (``db.INSERT_BACKFILL``, in chunks) and VACUUM
+    ANALYZE; returns the seconds it took. Its own time limit: ~a minute per million rows on a
+    slow machine, at least ``--timeout``."""
     assert h.db is not None
     start = time.monotonic()
-    await asyncio.wait_for(h.db.backfill(rows), h.opts.timeout * 2)
+    await asyncio.wait_for(h.db.backfill(rows, say), max(h.opts.timeout, rows / 15_000))
     return round(time.monotonic() - start, 1)
+
+
+async def table_size(h: Harness) -> dict[str, Any]:
+    """Rows and on-disk size (with indexes) of ``jobs`` and ``job_attempts``."""
+    assert h.db is not None
+    row = await h.db.conn.fetchrow(
+        "SELECT (SELECT count(*) FROM jobs) AS jobs,"
+        " pg_total_relation_size('jobs') / 1048576 AS jobs_mb,"
+        " (SELECT count(*) FROM job_attempts) AS attempts,"
+        " pg_total_relation_size('job_attempts') / 1048576 AS attempts_mb"
+    )
+    return dict(row)
 
 
 async def _quiet(h: Harness, timeout: float = 120.0) -> None:
