@@ -45,7 +45,10 @@ _TYPES = """WITH RECURSIVE t(job_type) AS (
 # ranges are merged: a rare type or status never walks the whole primary key. The bounds are
 # COALESCEd to the extreme UUIDs rather than ``$3 IS NULL OR id < $3``: a generic plan (a
 # prepared statement's sixth execution on) then still seeks the cursor in the index instead of
-# filtering every newer row on the way to it.
+# filtering every newer row on the way to it. The ranges yield ids only (index-only), and the
+# page's rows are then looked up by id: read whole, a range's rows cost a heap fetch each, and
+# when the statistics had seen no backlog the planner preferred walking the primary key back
+# from the cursor, filtering type and status, to find them (a rare pair: half the table).
 JOB_PAGE = statement(
     "job_page",
     f"""
@@ -65,20 +68,24 @@ JOB_PAGE_FILTERED = statement(
         _TYPES.replace(
             "SELECT min(job_type) FROM", "SELECT COALESCE($1::text, min(job_type)) FROM"
         ).replace("WHERE t.job_type IS NOT NULL", "WHERE t.job_type IS NOT NULL AND $1 IS NULL")
-    }
-SELECT j.* FROM t
-CROSS JOIN unnest(CASE WHEN $2::text IS NULL THEN enum_range(NULL::__schema__.job_status)
-                       ELSE ARRAY[$2::__schema__.job_status] END) AS st(status)
-CROSS JOIN LATERAL (
-    SELECT {JOB_COLUMNS} FROM __schema__.jobs
-    WHERE job_type = t.job_type AND status = st.status
-      AND id < COALESCE($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
-      AND id >= COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000')
-    ORDER BY id DESC LIMIT $5
-) j
-WHERE t.job_type IS NOT NULL
-ORDER BY j.id DESC
-LIMIT $5
+    }, page AS (
+    SELECT x.id FROM t
+    CROSS JOIN unnest(CASE WHEN $2::text IS NULL THEN enum_range(NULL::__schema__.job_status)
+                           ELSE ARRAY[$2::__schema__.job_status] END) AS st(status)
+    CROSS JOIN LATERAL (
+        SELECT id FROM __schema__.jobs
+        WHERE job_type = t.job_type AND status = st.status
+          AND id < COALESCE($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+          AND id >= COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000')
+        ORDER BY id DESC LIMIT $5
+    ) x
+    WHERE t.job_type IS NOT NULL
+    ORDER BY x.id DESC
+    LIMIT $5
+)
+SELECT {JOB_COLUMNS} FROM __schema__.jobs
+WHERE id = ANY(ARRAY(SELECT id FROM page))
+ORDER BY id DESC
 """,
 )
 
