@@ -23,28 +23,35 @@ JOB_BACKLOG = statement(
     "SELECT type, status::text AS status, count, oldest FROM __schema__.backlog",
 )
 
-# The backlog view's skip scan over the types, with each count stopped at the cap. ``ORDER BY
-# j.id`` holds the plan to the (type, status, id) index: without it, when the statistics had
-# seen no PENDING or running job (a quiet install analysed at night), the planner guessed a
-# pair's rows as millions, took "a sequential scan stopped after $1 rows" for cheap and read the
-# whole table for every empty pair: ~8 s a refresh at 10 million rows. With it, a sequential
-# scan would have to sort every match, so only the index range stays cheap.
+# The backlog view's skip scan over the types, with each count stopped at the cap: one branch
+# per status, the status a constant in each. As a parameter (a loop over the statuses) the
+# planner had to guess a pair's rows, 1/n_distinct of the type's, and when the statistics had
+# seen no PENDING or running job (a quiet install analysed at night: four statuses) or were
+# older than the table (a bulk load), the guess was large enough that "a sequential scan, or a
+# walk of the primary key, stopped after $1 matching rows" looked cheap: it read the whole table
+# for every empty pair, ~8 s a refresh at 10 million rows. A constant is estimated from the
+# statistics (a status they never saw: one row), so the pair's range of the (type, status, id)
+# index is the plan. ``ORDER BY j.id`` does not pin it: the equalities make (type, status)
+# redundant in the ordering, and the primary key supplies ``id`` order.
+_COUNTED = ("SCHEDULED", "PENDING", "RETRYING", "IN_PROGRESS", "FAILED")
+_CAPPED_BRANCH = """SELECT '{status}'::text AS status, count(*) AS n
+        FROM (SELECT FROM __schema__.jobs j
+              WHERE j.job_type = t.job_type AND j.status = '{status}' LIMIT $1) x"""
+_CAPPED_BRANCHES = "\n    UNION ALL ".join(_CAPPED_BRANCH.format(status=s) for s in _COUNTED)
 JOB_COUNTS_CAPPED = statement(
     "job_counts_capped",
-    """
+    f"""
 WITH RECURSIVE t(job_type) AS (
     SELECT min(job_type) FROM __schema__.jobs
     UNION ALL
     SELECT (SELECT min(j.job_type) FROM __schema__.jobs j WHERE j.job_type > t.job_type)
     FROM t WHERE t.job_type IS NOT NULL
 )
-SELECT t.job_type AS type, st.status::text AS status, c.n
+SELECT t.job_type AS type, c.status, c.n
 FROM t
-CROSS JOIN unnest(ARRAY['SCHEDULED', 'PENDING', 'RETRYING', 'IN_PROGRESS', 'FAILED']
-                  ::__schema__.job_status[]) AS st(status)
-CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT FROM __schema__.jobs j
-                    WHERE j.job_type = t.job_type AND j.status = st.status
-                    ORDER BY j.id LIMIT $1) x) c
+CROSS JOIN LATERAL (
+    {_CAPPED_BRANCHES}
+) c
 WHERE t.job_type IS NOT NULL AND c.n > 0
 """,
 )
