@@ -50,7 +50,7 @@ bench: install ## benchmark against Celery, with the 10-million-row batch step (
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) -m bench.run $(if $(QUICK),--quick,--with-backfill)
 
-bench-scale: install ## the database at 10 million jobs: duties' idle passes, plans, gauges, batch rate vs empty, retention of 5M rows (ROWS=…; ~35 min)
+bench-scale: install ## the database at 10 million jobs: duties' idle passes, plans, gauges, batch rate vs empty, retention of 5M rows (ROWS=…; 23 min on a fast machine, ~35 on a slow one)
 	$(PY) -m bench.scale --rows $(or $(ROWS),10000000)
 
 clean: ## remove the virtualenv and caches
