@@ -104,9 +104,36 @@ async def test_a_node_dies_and_every_type_recovers(
         db = await tdb.connect(s.database_url)
         try:
             figures["recovered_s"] = await _first_done(db, probes, killed_at)
+            late = {k: v for k, v in figures["recovered_s"].items() if v > RECOVERY_LIMIT}
+            if late:  # what the late type's probes went through, for the failure message
+                figures["late_probes"] = [
+                    dict(r)
+                    for r in await db.fetch(
+                        "SELECT j.id::text, j.status::text, j.attempts, j.updated_at,"
+                        " j.run_at, (SELECT count(*) FROM job_outbox o WHERE o.job_id = j.id)"
+                        " AS outbox, (SELECT array_agg(a.outcome || ':' || coalesce(a.error, ''))"
+                        " FROM job_attempts a WHERE a.job_id = j.id) AS attempts_log"
+                        " FROM jobs j WHERE j.id = ANY($1::uuid[])",
+                        [i for name in late for i in probes[name]],
+                    )
+                ]
+                figures["outbox"] = [
+                    dict(r)
+                    for r in await db.fetch(
+                        "SELECT destination, job_type, count(*) AS n, min(job_id::text) AS first"
+                        " FROM job_outbox GROUP BY 1, 2"
+                    )
+                ]
         finally:
             await db.close()
-        late = {k: v for k, v in figures["recovered_s"].items() if v > RECOVERY_LIMIT}
+        if late:
+            alive = next(n for n in cluster.nodes if n.node != victim)
+            figures["pens"] = {
+                n: q
+                for n, q in (await asyncio.to_thread(cluster.queues, alive)).items()
+                if n.startswith(s.namespace) and ".retry." in n
+            }
+            print(f"[faults] rabbit-cluster late: {figures}", flush=True)
         assert not late, figures
         survivor = next(n for n in cluster.nodes if n.node != victim)
         after = cluster.queues(survivor)[busiest]
