@@ -133,6 +133,7 @@ async def test_a_node_dies_and_every_type_recovers(
                 for n, q in (await asyncio.to_thread(cluster.queues, alive)).items()
                 if n.startswith(s.namespace) and ".retry." in n
             }
+            figures["fresh_publish"] = await _fresh_publishes(cluster, t, victim)
             print(f"[faults] rabbit-cluster late: {figures}", flush=True)
         assert not late, figures
         survivor = next(n for n in cluster.nodes if n.node != victim)
@@ -150,6 +151,41 @@ async def test_a_node_dies_and_every_type_recovers(
     print(v.summary(), flush=True)
     v.assert_clean(expect="COMPLETED")
     assert v.accepted >= 300 + 4 * (5 + 10 + 3 + 10 + 5)
+
+
+async def _fresh_publishes(cluster: PrivateCluster, t: Topology, victim: str) -> dict[str, str]:
+    """Diagnosis of a late type: from a new connection to each live node, one confirmed publish
+    to the 4 s pen's exchange and one to the high band of ``work`` (a body no worker accepts:
+    the test has failed by then). Tells a queue that refuses everyone from a relay channel that
+    is stuck."""
+    import aio_pika
+
+    out: dict[str, str] = {}
+    for node in cluster.nodes:
+        if node.node == victim:
+            continue
+        try:
+            conn = await aio_pika.connect(node.amqp_url, timeout=5)
+        except Exception as exc:
+            out[node.node] = f"connect: {exc!r}"
+            continue
+        try:
+            channel = await conn.channel(publisher_confirms=True)
+            pen = await channel.get_exchange(t.pen_exchange(4), ensure=False)
+            for name, exchange, key in (
+                ("pen", pen, "diagnosis"),
+                ("high.work", channel.default_exchange, t.high_queue("work")),
+            ):
+                try:
+                    await exchange.publish(
+                        aio_pika.Message(b"diagnosis", delivery_mode=2), key, timeout=5
+                    )
+                    out[f"{node.node} {name}"] = "ack"
+                except Exception as exc:
+                    out[f"{node.node} {name}"] = repr(exc)
+        finally:
+            await conn.close()
+    return out
 
 
 async def _wait_done(db_url: str, ids: list[str]) -> None:
