@@ -128,6 +128,21 @@ class Publisher:
     def ready(self) -> bool:
         return self.channel is not None and not self.channel.is_closed
 
+    async def renew_channel(self) -> None:
+        """Open another confirm channel on the same connection and, once it is open, close the
+        old one (if the new one cannot be opened, the old one stays). After a cluster node
+        died, RabbitMQ 3.10 went on nacking every publish of the relay's long-lived channel to
+        quorum queues the dead node had led (the 4 s pen, a high band), while a new
+        connection's publishes to the same queues were confirmed
+        (``tests/faults/test_rabbit_cluster.py``, 2026-11-24)."""
+        if self.connection is None:
+            return
+        fresh = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        old, self.channel = self.channel, fresh
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+
     def forget_declarations(self) -> None:
         """Declare again before the next publish (a queue may have been deleted)."""
         self._declared.clear()

@@ -106,6 +106,10 @@ class Relay:
                 event(log, "outbox_publish_failed", logging.WARNING, count=len(broken),
                       job_id=str(row.job_id), error=repr(error))  # fmt: skip
                 self.publisher.forget_declarations()  # a queue may have been deleted
+                try:  # a channel the broker keeps refusing (see renew_channel)
+                    await self.publisher.renew_channel()
+                except Exception as exc:
+                    event(log, "channel_renew_failed", logging.WARNING, error=repr(exc))
             done = len(rows) - len(failed)
             confirmed = Counter(r.destination for r in rows)
             confirmed.subtract(r.destination for r in failed)
