@@ -231,6 +231,11 @@ class _HalfBrokenPublisher:
 
     def forget_declarations(self) -> None: ...
 
+    renewed = 0
+
+    async def renew_channel(self) -> None:
+        self.renewed += 1
+
     async def publish_batch(self, rows: list[object]) -> list[BaseException | None]:
         from conveyor.broker.publish import DeclarationFailed, PublishFailed
 
@@ -247,19 +252,58 @@ async def test_a_publish_failure_is_logged_with_its_own_job(
     settings: Settings, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     refused, nacked, fine = await enqueue_many(db, [JobSpec("t"), JobSpec("t"), JobSpec("t")])
-    relay = Relay(settings, publisher=_HalfBrokenPublisher())  # type: ignore[arg-type]
+    publisher = _HalfBrokenPublisher()
+    relay = Relay(settings, publisher=publisher)  # type: ignore[arg-type]
     await relay.start()
     try:
         with caplog.at_level("WARNING", logger="conveyor.publisher"):
             assert await relay.run_once() == 1
     finally:
         await relay.close()
+    # a refused publish (not a refused declaration) renews the channel: RabbitMQ went on
+    # nacking a long-lived channel after a cluster node died (test_rabbit_cluster.py)
+    assert publisher.renewed == 1
     [line] = [r.fields for r in caplog.records if r.msg == "outbox_publish_failed"]  # type: ignore[attr-defined]
     assert (line["job_id"], line["count"]) == (str(nacked), 1), line
     assert "nack" in line["error"], line
     left = await db.fetch("SELECT job_id FROM job_outbox ORDER BY id")
     assert [r["job_id"] for r in left] == [refused, nacked]
     assert fine not in [r["job_id"] for r in left]
+
+
+async def test_renew_channel_swaps_only_once_the_new_channel_is_open(
+    settings: Settings, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conveyor.broker.publish import Publisher
+    from conveyor.core.metrics import Metrics
+
+    p = Publisher(settings.amqp_url, Topology(namespace), Metrics())
+    await p.connect()
+    try:
+        old = p.channel
+        assert old is not None
+        await p.renew_channel()
+        assert p.channel is not None and p.channel is not old
+        assert old.is_closed and p.ready
+        # the new channel publishes with confirms
+        ch = await p.channel.get_underlay_channel()
+        queue = f"{namespace}.renewed"
+        await ch.queue_declare(queue, exclusive=True)
+        confirm = await ch.basic_publish(b"x", routing_key=queue, mandatory=True, timeout=10)
+        assert confirm.name == "Basic.Ack"
+        # a new channel that cannot be opened leaves the current one in place
+        current = p.channel
+        assert p.connection is not None
+
+        async def refuse(**_: object) -> object:
+            raise ConnectionError("no channel")
+
+        monkeypatch.setattr(p.connection, "channel", refuse)
+        with pytest.raises(ConnectionError):
+            await p.renew_channel()
+        assert p.channel is current and not current.is_closed
+    finally:
+        await p.close()
 
 
 def test_every_destination_is_routed_in_one_place() -> None:
