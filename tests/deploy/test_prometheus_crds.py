@@ -9,6 +9,7 @@ not here; this checks types and required fields."""
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import shutil
@@ -32,16 +33,27 @@ def node_modules() -> Path:
             pytest.fail(f"{tool} is required to validate against the Prometheus Operator CRDs")
     prefix = CACHE / PACKAGE.replace("/", "_")
     modules = prefix / "node_modules"
-    if not (modules / "@kubernetes-models" / "prometheus-operator" / "package.json").exists():
-        prefix.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGE],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            pytest.fail(f"could not install {PACKAGE}:\n{done.stderr}")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # one install at a time across the run's workers and concurrent runs (two npm installs into
+    # one prefix failed with ENOTEMPTY in a clean-clone CI run, 2026-11-24); a failed install is
+    # retried once from an empty prefix
+    with (CACHE / ".install.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for attempt in (1, 2):
+            if (modules / "@kubernetes-models" / "prometheus-operator" / "package.json").exists():
+                break
+            prefix.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(
+                ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGE],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if done.returncode == 0:
+                break
+            if attempt == 2:
+                pytest.fail(f"could not install {PACKAGE}:\n{done.stderr}")
+            shutil.rmtree(prefix, ignore_errors=True)
     return modules
 
 
