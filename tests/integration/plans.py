@@ -79,9 +79,9 @@ async def generate(
 ) -> None:
     """``rows`` jobs over ``days``, their attempts, the outbox of the PENDING ones, fresh
     statistics (``quiet``: the mix of ``QUIET_STATUSES`` instead, nothing PENDING, and
-    vacuumed as autovacuum would have by then). The
-    secondary indexes of ``jobs`` are dropped first and built again after (as they were): one
-    sort each instead of millions of random index insertions."""
+    vacuumed as autovacuum would have by then). The secondary indexes of ``jobs`` are dropped
+    first and built again after (as they were): one sort each instead of millions of random
+    index insertions."""
     indexes = await conn.fetch(
         "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
         " AND tablename = 'jobs' AND indexname <> 'jobs_pkey'"

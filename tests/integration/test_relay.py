@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import aio_pika
@@ -301,6 +302,19 @@ async def test_renew_channel_swaps_only_once_the_new_channel_is_open(
         monkeypatch.setattr(p.connection, "channel", refuse)
         with pytest.raises(ConnectionError):
             await p.renew_channel()
+        assert p.channel is current and not current.is_closed
+
+        # nor does one that never opens (a connection waiting to reconnect): bounded, not hung
+        async def never(**_: object) -> object:
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        monkeypatch.setattr(p.connection, "channel", never)
+        p.publish_timeout = 0.3
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await p.renew_channel()
+        assert time.monotonic() - started < 2
         assert p.channel is current and not current.is_closed
     finally:
         await p.close()

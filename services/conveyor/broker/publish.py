@@ -130,14 +130,19 @@ class Publisher:
 
     async def renew_channel(self) -> None:
         """Open another confirm channel on the same connection and, once it is open, close the
-        old one (if the new one cannot be opened, the old one stays). After a cluster node
-        died, RabbitMQ 3.10 went on nacking every publish of the relay's long-lived channel to
-        quorum queues the dead node had led (the 4 s pen, a high band), while a new
-        connection's publishes to the same queues were confirmed
+        old one (if the new one cannot be opened within ``publish_timeout``, the old one
+        stays). After a cluster node died, RabbitMQ 3.10 went on nacking every publish of the
+        relay's long-lived channel to quorum queues the dead node had led (the 4 s pen, a high
+        band), while a new connection's publishes to the same queues were confirmed
         (``tests/faults/test_rabbit_cluster.py``, 2026-11-24)."""
         if self.connection is None:
             return
-        fresh = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        # bounded: while the connection is down an open would wait for the reconnection, and
+        # the relay's loop (and its stop) with it
+        fresh = await asyncio.wait_for(
+            self.connection.channel(publisher_confirms=True, on_return_raises=True),
+            self.publish_timeout,
+        )
         old, self.channel = self.channel, fresh
         if old is not None:
             with contextlib.suppress(Exception):

@@ -15,6 +15,7 @@ from datetime import datetime
 
 import orjson
 
+from ..core.jobs import Status
 from .base import Connection, Statements
 from .registry import statement
 
@@ -33,7 +34,8 @@ JOB_BACKLOG = statement(
 # statistics (a status they never saw: one row), so the pair's range of the (type, status, id)
 # index is the plan. ``ORDER BY j.id`` does not pin it: the equalities make (type, status)
 # redundant in the ordering, and the primary key supplies ``id`` order.
-_COUNTED = ("SCHEDULED", "PENDING", "RETRYING", "IN_PROGRESS", "FAILED")
+# the statuses of the ``backlog`` view: every one but COMPLETED and CANCELLED
+_COUNTED = [s.value for s in Status if s not in (Status.COMPLETED, Status.CANCELLED)]
 _CAPPED_BRANCH = """SELECT '{status}'::text AS status, count(*) AS n
         FROM (SELECT FROM __schema__.jobs j
               WHERE j.job_type = t.job_type AND j.status = '{status}' LIMIT $1) x"""
