@@ -9,6 +9,10 @@
 --   ALTER ROLE conveyor_publisher SET jit = off;
 --   ALTER ROLE conveyor_worker SET jit = off;
 --   ALTER ROLE conveyor_sweeper SET jit = off;
+-- and the session bounds (README, "Configuration"): ALTER ROLE <role> SET
+-- idle_in_transaction_session_timeout, lock_timeout, statement_timeout,
+-- tcp_keepalives_idle/_interval/_count, tcp_user_timeout (`conveyor migrate
+-- --create-roles` sets them and jit).
 -- then run this file as the role that ran `conveyor migrate` (the schema's owner).
 -- Optional, if no other application needs it: REVOKE TEMPORARY ON DATABASE <db> FROM
 -- PUBLIC (temporary tables are the one CREATE a runtime role could still run).

@@ -104,13 +104,15 @@ async def grant_roles(settings: Settings, passwords: Mapping[str, str] | None = 
     ``passwords`` (``--create-roles``), first create those roles or set their passwords."""
     import asyncpg
 
+    from .store.bounds import component_bounds
     from .store.connect import connect_options
     from .store.roles import ensure_login_roles, grant_existing
 
     conn = await asyncpg.connect(settings.database_url, **connect_options(settings.db_pooler))
     try:
         if passwords:
-            await ensure_login_roles(conn, passwords)
+            bounds = {c: b.server_settings() for c, b in component_bounds(settings).items()}
+            await ensure_login_roles(conn, passwords, bounds)
         return await grant_existing(conn, settings.db_schema)
     finally:
         await conn.close()

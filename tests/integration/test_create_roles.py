@@ -94,6 +94,16 @@ async def test_migrate_creates_grants_and_rotates_the_component_roles(
             # JIT off for the role, so also behind PgBouncer, which passes no session setting
             # (asyncpg's type introspection JIT-compiled for ~0.7-1 s a connection: README)
             assert await conn.fetchval("SHOW jit") == "off"
+            # the session bounds too (README "Configuration"), for the same reason
+            bounds = {n: await conn.fetchval(f"SHOW {n}") for n in (
+                "idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout",
+                "tcp_keepalives_idle", "tcp_user_timeout")}  # fmt: skip
+            statement = "330s" if component == "api" else "1min"
+            assert bounds == {
+                "idle_in_transaction_session_timeout": "5s", "lock_timeout": "10s",
+                "statement_timeout": statement, "tcp_keepalives_idle": "5",
+                "tcp_user_timeout": "10000",
+            }, component  # fmt: skip
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await conn.execute("CREATE TABLE conveyor.intruder (i int)")
             with pytest.raises(asyncpg.InsufficientPrivilegeError):

@@ -26,6 +26,7 @@ from ..core.metrics import Metrics
 from ..job_types import KnownTypes
 from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
+from ..store.bounds import component_bounds
 from ..store.connect import create_pool, is_unavailable
 from ..store.notify import Notifier
 from ..store.unique import needs_full_insert
@@ -70,6 +71,7 @@ class Api:
             # a server that stopped answering must not hold a request past the spec's 2 s
             command_timeout=self.settings.db_timeout,
             pooler=self.settings.db_pooler,
+            bounds=component_bounds(self.settings)["api"],
         )
         self.notifier = Notifier(self.pool, self.store)
         self.notifier.start()

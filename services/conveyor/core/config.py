@@ -41,6 +41,18 @@ class Settings(BaseSettings):
     # direct connection), else the publisher polls every relay_poll_interval
     db_pooler: Literal["none", "transaction"] = "none"
     listen_database_url: str | None = None
+    # bounds PostgreSQL enforces on the components' own sessions (``store/bounds.py``; README
+    # "Configuration"), in seconds, 0 = off: a frozen or partitioned process's transaction is
+    # rolled back and its locks released after db_idle_in_transaction_timeout; a statement
+    # waiting longer than db_lock_timeout for a lock fails (retried as an outage); a vanished
+    # peer is detected by TCP keepalives (idle, interval, count) and tcp_user_timeout
+    db_idle_in_transaction_timeout: float = Field(default=5.0, ge=0)
+    db_lock_timeout: float = Field(default=10.0, ge=0)
+    db_statement_timeout: float = Field(default=60.0, ge=0)
+    db_keepalives_idle: int = Field(default=5, ge=0)
+    db_keepalives_interval: int = Field(default=2, ge=0)
+    db_keepalives_count: int = Field(default=3, ge=0)
+    db_tcp_user_timeout: float = Field(default=10.0, ge=0)
     # serve full tracebacks (server file paths) to every caller; otherwise only to `admin` keys
     # (with auth disabled, this is the only switch)
     api_expose_tracebacks: bool = False

@@ -25,6 +25,7 @@ from ..core.jobs import Status
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import for_schema
+from ..store.bounds import SessionBounds
 from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .gauges import Gauges
@@ -86,6 +87,7 @@ class Sweeper:
             max_size=3,  # five duties; promote and schedules pass every 0.25-0.5 s
             command_timeout=self.settings.command_timeout,
             pooler=self.settings.db_pooler,
+            bounds=SessionBounds.of(self.settings),
         )
         self.notifier.pool = self.pool
         self.notifier.start()

@@ -21,6 +21,7 @@ from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import OutboxRow, for_schema
+from ..store.bounds import SessionBounds
 from ..store.connect import create_pool, listen, listen_url
 
 log = logging.getLogger("conveyor.publisher")
@@ -59,6 +60,7 @@ class Relay:
             max_size=4,
             command_timeout=self.settings.command_timeout,
             pooler=self.settings.db_pooler,
+            bounds=SessionBounds.of(self.settings),
         )
         await self.publisher.connect()
 

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from .bounds import SessionBounds
 from .registry import statement
 
 DATABASE_EXISTS = statement(
@@ -31,6 +32,10 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.QueryCanceledError,
+    # the session bounds (``bounds.py``): a lock waited for past ``lock_timeout``, a session
+    # ended by ``idle_in_transaction_session_timeout`` (its process was frozen or too slow)
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
     # a pooled connection whose backend was terminated while idle: the next statement fails with
     # "cannot switch to state N; another operation (2) is in progress"
     asyncpg.exceptions.InternalClientError,
@@ -88,10 +93,13 @@ async def create_pool(
     timeout: float = 5.0,
     command_timeout: float | None = None,
     pooler: str = "none",
+    bounds: SessionBounds | None = None,
 ) -> Any:
     """A pool that does not connect eagerly (``min_size=0``), so a process starts while the
     database is down and recovers by itself when it comes back. ``pooler``: see
-    ``connect_options``.
+    ``connect_options``. ``bounds``: the session bounds PostgreSQL enforces (``bounds.py``),
+    passed as startup parameters; not through a transaction pooler, which refuses them (there
+    they are role settings).
 
     JIT off: asyncpg reads each non-builtin type's definition once per connection with a
     catalog query whose estimated cost passes ``jit_above_cost``; JIT-compiling it took
@@ -99,6 +107,11 @@ async def create_pool(
     index lookups JIT never speeds up. A transaction pooler passes no session setting (PgBouncer
     refuses unknown startup parameters): there ``conveyor migrate --create-roles`` sets it on the
     component roles (``ALTER ROLE … SET jit = off``; README, "PgBouncer")."""
+    settings = {"application_name": application_name}
+    if pooler == "none":
+        settings["jit"] = "off"
+        if bounds is not None:
+            settings |= bounds.server_settings()
     return await asyncpg.create_pool(
         url,
         min_size=min_size,
@@ -106,8 +119,7 @@ async def create_pool(
         timeout=timeout,
         command_timeout=command_timeout,
         max_inactive_connection_lifetime=60.0,
-        server_settings={"application_name": application_name}
-        | ({"jit": "off"} if pooler == "none" else {}),
+        server_settings=settings,
         reset=_skip_session_reset,
         **connect_options(pooler),
     )

@@ -134,12 +134,19 @@ SELECT format(CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)
 """
 
 _JIT_OFF = "SELECT format('ALTER ROLE %I SET jit = off', $1::text)"
+# the session bounds (``bounds.py``): names from ``SessionBounds.server_settings``, values quoted
+_ROLE_SET = "SELECT format('ALTER ROLE %I SET %s = %L', $1::text, $2::text, $3::text)"
 
 
-async def ensure_login_roles(conn: Any, passwords: Mapping[str, str]) -> list[str]:
+async def ensure_login_roles(
+    conn: Any,
+    passwords: Mapping[str, str],
+    role_settings: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[str]:
     """Create each component's login role (``DEFAULT_ROLES``) with its password, or set the
-    password of one that exists (rotation), with ``jit = off`` (``connect.create_pool``), in one
-    transaction; returns the role names. Needs
+    password of one that exists (rotation), with ``jit = off`` (``connect.create_pool``) and
+    ``role_settings[component]`` (the session bounds, ``bounds.component_bounds``: a pooler
+    passes no startup parameter), in one transaction; returns the role names. Needs
     CREATEROLE (or a superuser): the role that runs ``conveyor migrate`` in a deployment."""
     names = []
     async with conn.transaction():
@@ -150,6 +157,10 @@ async def ensure_login_roles(conn: Any, passwords: Mapping[str, str]) -> list[st
             await conn.execute(await conn.fetchval(_LOGIN_ROLE, role, scram_verifier(password)))
             # for connections through a pooler, which cannot pass it (``connect.create_pool``)
             await conn.execute(await conn.fetchval(_JIT_OFF, role))
+            for name, value in (role_settings or {}).get(component, {}).items():
+                if not name.replace("_", "").isalpha():
+                    raise ValueError(f"not a setting name: {name!r}")
+                await conn.execute(await conn.fetchval(_ROLE_SET, role, name, value))
             names.append(role)
     return names
 
@@ -162,6 +173,10 @@ def roles_sql(schema: str, roles: dict[str, str] | None = None) -> str:
         *[f"--   CREATE ROLE {r} LOGIN PASSWORD '...';" for r in roles.values()],
         '-- and, behind PgBouncer, JIT off on them (README, "JIT off for Conveyor\'s roles"):',
         *[f"--   ALTER ROLE {r} SET jit = off;" for r in roles.values()],
+        '-- and the session bounds (README, "Configuration"): ALTER ROLE <role> SET',
+        "-- idle_in_transaction_session_timeout, lock_timeout, statement_timeout,",
+        "-- tcp_keepalives_idle/_interval/_count, tcp_user_timeout (`conveyor migrate",
+        "-- --create-roles` sets them and jit).",
         "-- then run this file as the role that ran `conveyor migrate` (the schema's owner).",
         "-- Optional, if no other application needs it: REVOKE TEMPORARY ON DATABASE <db> FROM",
         "-- PUBLIC (temporary tables are the one CREATE a runtime role could still run).",

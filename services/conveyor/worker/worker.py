@@ -34,6 +34,7 @@ from ..job_types import router_types
 from ..router import Job, JobRouter
 from ..schedule_ops import register_router_schedules
 from ..store import ClaimedJob, for_schema
+from ..store.bounds import SessionBounds
 from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .completer import Completer, Pending
@@ -141,6 +142,7 @@ class Worker:
             max_size=4,
             command_timeout=30,
             pooler=self.settings.db_pooler,
+            bounds=SessionBounds.of(self.settings),
         )
         self.consumer.pool = self.completer.pool = self.heartbeater.pool = self.pool
         self.notifier.pool = self.pool

@@ -1,0 +1,88 @@
+"""Server-enforced bounds on Conveyor's own PostgreSQL sessions (README "Configuration").
+
+A crashed process closes its connections and PostgreSQL rolls its transaction back; a *paused*
+one (a frozen VM, a long GC pause, a partition, a lost host) leaves the connection open and its
+locks held, and the server cannot tell it from a slow client (its TCP keepalive defaults to two
+hours). So every component's session carries bounds PostgreSQL enforces itself:
+
+- ``idle_in_transaction_session_timeout``: a session idle inside a transaction (the relay's
+  while it waits for publish confirms, any component's while its process is frozen) is
+  terminated after this long, which rolls the transaction back and releases its locks (the
+  relay's outbox rows go back to the outbox, where another relay takes them);
+- ``lock_timeout``: a statement waiting for a lock longer fails (55P03, an outage the caller
+  retries); longer than the idle bound, so a waiter outlasts a frozen peer's bound;
+- ``statement_timeout``: the server's own end of a statement whose client is gone;
+- ``tcp_keepalives_*`` and ``tcp_user_timeout``: a peer that vanished (partition, lost host)
+  is detected in seconds instead of hours, also while the session is not in a transaction.
+
+They are startup parameters of each pooled connection (``connect.create_pool``); the
+application's own connection (``enqueue()``) never gets them. PgBouncer refuses unknown startup
+parameters: behind it (``CONVEYOR_DB_POOLER=transaction``) the same values are role settings
+(``conveyor migrate --create-roles`` sets them, ``role_settings``) plus PgBouncer's own
+``idle_transaction_timeout`` and keepalives (README, "PgBouncer")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .base import LONG_STATEMENT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class SessionBounds:
+    """Seconds (``Settings.db_*``; defaults there); 0 turns a bound off."""
+
+    idle_in_transaction: float
+    lock: float
+    statement: float
+    keepalives_idle: int
+    keepalives_interval: int
+    keepalives_count: int
+    tcp_user_timeout: float
+
+    @classmethod
+    def of(cls, settings: Any, *, statement_floor: float = 0.0) -> SessionBounds:
+        """The bounds ``settings`` ask for; ``statement_floor``: a component whose own limit
+        for some statements is longer (the API's batch insert) keeps at least that."""
+        statement = settings.db_statement_timeout
+        if statement:
+            statement = max(statement, statement_floor)
+        return cls(
+            idle_in_transaction=settings.db_idle_in_transaction_timeout,
+            lock=settings.db_lock_timeout,
+            statement=statement,
+            keepalives_idle=settings.db_keepalives_idle,
+            keepalives_interval=settings.db_keepalives_interval,
+            keepalives_count=settings.db_keepalives_count,
+            tcp_user_timeout=settings.db_tcp_user_timeout,
+        )
+
+    def server_settings(self) -> dict[str, str]:
+        """PostgreSQL settings (startup parameters or ``ALTER ROLE … SET``), in milliseconds
+        or seconds as each one counts; a bound of 0 is left out (the server's default)."""
+        out = {
+            "idle_in_transaction_session_timeout": _ms(self.idle_in_transaction),
+            "lock_timeout": _ms(self.lock),
+            "statement_timeout": _ms(self.statement),
+            "tcp_keepalives_idle": str(self.keepalives_idle),
+            "tcp_keepalives_interval": str(self.keepalives_interval),
+            "tcp_keepalives_count": str(self.keepalives_count),
+            "tcp_user_timeout": _ms(self.tcp_user_timeout),
+        }
+        return {k: v for k, v in out.items() if v != "0"}
+
+
+# the API's statement bound stays above its batch insert's own limit (``Api.long``)
+API_STATEMENT_FLOOR = LONG_STATEMENT_TIMEOUT + 30
+
+
+def component_bounds(settings: Any) -> dict[str, SessionBounds]:
+    """Each component's bounds (``roles.COMPONENTS``)."""
+    plain = SessionBounds.of(settings)
+    api = SessionBounds.of(settings, statement_floor=API_STATEMENT_FLOOR)
+    return {"api": api, "publisher": plain, "worker": plain, "sweeper": plain}
+
+
+def _ms(seconds: float) -> str:
+    return str(round(seconds * 1000))
