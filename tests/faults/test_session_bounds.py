@@ -1,0 +1,242 @@
+"""Gray failures of the relay and the session bounds (issue 23): a process that *pauses* (frozen
+VM, long GC, partition, lost host) keeps its connection open and its locks held, and PostgreSQL
+cannot tell it from a slow client. Conveyor's own sessions carry bounds PostgreSQL enforces
+(``store/bounds.py``), so a paused peer's locks are released within seconds and a healthy peer
+takes over.
+
+- a real publisher process SIGSTOPped inside its relay transaction (its batch's outbox rows
+  deleted, uncommitted, locked) beside a healthy relay, sweeper and worker: every job completes
+  within the bound, and the stale batch it publishes after SIGCONT is dropped at claim;
+- every component's pooled connections carry the bounds (read back from the connections);
+- a relay partitioned from PostgreSQL mid-batch (``proxy.py`` blackholes its connection): the
+  server cuts the session and the rows go back to the outbox within the bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from conveyor import enqueue
+from conveyor.api.service import Api
+from conveyor.core.config import Settings
+from conveyor.core.metrics import Metrics
+from conveyor.maintenance.sweeper import Sweeper
+from conveyor.publisher.relay import Relay
+from conveyor.store.connect import create_pool, database_name
+from conveyor.worker.worker import Worker
+
+from .. import db as tdb
+from .apps import router
+from .checker import Ledger, check
+from .harness import Proc, component_env, running
+from .proxy import Proxy
+
+# the documented defaults (README "Configuration"), in pg_settings' units (ms, or s for the
+# keepalives); the API's statement bound stays above its batch insert's own 300 s limit
+BOUNDS = {
+    "idle_in_transaction_session_timeout": "5000",
+    "lock_timeout": "10000",
+    "statement_timeout": "60000",
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+TAKEOVER_BOUND = 30.0  # seconds from the freeze to every job COMPLETED
+
+
+async def _settings_of(pool: Any) -> dict[str, str]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])", list(BOUNDS)
+        )
+        assert await conn.fetchval("SELECT inet_client_port()") is not None  # TCP, not a socket
+    return {r["name"]: r["setting"] for r in rows}
+
+
+async def _held_outbox_rows(db_url: str) -> tuple[int, int]:
+    """(outbox rows, of them locked by another transaction)."""
+    conn = await tdb.connect(db_url, timeout=10)
+    try:
+        async with conn.transaction():
+            total = await conn.fetchval("SELECT count(*) FROM job_outbox")
+            free = await conn.fetchval(
+                "SELECT count(*) FROM (SELECT id FROM job_outbox FOR UPDATE SKIP LOCKED) f"
+            )
+    finally:
+        await conn.close()
+    return int(total), int(total) - int(free)
+
+
+def _total(counter: object) -> int:
+    samples = (s for m in counter.collect() for s in m.samples)  # type: ignore[attr-defined]
+    return int(sum(s.value for s in samples if s.name.endswith("_total")))
+
+
+@pytest.mark.timeout(150)
+async def test_a_publisher_frozen_in_its_relay_transaction_is_taken_over(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    settings = fsettings.model_copy(update={"relay_batch": 20})
+    victim = Proc("frozen-publisher", [sys.executable, "-m", "tests.faults.pausing_publisher"],
+                  component_env(settings), tmp_path).start()  # fmt: skip
+    try:
+        await victim.wait_for_log("pausing_publisher: started", 30)
+        async with running(settings, routers=[router], concurrency=16, relays=1) as stack:
+
+            def payload(i: int) -> dict[str, Any]:
+                return {"ledger": str(ledger), "sleep": 0.01}
+
+            deadline = time.monotonic() + 30
+            while "frozen holding" not in victim.log():  # whichever relay wakes first
+                assert time.monotonic() < deadline, victim.log()[-2000:]
+                await stack.submit_batch("work", [payload(i) for i in range(20)])
+                await asyncio.sleep(0.3)
+            frozen_at = time.monotonic()
+            await asyncio.sleep(1)  # the healthy relay drains what is not held
+            _, held = await _held_outbox_rows(settings.database_url)
+            assert held > 0, "the frozen publisher holds no outbox rows"
+            await stack.submit_many(100, "work", payload, parallel=10, pace=0.05)
+            v = await check(settings.database_url, stack.accepted, ledger,
+                            label="relay-frozen", timeout=TAKEOVER_BOUND)  # fmt: skip
+            took = time.monotonic() - frozen_at - 0.5  # check's quiet half second
+            v.extra.update(held=held, took_over_s=round(took, 1))
+            print(f"[faults] frozen relay: {held} rows held, every job COMPLETED {took:.1f} s "
+                  f"after the freeze; stuck={v.stuck}")  # fmt: skip
+            v.assert_clean()
+            assert took < TAKEOVER_BOUND
+
+            # SIGCONT: it publishes its stale batch (the jobs ran meanwhile), then finds its
+            # session ended by the server
+            dropped = _total(stack.workers[0].metrics.messages_dropped)
+            victim.signal(signal.SIGCONT)
+            await victim.wait_for_log("pausing_publisher: resumed", 10)
+            await victim.wait_for_log("relay_error", 20)
+            deadline = time.monotonic() + 20
+            while _total(stack.workers[0].metrics.messages_dropped) - dropped < held:
+                assert time.monotonic() < deadline, "the stale batch never reached the worker"
+                await asyncio.sleep(0.1)
+            after = await check(settings.database_url, stack.accepted, ledger,
+                                label="relay-frozen-resumed", timeout=20, quiet=1.0)  # fmt: skip
+        after.assert_clean()
+        assert after.executed == len(stack.accepted) and after.duplicates_executed == 0
+    finally:
+        victim.signal(signal.SIGCONT)
+        await victim.stop()
+
+
+async def test_every_component_pool_carries_the_session_bounds(fsettings: Settings) -> None:
+    """Read back from each component's own pooled connection; the application's connection
+    (``enqueue()``) and a transaction pooler's connections carry none of them."""
+    api = Api(fsettings, Metrics())
+    relay = Relay(fsettings)
+    sweeper = Sweeper(fsettings)
+    worker = Worker(fsettings, router, concurrency=1)
+    seen: dict[str, dict[str, str]] = {}
+    try:
+        for name, part in (("api", api), ("publisher", relay), ("sweeper", sweeper),
+                           ("worker", worker)):  # fmt: skip
+            await part.start()
+            seen[name] = await _settings_of(part.pool)
+    finally:
+        await worker.stop(grace=1)
+        for closing in (sweeper.close(), relay.close(), api.stop()):
+            with contextlib.suppress(Exception):
+                await closing
+    expected = {name: dict(BOUNDS) for name in seen}
+    expected["api"]["statement_timeout"] = "330000"
+    assert seen == expected
+
+    app_conn = await tdb.connect(fsettings.database_url)
+    pooled = await create_pool(fsettings.database_url, application_name="t", max_size=1,
+                               pooler="transaction")  # fmt: skip
+    try:
+        async with app_conn.transaction():
+            await enqueue(app_conn, "work", {})
+            assert await app_conn.fetchval("SHOW idle_in_transaction_session_timeout") == "0"
+        assert (await _settings_of(pooled))["idle_in_transaction_session_timeout"] == "0"
+    finally:
+        await app_conn.close()
+        await pooled.close()
+
+
+def _via(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+
+
+@pytest.mark.timeout(60)
+async def test_a_relay_partitioned_mid_batch_loses_its_rows_within_the_bound(
+    fsettings: Settings,
+) -> None:
+    """The relay's connection goes silent (blackholed) after it took a batch: its outbox rows
+    stay locked until PostgreSQL ends the session, ``db_idle_in_transaction_timeout`` (2 s
+    here) later; a keepalive cannot see this partition (the proxy's socket answers), the idle
+    bound does."""
+    bound = 2.0
+    host = urlsplit(fsettings.database_url)
+    proxy = Proxy(host.hostname or "127.0.0.1", host.port or 5432)
+    port = await proxy.start()
+    settings = fsettings.model_copy(update={
+        "database_url": _via(fsettings.database_url, port),
+        "db_idle_in_transaction_timeout": bound,
+    })  # fmt: skip
+    conn = await tdb.connect(fsettings.database_url)
+    try:
+        async with conn.transaction():
+            for i in range(5):
+                await enqueue(conn, "work", {"i": i})
+    finally:
+        await conn.close()
+
+    relay = Relay(settings)
+    taken = asyncio.Event()
+    publish_batch = relay.publisher.publish_batch
+
+    async def partitioned(rows: Sequence[Any], *args: Any) -> list[BaseException | None]:
+        proxy.blackhole()
+        taken.set()
+        await asyncio.Event().wait()  # the partition outlasts the test
+        return await publish_batch(rows, *args)
+
+    relay.publisher.publish_batch = partitioned  # type: ignore[method-assign]
+    await relay.start()
+    step = asyncio.create_task(relay.run_once())
+    try:
+        await asyncio.wait_for(taken.wait(), 10)
+        started = time.monotonic()
+        assert await _held_outbox_rows(fsettings.database_url) == (5, 5)
+        while (await _held_outbox_rows(fsettings.database_url))[1]:
+            assert time.monotonic() - started < 15, "the partitioned session still holds its rows"
+            await asyncio.sleep(0.1)
+        released = time.monotonic() - started
+        print(f"[faults] partitioned relay: rows released {released:.1f} s after the partition "
+              f"(bound {bound} s)")  # fmt: skip
+        assert released < bound + 3
+        assert await _held_outbox_rows(fsettings.database_url) == (5, 0)
+        check_conn = await tdb.connect(fsettings.database_url)
+        try:
+            left = await check_conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1"
+                " AND application_name = 'conveyor-publisher'",
+                database_name(fsettings.database_url),
+            )
+        finally:
+            await check_conn.close()
+        assert left == 0, "the partitioned backend is still there"
+    finally:
+        await proxy.close()  # first: the step's rollback must not wait on the blackhole
+        step.cancel()
+        with contextlib.suppress(BaseException):
+            await step
+        await relay.close()
