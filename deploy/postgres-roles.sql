@@ -52,7 +52,7 @@ GRANT USAGE ON SCHEMA conveyor TO conveyor_sweeper;
 GRANT SELECT ON conveyor.alembic_version TO conveyor_sweeper;
 GRANT SELECT, INSERT, UPDATE, DELETE ON conveyor.jobs TO conveyor_sweeper;
 GRANT SELECT, INSERT, DELETE ON conveyor.job_attempts TO conveyor_sweeper;
-GRANT SELECT, INSERT ON conveyor.job_outbox TO conveyor_sweeper;
+GRANT SELECT, INSERT, UPDATE ON conveyor.job_outbox TO conveyor_sweeper;
 GRANT SELECT ON conveyor.job_types TO conveyor_sweeper;
 GRANT SELECT, INSERT, UPDATE, DELETE ON conveyor.job_uniques TO conveyor_sweeper;
 GRANT SELECT, UPDATE ON conveyor.schedules TO conveyor_sweeper;

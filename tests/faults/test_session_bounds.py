@@ -35,6 +35,7 @@ from conveyor.store.connect import create_pool, database_name
 from conveyor.worker.worker import Worker
 
 from .. import db as tdb
+from ..stack import wait_for
 from .apps import router
 from .checker import Ledger, check
 from .harness import Proc, component_env, running
@@ -83,12 +84,22 @@ def _total(counter: object) -> int:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("bound", ["idle_bound", "no_bound"])
 async def test_a_publisher_frozen_in_its_relay_transaction_is_taken_over(
-    fsettings: Settings, ledger: Ledger, tmp_path: Path
+    fsettings: Settings, ledger: Ledger, tmp_path: Path, bound: str
 ) -> None:
-    settings = fsettings.model_copy(update={"relay_batch": 20})
+    """``idle_bound``: the frozen relay's session is ended by the server (5 s), its rows go back
+    to the outbox (the reconciler passes every 15 s: too slow to be the one). ``no_bound``: the
+    frozen relay runs without the bound (``CONVEYOR_DB_IDLE_IN_TRANSACTION_TIMEOUT=0``, as a
+    pooler without the role settings would) and the reconciler, passing every second, copies the
+    rows it finds held at two passes; the frozen relay later commits its stale batch."""
+    settings = fsettings.model_copy(update={"relay_batch": 20, "reconcile_interval": 15.0})
+    victim_settings = settings
+    if bound == "no_bound":
+        settings = settings.model_copy(update={"reconcile_interval": 1.0})
+        victim_settings = settings.model_copy(update={"db_idle_in_transaction_timeout": 0.0})
     victim = Proc("frozen-publisher", [sys.executable, "-m", "tests.faults.pausing_publisher"],
-                  component_env(settings), tmp_path).start()  # fmt: skip
+                  component_env(victim_settings), tmp_path).start()  # fmt: skip
     try:
         await victim.wait_for_log("pausing_publisher: started", 30)
         async with running(settings, routers=[router], concurrency=16, relays=1) as stack:
@@ -106,28 +117,31 @@ async def test_a_publisher_frozen_in_its_relay_transaction_is_taken_over(
             _, held = await _held_outbox_rows(settings.database_url)
             assert held > 0, "the frozen publisher holds no outbox rows"
             await stack.submit_many(100, "work", payload, parallel=10, pace=0.05)
-            v = await check(settings.database_url, stack.accepted, ledger,
-                            label="relay-frozen", timeout=TAKEOVER_BOUND)  # fmt: skip
-            took = time.monotonic() - frozen_at - 0.5  # check's quiet half second
-            v.extra.update(held=held, took_over_s=round(took, 1))
-            print(f"[faults] frozen relay: {held} rows held, every job COMPLETED {took:.1f} s "
-                  f"after the freeze; stuck={v.stuck}")  # fmt: skip
-            v.assert_clean()
-            assert took < TAKEOVER_BOUND
+            # every job COMPLETED (the held rows themselves stay in the outbox, uncommitted,
+            # until the frozen relay resumes or loses its session)
+            await wait_for(settings.database_url, stack.accepted, ("COMPLETED",),
+                           timeout=TAKEOVER_BOUND)  # fmt: skip
+            took = time.monotonic() - frozen_at
+            print(f"[faults] frozen relay ({bound}): {held} rows held, every job COMPLETED "
+                  f"{took:.1f} s after the freeze")  # fmt: skip
 
             # SIGCONT: it publishes its stale batch (the jobs ran meanwhile), then finds its
-            # session ended by the server
+            # session ended by the server, or (no bound) commits its delete
             dropped = _total(stack.workers[0].metrics.messages_dropped)
             victim.signal(signal.SIGCONT)
             await victim.wait_for_log("pausing_publisher: resumed", 10)
-            await victim.wait_for_log("relay_error", 20)
+            if bound == "idle_bound":
+                await victim.wait_for_log("relay_error", 20)
             deadline = time.monotonic() + 20
             while _total(stack.workers[0].metrics.messages_dropped) - dropped < held:
                 assert time.monotonic() < deadline, "the stale batch never reached the worker"
                 await asyncio.sleep(0.1)
             after = await check(settings.database_url, stack.accepted, ledger,
-                                label="relay-frozen-resumed", timeout=20, quiet=1.0)  # fmt: skip
+                                label=f"relay-frozen-{bound}", timeout=20,
+                                quiet=1.0)  # fmt: skip
+        after.extra.update(held=held, took_over_s=round(took, 1))
         after.assert_clean()
+        assert after.outbox_left == 0
         assert after.executed == len(stack.accepted) and after.duplicates_executed == 0
     finally:
         victim.signal(signal.SIGCONT)
@@ -240,3 +254,39 @@ async def test_a_relay_partitioned_mid_batch_loses_its_rows_within_the_bound(
         with contextlib.suppress(BaseException):
             await step
         await relay.close()
+
+
+async def test_the_reconciler_copies_outbox_rows_a_stopped_relay_holds(
+    fsettings: Settings,
+) -> None:
+    """One step at a time: a transaction holds the relay's take of the outbox (no bound on
+    this test's own connection); the reconciler copies the rows it finds held at two passes
+    in a row, once, and leaves free rows and a relay's short hold alone."""
+    conn = await tdb.connect(fsettings.database_url)
+    holder = await tdb.connect(fsettings.database_url)
+    sweeper = Sweeper(fsettings)
+    await sweeper.start()
+    try:
+        async with conn.transaction():
+            held_jobs = [await enqueue(conn, "work", {"i": i}) for i in range(3)]
+        async with conn.transaction():
+            free_jobs = [await enqueue(conn, "work", {"i": i}) for i in range(2)]
+        take = holder.transaction()
+        await take.start()
+        rows = await holder.fetch(
+            "DELETE FROM job_outbox WHERE id = ANY(ARRAY(SELECT id FROM job_outbox"
+            " ORDER BY id LIMIT 3 FOR UPDATE SKIP LOCKED)) RETURNING job_id"
+        )
+        assert sorted(r["job_id"] for r in rows) == sorted(held_jobs)
+
+        assert await sweeper.stranded.step(sweeper.pool) == 0  # a suspect, not yet stranded
+        assert await sweeper.stranded.step(sweeper.pool) == 3
+        assert await sweeper.stranded.step(sweeper.pool) == 0  # copied once
+        copies = await conn.fetch("SELECT job_id FROM job_outbox ORDER BY id")
+        # the held rows (still visible, deleted uncommitted), the free ones, the copies
+        assert sorted(r["job_id"] for r in copies) == sorted([*held_jobs, *held_jobs, *free_jobs])
+        await take.rollback()
+    finally:
+        await holder.close()
+        await conn.close()
+        await sweeper.close()

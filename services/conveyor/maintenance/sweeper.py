@@ -30,6 +30,7 @@ from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .gauges import Gauges
 from .schedules import SchedulePass, enqueue_due
+from .stranded import StrandedOutbox
 
 log = logging.getLogger("conveyor.sweeper")
 
@@ -62,6 +63,7 @@ class Sweeper:
         self.store = for_schema(settings.db_schema)
         # per type, the overdue jobs the last reconcile pass found missing (see ``reconcile``)
         self._suspects: dict[str, list[uuid.UUID]] = {}
+        self.stranded = StrandedOutbox(self.store)  # rows a stopped relay holds
         self.inspector = Inspector(
             settings.amqp_url, self.topology, name="conveyor-sweeper",
             timeout=settings.command_timeout,
@@ -147,6 +149,9 @@ class Sweeper:
         and fresh messages (jobs not yet overdue) do not stand for lost ones.
         A job is re-published by the second pass that finds it overdue and missing (the first
         marks it a suspect), so the delay after ``reconcile_after`` is one to two intervals."""
+        if requeued := await self.stranded.step(self.pool):
+            self.notifier.wake()
+            self._count("outbox_requeued", requeued)
         depth = queue_depth or self._queue_depth
         after = self.settings.reconcile_after
         async with self.pool.acquire() as conn:

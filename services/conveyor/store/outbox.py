@@ -48,6 +48,43 @@ SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::int2[], $5::text[],
 """,
 )
 
+# Rows a relay holds: of the outbox's oldest ``$1`` rows (a relay takes the oldest first, so a
+# batch it never commits stays at the head), those another transaction has locked (deleted, not
+# committed). ``FOR KEY SHARE SKIP LOCKED`` skips exactly those, and holds its own lock only for
+# this statement (a relay's ``FOR UPDATE SKIP LOCKED`` passes over them meanwhile); it needs
+# UPDATE on the table, as the relay's own lock does (``roles.py``).
+OUTBOX_HELD_IDS = statement(
+    "outbox_held_ids",
+    """
+WITH head AS MATERIALIZED (
+    SELECT id FROM __schema__.job_outbox ORDER BY id LIMIT $1
+), free AS MATERIALIZED (
+    SELECT id FROM __schema__.job_outbox WHERE id = ANY(ARRAY(SELECT id FROM head))
+    FOR KEY SHARE SKIP LOCKED
+)
+SELECT id FROM head WHERE id <> ALL(ARRAY(SELECT id FROM free)) ORDER BY id
+""",
+)
+# A copy, under a new id, of each of the rows ``$1`` that is still held (the relay holding it
+# may have committed its delete or lost its session meanwhile): the copy is free for any relay.
+OUTBOX_REQUEUE_HELD = statement(
+    "outbox_requeue_held",
+    """
+WITH free AS MATERIALIZED (
+    SELECT id FROM __schema__.job_outbox WHERE id = ANY($1::int8[]) FOR KEY SHARE SKIP LOCKED
+), copied AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
+                                       error, attempt)
+    SELECT job_id, job_type, priority, destination, delay_seconds, error, attempt
+    FROM __schema__.job_outbox
+    WHERE id = ANY($1::int8[]) AND id <> ALL(ARRAY(SELECT id FROM free))
+    ORDER BY id
+    RETURNING job_id
+)
+SELECT count(*) FROM copied
+""",
+)
+
 # The channel is per schema (``<schema>_outbox``), so two installs in one database do not wake
 # each other's publishers.
 OUTBOX_NOTIFY = statement("outbox_notify", "SELECT pg_notify('__schema___outbox', '')")
@@ -87,6 +124,14 @@ class OutboxStatements(Statements):
             [r.error for r in rows],
             [r.attempt for r in rows],
         )
+
+    async def outbox_held_ids(self, conn: Connection, *, limit: int) -> list[int]:
+        """Ids of the oldest ``limit`` rows that another transaction holds locked."""
+        return [r["id"] for r in await conn.fetch(self.sql[OUTBOX_HELD_IDS], limit)]
+
+    async def outbox_requeue_held(self, conn: Connection, ids: Sequence[int]) -> int:
+        """Copy those of ``ids`` still held to new rows; returns how many."""
+        return int(await conn.fetchval(self.sql[OUTBOX_REQUEUE_HELD], list(ids)))
 
     async def outbox_notify(self, conn: Connection) -> None:
         """Wake the publishers when the surrounding transaction commits (see ``notify.py``)."""

@@ -36,7 +36,9 @@ _SWEEPER = [
     # INSERT: a schedule's tick is a new job (with its unique key and outbox row)
     ("SELECT, INSERT, UPDATE, DELETE", "jobs"),
     ("SELECT, INSERT, DELETE", "job_attempts"),
-    ("SELECT, INSERT", "job_outbox"),
+    # UPDATE: the reconciler finds rows a stopped relay holds with FOR KEY SHARE SKIP LOCKED
+    # (``outbox_held_ids``), which PostgreSQL allows only with UPDATE; no statement updates one
+    ("SELECT, INSERT, UPDATE", "job_outbox"),
     ("SELECT", "job_types"),
     ("SELECT, INSERT, UPDATE, DELETE", "job_uniques"),  # retention drops expired keys
     ("SELECT, UPDATE", "schedules"),  # the schedules duty advances next_run_at
