@@ -193,3 +193,63 @@ async def test_a_second_signal_ends_a_draining_command_at_once(
         code = await proc.ends_within(5)
     assert code == 128 + signal.SIGINT, proc.lines
     assert any("stopped_without_draining" in line for line in proc.lines), proc.lines
+
+
+async def _make_dev(settings: Settings, port: int) -> asyncio.subprocess.Process:
+    """``make dev PORT=port`` in a process group of its own, as a terminal runs it."""
+    return await asyncio.create_subprocess_exec(
+        "make", "--no-print-directory", "dev", f"PORT={port}", env=_env(settings), cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_make_dev_on_a_port_in_use_names_the_make_variable(settings: Settings) -> None:
+    with busy_port() as port:
+        make = await _make_dev(settings, port)
+        try:
+            out, _ = await asyncio.wait_for(make.communicate(), 30)
+        finally:  # a hung run must not outlive the test
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(make.pid, signal.SIGKILL)
+    assert make.returncode != 0
+    assert f"port {port} " in out.decode() and "make dev PORT=" in out.decode(), out
+
+
+@pytest.mark.parametrize("to", ["make", "group"])
+async def test_make_dev_ends_on_a_signal(settings: Settings, to: str) -> None:
+    """SIGTERM to make (make passes it on to `conveyor dev`), or SIGINT to the process group (what
+    Ctrl-C in a terminal sends): nothing of it keeps running."""
+    port = free_port()
+    make = await _make_dev(settings, port)
+    try:
+        async with httpx.AsyncClient() as client:
+            deadline = time.monotonic() + 60
+            while True:
+                assert make.returncode is None
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200:
+                        break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+        if to == "make":
+            make.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(make.pid, signal.SIGINT)
+        await asyncio.wait_for(make.communicate(), 20)
+        for _ in range(100):
+            if _group_gone(make.pid):
+                break
+            await asyncio.sleep(0.1)
+        assert _group_gone(make.pid), "conveyor dev outlived make"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(make.pid, signal.SIGKILL)
