@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: help install dev test test-all lint format bench bench-scale clean
+.PHONY: help install system-packages dev test test-all lint format bench bench-scale clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -17,6 +17,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed ## create .venv and install Conveyor with its test tools
 
+# promtool, Chromium, PgBouncer, node/npm, PostgreSQL, RabbitMQ: installed with apt-get when
+# missing and run as root; otherwise one line naming what to install (.ci/system-packages)
+system-packages: ## install the system packages the tests need (as root, with apt-get)
+	@.ci/system-packages
+
 PORT ?= 8000
 
 dev: install ## run API + publisher + worker + maintenance on http://127.0.0.1:$(PORT) (example app; PORT=8001 to move it)
@@ -28,13 +33,13 @@ dev: install ## run API + publisher + worker + maintenance on http://127.0.0.1:$
 PYTEST_WORKERS ?= 4
 PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadgroup
 
-test: install ## lint, type-check and run the whole test suite (PYTEST_ARGS=-n0: serially)
+test: install system-packages ## lint, type-check and run the whole test suite (PYTEST_ARGS=-n0: serially)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
-test-all: install ## the test suite plus the long fault soaks
+test-all: install system-packages ## the test suite plus the long fault soaks
 	$(VENV)/bin/pytest -q -m "soak or not soak"
 
 lint: install ## ruff and mypy --strict

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -14,7 +15,8 @@ import orjson
 from .cli_support import guarded
 from .core import tracing
 from .core.config import Settings
-from .core.logging import configure
+from .core.logging import configure, say
+from .lifecycle import check_port, listen_socket, start_with_retry
 
 SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
 
@@ -70,14 +72,16 @@ def cmd_api(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("conveyor api: --workers must be at least 1", file=sys.stderr)
         return 2
+    sock = listen_socket(args.host, args.port)  # a port in use: one line, before anything runs
     processes = f" ({args.workers} processes)" if args.workers > 1 else ""
-    print(f"conveyor api listening on http://{args.host}:{args.port}{processes}; "
-          f"{auth_banner(settings)}", file=sys.stderr)  # fmt: skip
+    say(f"conveyor api listening on http://{args.host}:{args.port}{processes}; "
+        f"{auth_banner(settings)}", "api_listening", url=f"http://{args.host}:{args.port}",
+        processes=args.workers, security=auth_banner(settings))  # fmt: skip
     if args.workers > 1:
-        services.serve_api_workers(args.host, args.port, args.workers)
+        services.serve_api_workers(sock, args.workers)
         return 0
     server = services.api_server(settings, args.host, args.port)
-    services.run(lambda stop: services.serve_api(server, stop))
+    services.run(lambda stop: services.serve_api(server, stop, [sock]))
     return 0
 
 
@@ -85,6 +89,8 @@ def cmd_publisher(args: argparse.Namespace) -> int:
     from . import services
 
     settings = _settings()
+    if args.health_port is not None:
+        check_port("0.0.0.0", args.health_port, flag="--health-port")
     services.run(
         lambda stop: services.run_publisher(
             settings, stop, maintenance=not args.no_maintenance, health_port=args.health_port
@@ -97,6 +103,8 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     from . import services
 
     settings = _settings()
+    if args.health_port is not None:
+        check_port("0.0.0.0", args.health_port, flag="--health-port")
     services.run(lambda stop: services.run_sweeper(settings, stop, health_port=args.health_port))
     return 0
 
@@ -122,12 +130,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"conveyor worker: {exc}", file=sys.stderr)
         return 2
 
+    port = args.health_port if args.health_port is not None else settings.worker_health_port
+    if port is not None:
+        check_port("0.0.0.0", port, flag="--health-port")
+
     async def main(stop: asyncio.Event) -> None:
         health = None
-        port = args.health_port if args.health_port is not None else settings.worker_health_port
         if port is not None:
             health = await serve_health(worker, "0.0.0.0", port)
-        await services._start_with_retry(worker.start, stop, "worker")
+        await start_with_retry(worker.start, stop, "worker", settings)
         await stop.wait()
         await worker.stop()
         if health is not None:
@@ -259,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:  # a CONVEYOR_* setting: one line, not a traceback
         first = exc.errors()[0]
         name = "CONVEYOR_" + "_".join(str(p) for p in first["loc"]).upper()
-        print(f"conveyor: invalid {name}: {first['msg']}", file=sys.stderr)
+        message = str(first["msg"]).removeprefix("Value error, ")
+        say(f"conveyor: invalid {name}: {message}", level=logging.ERROR)
         return 2
 
 

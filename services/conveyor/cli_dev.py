@@ -5,65 +5,84 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
+import logging
 
 from .core.config import Settings
+from .core.logging import say
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
     from . import services
     from .cli_keys import auth_banner, dev_auth
+    from .cli_support import CliError
     from .core.metrics import Metrics
+    from .lifecycle import listen_socket, start_with_retry
     from .store.legacy import MigrationError
     from .store.migrate import migrate
     from .worker import Worker
 
     settings, refusal = dev_auth(Settings(), args.host)
     if refusal:
-        print(f"conveyor dev: {refusal}", file=sys.stderr)
+        say(f"conveyor dev: {refusal}", level=logging.ERROR)
         return 2
     router = services.load_router(args.app)
+    # the port first: in use, it is one line and exit 2 before anything starts
+    sock = listen_socket(args.host, args.port, make=True)
     problem = asyncio.run(services.preflight(settings))
     if problem:
-        print(f"conveyor dev: {problem}", file=sys.stderr)
+        say(f"conveyor dev: {problem}", level=logging.ERROR)
         return 2
     try:
         migrate(settings.database_url, schema=settings.db_schema)
     except MigrationError as exc:
-        print(f"conveyor dev: {exc}", file=sys.stderr)
+        say(f"conveyor dev: {exc}", level=logging.ERROR)
         return 1
     metrics = Metrics()  # one registry: the API's /metrics shows the worker and publisher too
     server = services.api_server(settings, args.host, args.port, metrics=metrics)
     worker = Worker(settings, router, concurrency=args.concurrency, metrics=metrics)
-    first = router.types[0]
     url = f"http://{args.host}:{args.port}"
 
     async def main(stop: asyncio.Event) -> None:
-        await worker.start()
-        tasks = [
-            asyncio.create_task(services.serve_api(server, stop)),
-            asyncio.create_task(services.run_publisher(settings, stop, metrics=metrics)),
-        ]
-        while not server.started and not tasks[0].done():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)  # print the curl line only once the API listens
-        if tasks[0].done():
-            await tasks[0]  # uvicorn failed to start (port taken): surface why
-            return
-        print(
-            f"\nConveyor is running: API {url}  (docs {url}/docs)\n"
-            f"Security: {auth_banner(settings, dev=True)}\n"
-            f"Handlers: {', '.join(router.types)}\n"
-            "Try:\n"
-            f"  curl -s -X POST {url}/jobs -H 'content-type: application/json' "
-            f"""-d '{{"type": "{first}", "payload": {{"name": "world"}}}}'\n"""
-            f"  curl -s {url}/jobs/<id from above>\n"
-            "Ctrl-C stops it.\n",
-            file=sys.stderr,
-            flush=True,
-        )
-        await stop.wait()
-        await worker.stop()
-        await asyncio.gather(*tasks)
+        await start_with_retry(worker.start, stop, "worker", settings)
+        parts = {
+            asyncio.create_task(services.serve_api(server, stop, [sock])): "API",
+            asyncio.create_task(services.run_publisher(settings, stop, metrics=metrics)): (
+                "publisher"
+            ),
+        }
+        try:
+            while not server.started and not any(t.done() for t in parts):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)  # the banner only once the API listens
+            if server.started:
+                banner(url, auth_banner(settings, dev=True), router.types)
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait([*parts, stopping], return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+        finally:  # every part stops when one ends: the process never runs without its API
+            stop.set()
+            await worker.stop()
+            results = await asyncio.gather(*parts, return_exceptions=True)
+        for task, result in zip(parts, results, strict=True):
+            if isinstance(result, CliError | SystemExit):
+                raise result
+            if isinstance(result, BaseException):
+                raise CliError(f"the {parts[task]} stopped: {type(result).__name__}: {result}")
 
     services.run(main)
     return 0
+
+
+def banner(url: str, security: str, types: list[str]) -> None:
+    """What a new user reads first: the URL, the security mode, a curl line to try (one JSON
+    object when ``CONVEYOR_LOG_FORMAT=json``)."""
+    submit = (
+        f"curl -s -X POST {url}/jobs -H 'content-type: application/json' "
+        f"""-d '{{"type": "{types[0]}", "payload": {{"name": "world"}}}}'"""
+    )
+    show = f"curl -s {url}/jobs/<id from above>"
+    text = (
+        f"\nConveyor is running: API {url}  (docs {url}/docs)\nSecurity: {security}\n"
+        f"Handlers: {', '.join(types)}\nTry:\n  {submit}\n  {show}\nCtrl-C stops it.\n"
+    )
+    say(text, "dev_running", url=url, docs=f"{url}/docs", security=security, handlers=types,
+        examples=[submit, show])  # fmt: skip

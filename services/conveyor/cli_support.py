@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import orjson
 
 from .core.config import Settings
+from .core.logging import say
 
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a process killed by it (`set -o pipefail` sees this)
 
@@ -104,7 +105,7 @@ def guarded(run: Callable[[], int], command: str) -> int:
         sys.stdout.flush()  # a closed pipe shows here when the output fit in the buffer
         return code
     except CliError as exc:
-        print(f"conveyor {command}: {exc}", file=sys.stderr)
+        say(f"conveyor {command}: {exc}", level=logging.ERROR)  # JSON in the json log format
         return 2
     except BrokenPipeError:
         # the reader is gone: send what Python still holds for stdout to /dev/null, so the

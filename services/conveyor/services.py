@@ -7,17 +7,19 @@ import asyncio
 import contextlib
 import importlib
 import logging
-import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
 
+from .cli_support import CliError
 from .core.config import Settings
 from .core.logging import event
 from .core.metrics import Metrics
 from .core.secrets import mask_url
+from .lifecycle import install_signals, start_with_retry
 from .router import JobRouter
 
 log = logging.getLogger("conveyor")
@@ -50,7 +52,8 @@ def load_router(spec: str) -> JobRouter:
 
 
 def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run ``main(stop)`` on uvloop; SIGTERM/SIGINT set ``stop``. Exit code 0 on a clean drain."""
+    """Run ``main(stop)`` on uvloop; SIGTERM/SIGINT set ``stop`` (a second one ends the process
+    at once: ``lifecycle.install_signals``). Exit code 0 on a clean drain."""
     try:
         import uvloop
 
@@ -60,9 +63,7 @@ def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
     async def wrapper() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        install_signals(stop)
         await main(stop)
 
     runner(wrapper())
@@ -80,6 +81,7 @@ def api_server(
         loop="none",
         lifespan="on",
         log_level="warning",
+        log_config=None,  # uvicorn's loggers go to ours: one format (CONVEYOR_LOG_FORMAT)
         access_log=False,
         timeout_graceful_shutdown=10,
     )
@@ -104,12 +106,13 @@ def api_app() -> Any:
     return create_app(settings)
 
 
-def serve_api_workers(host: str, port: int, workers: int) -> None:
+def serve_api_workers(sock: socket.socket, workers: int) -> None:
     """``workers`` API processes accepting on one listening socket, under uvicorn's supervisor:
     a worker that dies or stops answering its health ping is replaced; SIGTERM or SIGINT stops
     every worker (each drains its requests and closes its pool) and then the parent."""
     from uvicorn.supervisors.multiprocess import Multiprocess
 
+    host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
         "conveyor.services:api_app",
         factory=True,
@@ -118,23 +121,30 @@ def serve_api_workers(host: str, port: int, workers: int) -> None:
         workers=workers,
         lifespan="on",
         log_level="warning",
+        log_config=None,  # uvicorn's loggers go to ours: one format (CONVEYOR_LOG_FORMAT)
         access_log=False,
         timeout_graceful_shutdown=10,
     )
-    sock = config.bind_socket()
     try:
         Multiprocess(config, sockets=[sock]).run()
     finally:
         sock.close()
 
 
-async def serve_api(server: _Server, stop: asyncio.Event) -> None:
-    task = asyncio.create_task(server.serve())
+async def serve_api(
+    server: _Server, stop: asyncio.Event, sockets: list[socket.socket] | None = None
+) -> None:
+    """Serve until ``stop`` (on ``sockets`` when given: the port was claimed up front). An API
+    that could not start (its lifespan failed) is a ``CliError``, never a silent return."""
+    task = asyncio.create_task(server.serve(sockets=sockets))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     stopper.cancel()
-    await task
+    with contextlib.suppress(SystemExit):  # uvicorn's sys.exit when its startup fails
+        await task
+    if not server.started and not stop.is_set():
+        raise CliError("the API did not start (the lines above say why)")
 
 
 async def run_publisher(
@@ -150,10 +160,10 @@ async def run_publisher(
     from .publisher.relay import Relay, probes
 
     relay = Relay(settings, metrics)
-    await _start_with_retry(relay.start, stop, "publisher")
+    await start_with_retry(relay.start, stop, "publisher", settings)
     sweeper = Sweeper(settings, relay.metrics) if maintenance else None
     if sweeper is not None:
-        await _start_with_retry(sweeper.start, stop, "sweeper")
+        await start_with_retry(sweeper.start, stop, "sweeper", settings)
     event(log, "publisher_started", maintenance=maintenance)
     server = None
     try:
@@ -183,7 +193,7 @@ async def run_sweeper(
     from .maintenance.sweeper import Sweeper
 
     sweeper = Sweeper(settings)
-    await _start_with_retry(sweeper.start, stop, "sweeper")
+    await start_with_retry(sweeper.start, stop, "sweeper", settings)
     server = None
     try:
         if health_port is not None:
@@ -209,33 +219,6 @@ def _both(
         return ok_a and ok_b, {**da, "maintenance": db}
 
     return live
-
-
-async def _start_with_retry(
-    start: Callable[[], Awaitable[None]], stop: asyncio.Event, name: str
-) -> None:
-    from .core.backoff import Backoff
-
-    backoff = Backoff(base=0.5, cap=10)
-    while True:
-        try:
-            await start()
-            return
-        except Exception as exc:
-            if stop.is_set():
-                raise
-            delay = backoff.next()
-            event(
-                log,
-                f"{name}_start_failed",
-                logging.WARNING,
-                error=repr(exc),
-                retry_in=round(delay, 1),
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-            if stop.is_set():
-                raise SystemExit(1) from exc
 
 
 async def preflight(settings: Settings) -> str | None:

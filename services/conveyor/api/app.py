@@ -44,7 +44,13 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
         finally:
             await api.stop()
 
-    app = FastAPI(title="Conveyor", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="Conveyor",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        redoc_url=None,  # ReDoc's page loads fonts from the internet; /docs works offline
+    )
     app.state.api = api
     auth.install(app, api, settings)  # first: every route added below needs its scope
     add_routes(app, api, metrics)

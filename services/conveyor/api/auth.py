@@ -41,7 +41,6 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/openapi.json"): OPEN,
     ("GET", "/docs"): OPEN,
     ("GET", "/docs/oauth2-redirect"): OPEN,
-    ("GET", "/redoc"): OPEN,
     ("GET", "/metrics"): OPEN,  # READ under CONVEYOR_METRICS_AUTH=required
     # jobs
     ("POST", "/jobs"): WRITE,

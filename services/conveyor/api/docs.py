@@ -1,5 +1,7 @@
-"""``/docs`` from packaged assets: Swagger UI's files come from the ``swagger-ui-bundle`` package
-and are served by the API itself, so the page works on a machine without internet."""
+"""``/docs`` from packaged assets: Swagger UI's files (``swagger_ui/``, swagger-ui-dist vendored
+with its licence, version in ``swagger_ui/VERSION.md``) are served by the API itself, so the page
+works on a machine without internet. It renders OpenAPI 3.1, which FastAPI writes. ``/redoc`` is
+off (``app.py``): its page loads fonts from the internet."""
 
 from __future__ import annotations
 
@@ -8,13 +10,13 @@ import hashlib
 import re
 from pathlib import Path
 
-import swagger_ui_bundle
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 ASSETS = "/docs-assets"
+SWAGGER_UI = Path(__file__).parent / "swagger_ui"
 
 
 def install_docs(app: FastAPI) -> None:
@@ -22,7 +24,7 @@ def install_docs(app: FastAPI) -> None:
     app.router.routes[:] = [
         route for route in app.router.routes if getattr(route, "path", None) != "/docs"
     ]
-    app.mount(ASSETS, StaticFiles(directory=Path(swagger_ui_bundle.swagger_ui_path)), "docs")
+    app.mount(ASSETS, StaticFiles(directory=SWAGGER_UI), "docs")
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
@@ -33,6 +35,8 @@ def install_docs(app: FastAPI) -> None:
                 swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
                 swagger_css_url=f"{ASSETS}/swagger-ui.css",
                 swagger_favicon_url=f"{ASSETS}/favicon-32x32.png",
+                # no badge from validator.swagger.io: nothing leaves this origin
+                swagger_ui_parameters={"validatorUrl": None},
             )
         )
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .dburl import normalize_database_url
 
 
 class Settings(BaseSettings):
@@ -123,3 +125,10 @@ class Settings(BaseSettings):
     # the API/CLI take effect within this), and writes handlers' progress reports (per job)
     type_refresh_interval: float = Field(default=2.0, gt=0)
     progress_interval: float = Field(default=0.5, gt=0)
+
+    @field_validator("database_url", "listen_database_url")
+    @classmethod
+    def _database_url(cls, url: str | None) -> str | None:
+        """SQLAlchemy's ``postgresql+asyncpg://`` forms are accepted; a malformed URL is a
+        one-line error (``core/dburl.py``)."""
+        return None if url is None else normalize_database_url(url)

@@ -55,6 +55,7 @@ class _JsonFormatter(logging.Formatter):
 
 
 FORMATS = ("text", "json")
+_format = "text"  # set by ``configure``: how ``say`` writes
 
 
 def configure(
@@ -65,6 +66,9 @@ def configure(
     WARNING up."""
     # Record fields no formatter here prints: not computing them saves a fifth of each line's
     # cost (the caller's frame walk above all; see the logging HOWTO, "Optimization").
+    global _format
+    _format = fmt
+    logging.captureWarnings(True)  # a library's warning is a log line too, in the same format
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
@@ -80,3 +84,17 @@ def event(logger: logging.Logger, action: str, level: int = logging.INFO, **fiel
     """Log one event: ``event(log, "job_claimed", job_id=...)``."""
     if logger.isEnabledFor(level):
         logger.log(level, action, extra={"fields": {"action": action, **fields}})
+
+
+def say(text: str, action: str | None = None, level: int = logging.INFO, **fields: Any) -> None:
+    """A line for the person at the terminal (a banner, a one-line error), on stderr: ``text``
+    as it is in the text format; in the json format one object (``action`` and ``fields`` when
+    given, else ``message``), like every other line of the process."""
+    if _format == "json":
+        record = logging.LogRecord("conveyor", level, "", 0, text, None, None)
+        record.fields = {"action": action, **fields} if action else {"message": text, **fields}
+        line = _JsonFormatter().format(record)
+    else:
+        line = mask(text)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

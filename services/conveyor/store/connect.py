@@ -43,7 +43,14 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 
 
 def is_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, UNAVAILABLE)
+    """An outage (retry with backoff), not a configuration error: asyncpg reports a bad
+    connection option as an ``InterfaceError`` too, and retrying that would never end."""
+    return isinstance(exc, UNAVAILABLE) and not is_misconfigured(exc)
+
+
+def is_misconfigured(exc: BaseException) -> bool:
+    """A connection option no server can accept (``?sslmode=bogus``, a non-numeric port)."""
+    return isinstance(exc, asyncpg.exceptions.ClientConfigurationError | ValueError)
 
 
 # The schema, a table or the status type is missing: the database was never migrated (or was
@@ -183,3 +190,9 @@ async def ensure_database(url: str, *, timeout: float = 5.0) -> bool:
         return True
     finally:
         await conn.close()
+
+
+async def check_database(url: str, *, timeout: float = 5.0) -> None:
+    """Open and close one connection to ``url``'s database; raises what connecting raised."""
+    conn = await asyncpg.connect(url, timeout=timeout)
+    await conn.close()

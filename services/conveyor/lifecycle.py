@@ -1,0 +1,115 @@
+"""Starting and stopping a process: its ports are claimed before any part starts (a port in use
+is one line and a non-zero exit, never a process running without its API), and SIGTERM or SIGINT
+stops it in every state: the first signal drains, a second one ends it at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+
+from .cli_support import CliError
+from .core.config import Settings
+from .core.logging import event
+
+log = logging.getLogger("conveyor")
+
+
+def listen_socket(
+    host: str, port: int, *, flag: str = "--port", make: bool = False
+) -> socket.socket:
+    """A socket bound to ``host:port`` and listening, or a ``CliError`` naming the cause and the
+    fix (``flag`` with a free port; ``make dev PORT=…`` when ``make``)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        free = _free_port(family, host, port)
+        fix = f"{flag} {free}" + (f" (make dev PORT={free})" if make else "")
+        raise CliError(
+            f"port {port} on {host} is in use by another process: stop it or start with {fix}"
+        ) from None
+    sock.set_inheritable(True)  # uvicorn's worker processes accept on it
+    return sock
+
+
+def check_port(host: str, port: int, *, flag: str) -> None:
+    """``listen_socket``'s check for a port a part binds later itself (the probes)."""
+    listen_socket(host, port, flag=flag).close()
+
+
+def _free_port(family: socket.AddressFamily, host: str, port: int) -> int:
+    """The first free port after ``port`` on ``host``, to suggest (else ``port + 1``)."""
+    for candidate in range(port + 1, min(port + 50, 65536)):
+        with contextlib.suppress(OSError), socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(socket.getaddrinfo(host, candidate, family, socket.SOCK_STREAM)[0][4])
+            return candidate
+    return port + 1
+
+
+def install_signals(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set ``stop`` (the process drains and exits 0); a second one while it
+    drains ends the process at once with 128 + the signal's number, as if the signal had killed
+    it (jobs still running are not handed back: their leases expire and the sweeper requeues
+    them)."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.set()
+            return
+        event(log, "stopped_without_draining", logging.WARNING, signal=sig.name)
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(128 + sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+async def start_with_retry(
+    start: Callable[[], Awaitable[None]], stop: asyncio.Event, name: str, settings: Settings
+) -> None:
+    """Start a part, waiting out what can heal (a refused connection, DNS, a database starting
+    up, a role or database not created yet) with backoff until ``stop``. Each attempt first opens
+    one connection to the database: a setting no server can accept (an unknown TLS version) is a
+    ``CliError`` (one line, exit 2) rather than a retry loop that never ends."""
+    from .core.backoff import Backoff
+    from .store.connect import check_database, is_misconfigured
+
+    backoff = Backoff(base=0.5, cap=10)
+    while True:
+        try:
+            await check_database(settings.database_url)
+            await start()
+            return
+        except Exception as exc:
+            if stop.is_set():
+                raise
+            if is_misconfigured(exc):
+                raise CliError(f"{name} cannot start: {type(exc).__name__}: {exc}") from exc
+            delay = backoff.next()
+            event(log, f"{name}_start_failed", logging.WARNING, error=repr(exc),
+                  retry_in=round(delay, 1))  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set():
+                raise SystemExit(1) from exc

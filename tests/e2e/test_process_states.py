@@ -1,0 +1,255 @@
+"""Every long-running command as a real process, in each state it can be in: a port it needs is
+taken (one line naming the fix, a non-zero exit within seconds, nothing left running), starting
+while PostgreSQL cannot be reached, running, draining; SIGTERM and SIGINT end it in each."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conveyor.core.config import Settings
+
+from ..stack import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVEYOR = [sys.executable, "-m", "conveyor.cli"]
+SIGNALS = [signal.SIGTERM, signal.SIGINT]
+DOWN = "postgresql://postgres@127.0.0.1:1/conveyor"  # nothing listens on port 1
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _env(settings: Settings, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CONVEYOR_DATABASE_URL": settings.database_url,
+        "CONVEYOR_AMQP_URL": settings.amqp_url,
+        "CONVEYOR_NAMESPACE": settings.namespace,
+        "CONVEYOR_AUTH": "disabled",
+        **extra,
+    }
+
+
+def _command(name: str, port: int) -> list[str]:
+    """``name``'s arguments with ``port`` as its listening (or probe) port."""
+    return {
+        "dev": ["dev", "--app", "tests.apps:router", "--port", str(port)],
+        "api": ["api", "--port", str(port)],
+        "api-workers": ["api", "--port", str(port), "--workers", "2"],
+        "worker": ["worker", "--app", "tests.apps:router", "--health-port", str(port)],
+        "publisher": ["publisher", "--health-port", str(port)],
+        "sweeper": ["sweeper", "--health-port", str(port)],
+    }[name]
+
+
+class Proc:
+    """A conveyor process whose stderr is read as it comes (the pipe never fills)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            self.lines.append(line.decode())
+
+    async def wait_for_line(self, match: Callable[[str], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(match(line) for line in self.lines):
+            assert self.proc.returncode is None, "exited early:\n" + "".join(self.lines)
+            assert time.monotonic() < deadline, "never logged it:\n" + "".join(self.lines)
+            await asyncio.sleep(0.05)
+
+    async def ends_within(self, seconds: float) -> int:
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), seconds)
+        except TimeoutError:
+            raise AssertionError(
+                f"still running {seconds} s later:\n" + "".join(self.lines[-20:])
+            ) from None
+        await self._reader
+        return code
+
+
+@contextlib.asynccontextmanager
+async def conveyor(args: list[str], env: dict[str, str]) -> AsyncIterator[Proc]:
+    proc = await asyncio.create_subprocess_exec(
+        *CONVEYOR, *args, env=env, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        yield Proc(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@contextlib.contextmanager
+def busy_port() -> Iterator[int]:
+    """A port another process's socket listens on (on every address)."""
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+@pytest.mark.parametrize("name", ["dev", "api", "api-workers", "worker", "publisher", "sweeper"])
+async def test_a_port_in_use_is_one_line_and_a_non_zero_exit(settings: Settings, name: str) -> None:
+    with busy_port() as port:
+        async with conveyor(_command(name, port), _env(settings)) as proc:
+            code = await proc.ends_within(15)
+    assert code == 2, proc.lines
+    assert len(proc.lines) == 1, proc.lines
+    line = proc.lines[0]
+    flag = "--port" if name in ("dev", "api", "api-workers") else "--health-port"
+    assert f"port {port} " in line and "in use" in line and flag in line, line
+    assert ("make dev PORT=" in line) == (name == "dev"), line
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+@pytest.mark.parametrize("name", ["dev", "api", "worker", "publisher", "sweeper"])
+async def test_a_signal_stops_a_running_command(
+    settings: Settings, name: str, sig: signal.Signals
+) -> None:
+    port = free_port()
+    async with conveyor(_command(name, port), _env(settings)) as proc:
+        url = f"http://127.0.0.1:{port}/healthz"
+        async with httpx.AsyncClient() as client:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.proc.returncode is None, "".join(proc.lines)
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(url)).status_code == 200:
+                        break
+                assert time.monotonic() < deadline, "".join(proc.lines)
+                await asyncio.sleep(0.1)
+        proc.proc.send_signal(sig)
+        assert await proc.ends_within(20) == 0, proc.lines
+    assert not any("Traceback" in line for line in proc.lines), proc.lines
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+@pytest.mark.parametrize("name", ["worker", "publisher", "sweeper"])
+async def test_a_signal_stops_a_command_waiting_for_the_database(
+    settings: Settings, name: str, sig: signal.Signals
+) -> None:
+    env = _env(settings, CONVEYOR_DATABASE_URL=DOWN)
+    async with conveyor(_command(name, free_port()), env) as proc:
+        await proc.wait_for_line(lambda line: "start_failed" in line or "_failed" in line)
+        proc.proc.send_signal(sig)
+        await proc.ends_within(10)
+    assert not any("Traceback" in line for line in proc.lines), proc.lines
+
+
+@pytest.mark.parametrize("name", ["worker", "dev"])
+async def test_a_second_signal_ends_a_draining_command_at_once(
+    settings: Settings, name: str
+) -> None:
+    """SIGTERM drains (the running job may take its 60 s grace); SIGINT then ends it now."""
+    port = free_port()
+    env = _env(settings, CONVEYOR_SHUTDOWN_GRACE="60")
+    async with contextlib.AsyncExitStack() as stack:
+        if name == "worker":  # its jobs come through a separate API
+            api_port = free_port()
+            await stack.enter_async_context(conveyor(_command("publisher", free_port()), env))
+            api = await stack.enter_async_context(conveyor(_command("api", api_port), env))
+            await api.wait_for_line(lambda line: "api_started" in line)
+        else:
+            api_port = port
+        proc = await stack.enter_async_context(conveyor(_command(name, port), env))
+        await proc.wait_for_line(lambda line: "worker_started" in line)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}") as client:
+            for _ in range(200):
+                with contextlib.suppress(httpx.TransportError):
+                    r = await client.post(
+                        "/jobs", json={"type": "slow", "payload": {"seconds": 60}}
+                    )
+                    break
+                await asyncio.sleep(0.1)
+            assert r.status_code == 201, r.text
+            job = r.json()["id"]
+            for _ in range(300):
+                if (await client.get(f"/jobs/{job}")).json()["status"] == "IN_PROGRESS":
+                    break
+                await asyncio.sleep(0.1)
+        proc.proc.send_signal(signal.SIGTERM)
+        await proc.wait_for_line(lambda line: "worker_draining" in line, timeout=10)
+        await asyncio.sleep(0.5)
+        assert proc.proc.returncode is None, "the drain did not wait for the running job"
+        proc.proc.send_signal(signal.SIGINT)
+        code = await proc.ends_within(5)
+    assert code == 128 + signal.SIGINT, proc.lines
+    assert any("stopped_without_draining" in line for line in proc.lines), proc.lines
+
+
+async def _make_dev(settings: Settings, port: int) -> asyncio.subprocess.Process:
+    """``make dev PORT=port`` in a process group of its own, as a terminal runs it."""
+    return await asyncio.create_subprocess_exec(
+        "make", "--no-print-directory", "dev", f"PORT={port}", env=_env(settings), cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_make_dev_on_a_port_in_use_names_the_make_variable(settings: Settings) -> None:
+    with busy_port() as port:
+        make = await _make_dev(settings, port)
+        try:
+            out, _ = await asyncio.wait_for(make.communicate(), 30)
+        finally:  # a hung run must not outlive the test
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(make.pid, signal.SIGKILL)
+    assert make.returncode != 0
+    assert f"port {port} " in out.decode() and "make dev PORT=" in out.decode(), out
+
+
+@pytest.mark.parametrize("to", ["make", "group"])
+async def test_make_dev_ends_on_a_signal(settings: Settings, to: str) -> None:
+    """SIGTERM to make (make passes it on to `conveyor dev`), or SIGINT to the process group (what
+    Ctrl-C in a terminal sends): nothing of it keeps running."""
+    port = free_port()
+    make = await _make_dev(settings, port)
+    try:
+        async with httpx.AsyncClient() as client:
+            deadline = time.monotonic() + 60
+            while True:
+                assert make.returncode is None
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200:
+                        break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+        if to == "make":
+            make.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(make.pid, signal.SIGINT)
+        await asyncio.wait_for(make.communicate(), 20)
+        for _ in range(100):
+            if _group_gone(make.pid):
+                break
+            await asyncio.sleep(0.1)
+        assert _group_gone(make.pid), "conveyor dev outlived make"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(make.pid, signal.SIGKILL)
