@@ -75,6 +75,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                         args.name, args.type, payload=orjson.loads(args.payload),
                         cron=args.cron, every_seconds=args.every, timezone=args.timezone,
                         priority=priority, enabled=not args.paused, catch_up=args.catch_up,
+                        now=await store.db_clock(conn),
                     )  # fmt: skip
                     done = await store.schedule_upsert(conn, new)
                     assert done is not None
@@ -90,7 +91,10 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                     return 0
                 enabled = args.action == "resume"
                 after = await store.schedule_set_enabled(
-                    conn, args.name, enabled, resume_at(row) if enabled else None
+                    conn,
+                    args.name,
+                    enabled,
+                    resume_at(row, await store.db_clock(conn)) if enabled else None,
                 )
                 assert after is not None
                 print(_line(after))

@@ -1,6 +1,8 @@
 """Creating, pausing and resuming schedules: what the API, the CLI and a worker's start share.
 A new (or resumed) schedule's first tick is the first one after "now": ticks from before it
-existed, or from while it was paused, never run."""
+existed, or from while it was paused, never run. "Now" is the database's clock
+(``Store.db_clock``), like every tick the sweeper plans: a host whose clock runs ahead would
+otherwise skip the ticks between the two clocks."""
 
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ def build_schedule(
     source: str = "api",
     now: datetime | None = None,
 ) -> NewSchedule:
-    """Validate a schedule (``InvalidSchedule``, a 422) and plan its first tick after ``now``."""
+    """Validate a schedule (``InvalidSchedule``, a 422) and plan its first tick after ``now``
+    (the database's clock, ``Store.db_clock``; this host's when not given: validation only)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidSchedule(
             "name must be 1-100 letters, digits, '_', '.', '-', starting with a letter or digit"
@@ -61,9 +64,9 @@ def build_schedule(
     )  # fmt: skip
 
 
-def resume_at(row: ScheduleRow, now: datetime | None = None) -> datetime:
-    """The first tick after ``now``: where a resumed schedule starts again."""
-    return Rule(row.cron, row.every_seconds, row.timezone).next_after(now or datetime.now(UTC))
+def resume_at(row: ScheduleRow, now: datetime) -> datetime:
+    """The first tick after ``now`` (the database's clock): where a resumed schedule starts."""
+    return Rule(row.cron, row.every_seconds, row.timezone).next_after(now)
 
 
 async def register_router_schedules(
@@ -80,13 +83,14 @@ async def register_router_schedules(
     store = store or for_schema(schema or os.environ.get("CONVEYOR_DB_SCHEMA") or DEFAULT_SCHEMA)
     names = []
     wanted = set(types) if types is not None else None
+    now = await store.db_clock(conn)
     for job_type, timed in sorted(router.schedules.items()):
         if wanted is not None and job_type not in wanted:
             continue
         rule = timed.rule
         new = build_schedule(
             job_type, job_type, cron=rule.cron, every_seconds=rule.every,
-            timezone=rule.timezone, catch_up=timed.catch_up, source="code",
+            timezone=rule.timezone, catch_up=timed.catch_up, source="code", now=now,
         )  # fmt: skip
         if await store.schedule_upsert(conn, new) is not None:
             names.append(job_type)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
+from asyncio.subprocess import DEVNULL, PIPE
+from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
 from conveyor import cli
 from conveyor.core.config import Settings
 
+from .. import db as tdb
 from ..faults.harness import component_env
+from ..stack import free_port
 
 
 async def test_schedules_cli(
@@ -50,3 +57,78 @@ async def test_schedules_cli(
     assert code == 2 and "time zone" in err
     code, _, err = await run("delete", "nope")
     assert code == 1 and "no schedule nope" in err
+
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+@pytest.mark.skipif(not FAKETIME.exists(), reason="needs libfaketime (apt-get install libfaketime)")
+async def test_a_host_clock_ten_minutes_ahead_does_not_plan_the_first_tick(
+    settings: Settings,
+) -> None:
+    """``conveyor schedules add`` and ``resume`` from a host whose clock runs 10 minutes ahead
+    (libfaketime on the real process): the first tick of an every-60-s schedule is planned
+    from the database's clock, so it falls within a minute of the database's now. (It was
+    planned from the host's: 10 minutes later.)"""
+    env = component_env(settings, LD_PRELOAD=str(FAKETIME), FAKETIME="+10m",
+                        FAKETIME_DONT_FAKE_MONOTONIC="1")  # fmt: skip
+    script = Path(sys.executable).parent / "conveyor"
+
+    async def run(*argv: str) -> None:
+        p = await asyncio.create_subprocess_exec(
+            script, "schedules", *argv, env=env, stdout=PIPE, stderr=PIPE
+        )
+        out, err = await p.communicate()
+        assert p.returncode == 0, (out, err)
+
+    conn = await tdb.connect(settings.database_url)
+    try:
+        await run("add", "skewed", "--type", "t", "--every", "60")
+        await run("add", "resumed", "--type", "t", "--every", "60", "--paused")
+        await run("resume", "resumed")
+        ahead = await conn.fetch(
+            "SELECT name, extract(epoch FROM next_run_at - now())::float8 AS s FROM schedules"
+        )
+        assert {r["name"]: 0 < r["s"] <= 61 for r in ahead} == {"skewed": True, "resumed": True}
+    finally:
+        await conn.close()
+
+
+@pytest.mark.skipif(not FAKETIME.exists(), reason="needs libfaketime (apt-get install libfaketime)")
+async def test_an_api_process_ten_minutes_ahead_plans_from_the_database_clock(
+    settings: Settings,
+) -> None:
+    """The same through ``conveyor api`` running 10 minutes ahead: ``PUT``-style create and
+    ``resume`` over real HTTP plan the first tick from the database's clock."""
+    port = free_port()
+    env = component_env(settings, LD_PRELOAD=str(FAKETIME), FAKETIME="+10m",
+                        FAKETIME_DONT_FAKE_MONOTONIC="1")  # fmt: skip
+    api = await asyncio.create_subprocess_exec(
+        Path(sys.executable).parent / "conveyor", "api", "--port", str(port), env=env,
+        stdout=DEVNULL, stderr=DEVNULL,
+    )  # fmt: skip
+    conn = await tdb.connect(settings.database_url)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            async with asyncio.timeout(30):
+                while True:
+                    with contextlib.suppress(httpx.TransportError):
+                        if (await client.get("/readyz")).status_code == 200:
+                            break
+                    await asyncio.sleep(0.1)
+            for name, enabled in (("api_skewed", True), ("api_resumed", False)):
+                body = {"name": name, "type": "echo", "every_seconds": 60, "enabled": enabled}
+                r = await client.post("/schedules", json=body)
+                assert r.status_code == 201, r.text
+            assert (await client.post("/schedules/api_resumed/resume")).status_code == 200
+        ahead = await conn.fetch(
+            "SELECT name, extract(epoch FROM next_run_at - now())::float8 AS s FROM schedules"
+        )
+        assert {r["name"]: 0 < r["s"] <= 61 for r in ahead} == {
+            "api_skewed": True,
+            "api_resumed": True,
+        }
+    finally:
+        await conn.close()
+        api.terminate()
+        await api.wait()

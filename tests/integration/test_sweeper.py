@@ -413,3 +413,30 @@ async def test_a_redrive_clears_a_hold_left_on_a_cancelled_job(db: asyncpg.Conne
     assert await store.job_redrive(db, [job_id]) == [job_id]
     row = await db.fetchrow("SELECT status::text, lease_expires_at FROM jobs WHERE id=$1", job_id)
     assert tuple(row) == ("PENDING", None)
+
+
+async def test_a_cancelled_rate_held_job_is_redriven_pending(db: asyncpg.Connection) -> None:
+    """A PENDING job that never ran, held for its type's rate window (the hold moved its
+    ``run_at`` to the window's end), is cancelled, then redriven: it was never scheduled, so it
+    comes back PENDING with an outbox row, runnable at once. (The hold's ``run_at`` made it
+    look like a cancelled scheduled job: SCHEDULED until the window's end.) A cancelled
+    scheduled job still comes back SCHEDULED."""
+    await _register_lost(db, rate_limit="1/h")
+    ids = await _waiting(db, 2)
+    claimed, held = await _claim_controlled(db, ids)
+    assert len(claimed) == 1 and len(held) == 1
+    [job_id] = held
+    assert await db.fetchval("SELECT run_at > now() FROM jobs WHERE id = $1", job_id)
+    await db.execute("DELETE FROM job_outbox")  # the relay sent it to its pen
+    assert await store.job_cancel(db, job_id)
+    assert await store.job_redrive(db, [job_id]) == [job_id]
+    row = await db.fetchrow(
+        "SELECT status::text, run_at, attempts, EXISTS (SELECT 1 FROM job_outbox"
+        " WHERE job_id = $1) AS published FROM jobs WHERE id = $1",
+        job_id,
+    )
+    assert tuple(row) == ("PENDING", None, 0, True)
+    [later] = await enqueue_many(db, [JobSpec("lost", delay_seconds=3600)])
+    assert await store.job_cancel(db, later)
+    assert await store.job_redrive(db, [later]) == [later]
+    assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", later) == "SCHEDULED"

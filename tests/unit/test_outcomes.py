@@ -61,6 +61,22 @@ def test_results() -> None:
     assert bad.kind is Kind.FAIL and "not JSON" in (bad.error or "")
 
 
+@pytest.mark.parametrize(
+    ("result", "where"),
+    [
+        ({"a": [1.0, float("nan")]}, "nan at result.a[1]"),
+        ([{"x": float("inf")}], "inf at result[0].x"),
+        ((None, float("-inf")), "-inf at result[1]"),
+        (float("nan"), "nan at result"),
+    ],
+)
+def test_a_non_finite_number_fails_instead_of_turning_null(result: object, where: str) -> None:
+    bad = outcomes.completed(result)
+    assert bad.kind is Kind.FAIL and bad.result_json is None
+    assert bad.error == f"result is not JSON: numbers must be finite ({where})"
+    assert outcomes.completed({"a": None, "b": [1.5, None]}).kind is Kind.COMPLETE
+
+
 def test_retry_rejects_negative_delay() -> None:
     with pytest.raises(ValueError):
         Retry(delay=-1)

@@ -67,12 +67,12 @@ def add_schedule_routes(
         dependencies=list(admin),
     )  # fmt: skip
     async def put_schedule(body: ScheduleIn) -> Response:
-        new = build_schedule(
-            body.name, body.type, payload=body.payload, cron=body.cron,
-            every_seconds=body.every_seconds, timezone=body.timezone, priority=body.priority,
-            enabled=body.enabled, catch_up=body.catch_up,
-        )  # fmt: skip
         async with api.connection() as conn:
+            new = build_schedule(
+                body.name, body.type, payload=body.payload, cron=body.cron,
+                every_seconds=body.every_seconds, timezone=body.timezone, priority=body.priority,
+                enabled=body.enabled, catch_up=body.catch_up, now=await api.store.db_clock(conn),
+            )  # fmt: skip
             if api.known_types is not None:
                 await api.known_types.check(conn, [new.job_type])
             done = await api.store.schedule_upsert(conn, new)
@@ -128,7 +128,10 @@ def add_schedule_routes(
             row = await one(name)
             async with api.connection() as conn:
                 after = await api.store.schedule_set_enabled(
-                    conn, name, enabled, resume_at(row) if enabled else None
+                    conn,
+                    name,
+                    enabled,
+                    resume_at(row, await api.store.db_clock(conn)) if enabled else None,
                 )
             if after is None:
                 raise JobNotFound(f"no schedule {name}")

@@ -72,7 +72,9 @@ JOB_GET_BY_IDEMPOTENCY_KEY = statement(
 # A waiting job may be *held* (a lease on a PENDING/RETRYING job: ``store/maintenance.py``'s
 # ``UNHELD``): cancelling it drops the hold, so a CANCELLED job has no lease and a redrive (which
 # clears one all the same) does not leave the reconciler blind to the redriven job's lost message
-# for the rest of a pen's delay (up to hours for a rate window).
+# for the rest of a pen's delay (up to hours for a rate window). The hold of a rate window also
+# moved ``run_at`` to the window's end: only a SCHEDULED job keeps its ``run_at`` (a redrive
+# brings a cancelled job that never ran back SCHEDULED only while that is ahead).
 JOB_CANCEL = statement(
     "job_cancel",
     """
@@ -82,6 +84,7 @@ UPDATE __schema__.jobs SET
     cancel_requested = true,
     finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
     lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
+    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS') THEN run_at END,
     updated_at = now()
 WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
 RETURNING id

@@ -35,7 +35,9 @@ SELECT count(*) FROM upd
 # the default exponential backoff (2^n s with jitter over the upper half, snapped up to the pen
 # ladder ``$3``), so a job that crashes its worker does not hit the fleet again every lease
 # period; otherwise it fails and is dead-lettered. A pending cancellation wins. ``retry_count``
-# counts retries performed: it never exceeds ``max_retries``.
+# counts retries performed: it never exceeds ``max_retries``. An IN_PROGRESS job without a lease
+# was not claimed by a worker (an operator's UPDATE): it is recovered the same way, and since
+# its attempt number was not advanced, its attempt row may exist already (kept, not replaced).
 _HAS_RETRY = "j.retry_count < COALESCE(j.max_retries, $2)"
 _RECORD_EXPIRED = record("CASE WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'lease_expired' END")
 JOB_RECOVER_EXPIRED = statement(
@@ -47,8 +49,8 @@ WITH exp AS (
     FROM __schema__.jobs jj,
          LATERAL (SELECT least(2.0 ^ (jj.retry_count + 1), 3600.0) * (0.5 + random() / 2)
                   AS secs) d
-    WHERE status = 'IN_PROGRESS' AND lease_expires_at < now()
-    ORDER BY lease_expires_at LIMIT $1 FOR UPDATE OF jj SKIP LOCKED
+    WHERE status = 'IN_PROGRESS' AND (lease_expires_at < now() OR lease_expires_at IS NULL)
+    ORDER BY lease_expires_at NULLS FIRST LIMIT $1 FOR UPDATE OF jj SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
@@ -56,8 +58,10 @@ WITH exp AS (
                        ELSE 'FAILED' END)::__schema__.job_status,
         retry_count = j.retry_count + (CASE WHEN NOT j.cancel_requested AND {_HAS_RETRY}
                                             THEN 1 ELSE 0 END),
-        last_error = 'lease expired: worker ' || COALESCE(j.worker_id, '?')
-                     || ' stopped heartbeating during attempt ' || j.attempts,
+        last_error = CASE WHEN j.lease_expires_at IS NULL
+                          THEN 'IN_PROGRESS without a lease (not a worker''s claim) at attempt '
+                          ELSE 'lease expired: worker ' || COALESCE(j.worker_id, '?')
+                               || ' stopped heartbeating during attempt ' END || j.attempts,
         run_at = CASE WHEN NOT j.cancel_requested AND {_HAS_RETRY}
                       THEN now() + make_interval(secs => exp.delay) ELSE j.run_at END,
         finished_at = CASE WHEN j.cancel_requested OR NOT {_HAS_RETRY} THEN now() END,
@@ -65,7 +69,7 @@ WITH exp AS (
     FROM exp WHERE j.id = exp.id
     RETURNING {finished("exp.due")}, j.priority, j.last_error, j.last_error AS error, exp.delay
 ), att AS (
-    {_RECORD_EXPIRED}
+    {_RECORD_EXPIRED} ON CONFLICT DO NOTHING
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
                                        error, attempt)

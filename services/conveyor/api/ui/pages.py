@@ -27,8 +27,15 @@ BULK_LIMIT = 10_000
 
 
 def uuid7_floor(t: datetime) -> uuid.UUID:
-    """The smallest UUIDv7 of instant ``t``: a creation-time bound on the ``id`` index."""
-    return uuid.UUID(int=int(t.timestamp() * 1000) << 80)
+    """The smallest UUIDv7 of instant ``t``: a creation-time bound on the ``id`` index. An
+    instant before 1970 (no UUIDv7 is older) is the smallest id."""
+    return uuid.UUID(int=max(0, int(t.timestamp() * 1000)) << 80)
+
+
+def _nul(*values: str | None) -> None:
+    """PostgreSQL text cannot hold NUL: a filter with one is a bad filter, not a 500."""
+    if any(v is not None and "\x00" in v for v in values):
+        raise ValueError("a filter cannot contain a NUL character")
 
 
 def _page(request: Request, title: str, body: str, status: int = 200) -> Response:
@@ -97,6 +104,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             except ValueError:
                 return _page(request, "Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>', 400)
         try:
+            _nul(type)
             st = Status(status).value if status else None
             cursor = uuid.UUID(before) if before else None
             floor = datetime.fromisoformat(since).replace(tzinfo=UTC) if since else None
@@ -207,6 +215,10 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
     ) -> Response:
         if action not in ("redrive", "purge"):
             return _page(request, "Dead letters", "<p>Unknown action.</p>", 400)
+        try:
+            _nul(type, error)
+        except ValueError as exc:
+            return _page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
         async with api.connection() as conn:
             n = await api.store.job_dead_count(conn, type, error)
         what = "back to PENDING with fresh retries" if action == "redrive" else "deleted for good"
@@ -238,6 +250,10 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         if not _same_origin(request) or form.get("confirm") != "yes" or not form.get("type"):
             return _page(request, "Refused", "<p>Refused: confirm the action first.</p>", 403)
         error = form.get("error") or None
+        try:
+            _nul(form["type"], error)
+        except ValueError as exc:
+            return _page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
         async with api.connection() as conn, conn.transaction():
             if action == "redrive":
                 n = await api.store.job_redrive_dead(conn, form["type"], error, limit=BULK_LIMIT)

@@ -88,7 +88,10 @@ def add_schedules_page(app: FastAPI, api: HasConnection) -> None:
             else:
                 enabled = action == "resume"
                 await api.store.schedule_set_enabled(
-                    conn, name, enabled, resume_at(row) if enabled else None
+                    conn,
+                    name,
+                    enabled,
+                    resume_at(row, await api.store.db_clock(conn)) if enabled else None,
                 )
         done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[action]
         return RedirectResponse(f"/ui/schedules?done={name}+{done}", status_code=303)
