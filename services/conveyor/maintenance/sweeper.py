@@ -28,7 +28,7 @@ from ..store import for_schema
 from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .gauges import Gauges
-from .schedules import SchedulePass, enqueue_due
+from .schedules import SchedulePass, Watch, enqueue_due
 
 log = logging.getLogger("conveyor.sweeper")
 
@@ -77,6 +77,7 @@ class Sweeper:
         }
         self._passed = dict.fromkeys(self.intervals, clock())
         self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
+        self.watch = Watch()  # the schedules duty's: tells a peer's delay from missed ticks
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
 
     async def start(self) -> None:
@@ -232,7 +233,8 @@ class Sweeper:
     async def enqueue_due_schedules(self, now: datetime | None = None) -> SchedulePass:
         """Enqueue one job per tick that has come (``maintenance/schedules.py``); ``now``
         defaults to the database's clock (tests pass their own: no sleeping)."""
-        done = await enqueue_due(self.pool, self.store, now=now, grace=self.settings.schedule_grace)
+        done = await enqueue_due(self.pool, self.store, now=now,
+                                 grace=self.settings.schedule_grace, watch=self.watch)  # fmt: skip
         self._count("schedule_enqueued", done.enqueued)
         self._count("schedule_missed", done.missed)
         return done
