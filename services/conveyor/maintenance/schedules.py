@@ -100,7 +100,7 @@ async def enqueue_due(
     at: datetime | None = None
     while True:
         async with pool.acquire() as conn, conn.transaction():
-            clock = await store.schedule_bound_pass(
+            clock = await store.maintenance_bound(
                 conn, idle=HOLD_IDLE_SECONDS, lock_wait=LOCK_WAIT_SECONDS
             )
             at = now if now is not None else clock

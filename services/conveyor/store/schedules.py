@@ -5,7 +5,7 @@ Exactly one job per tick, however many sweepers pass: the due schedules are lock
 its ``next_run_at`` moved past the tick), and each tick's job carries the unique key
 ``<type>/schedule/<name>/<tick>`` in ``job_uniques`` (``store/unique.py``), so even a sweeper
 working from a stale read cannot enqueue a tick twice. The transaction holding those locks is
-bounded by PostgreSQL (``schedule_bound_pass``), so a sweeper paused inside it holds them for
+bounded by PostgreSQL (``maintenance_bound``), so a sweeper paused inside it holds them for
 seconds, not for as long as the pause."""
 
 from __future__ import annotations
@@ -102,17 +102,6 @@ WHERE s.name = u.name
 )
 
 DB_CLOCK = statement("db_clock", "SELECT clock_timestamp()")
-
-# The schedules pass's first statement: bounds the transaction it opens (see
-# ``schedule_bound_pass``), and reads the database's clock, in one round trip.
-SCHEDULE_BOUND_PASS = statement(
-    "schedule_bound_pass",
-    """
-SELECT clock_timestamp() AS now,
-       set_config('idle_in_transaction_session_timeout', $1, true) AS idle,
-       set_config('lock_timeout', $2, true) AS lock_wait
-""",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,19 +209,6 @@ class ScheduleStatements(Statements):
             [a.last_tick_at for a in items],
             [a.last_job_id for a in items],
         )
-
-    async def schedule_bound_pass(
-        self, conn: Connection, *, idle: float, lock_wait: float
-    ) -> datetime:
-        """Inside the schedules transaction, before it locks anything: PostgreSQL ends the
-        session if the sweeper sits ``idle`` seconds inside the transaction (a frozen VM, a long
-        GC: the connection stays open, so nothing else would release the schedule rows it has
-        locked), and any lock wait fails after ``lock_wait`` seconds. Both are ``SET LOCAL``:
-        they end with the transaction. Returns the database's clock."""
-        value: datetime = await conn.fetchval(
-            self.sql[SCHEDULE_BOUND_PASS], f"{round(idle * 1000)}ms", f"{round(lock_wait * 1000)}ms"
-        )
-        return value
 
     async def db_clock(self, conn: Connection) -> datetime:
         value: datetime = await conn.fetchval(self.sql[DB_CLOCK])
