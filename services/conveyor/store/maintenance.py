@@ -164,8 +164,6 @@ ORDER BY j.updated_at LIMIT $3
 """,
 )
 
-# One replica at a time reconciles a type: the lock is held by the transaction that recounts and
-# re-publishes, so a replica cannot add its own copy of a shortfall another one is filling.
 # A sweeper duty's transaction that takes locks other sweepers wait for or skip (the schedules
 # pass, a type's reconcile) opens with this: PostgreSQL ends the session of a sweeper that sits
 # idle inside it for $1 (paused: a frozen VM, a long GC; its connection stays open, so nothing
@@ -180,6 +178,8 @@ SELECT clock_timestamp() AS now,
 """,
 )
 
+# One replica at a time reconciles a type: the lock is held by the transaction that recounts and
+# re-publishes, so a replica cannot add its own copy of a shortfall another one is filling.
 JOB_RECONCILE_LOCK = statement(
     "job_reconcile_lock",
     "SELECT pg_try_advisory_xact_lock(hashtextextended('__schema__:reconcile:' || $1, 0))",

@@ -229,6 +229,8 @@ class Completer:
             except Exception as exc:
                 if is_data_error(exc):
                     raise
+                for p in batch:  # an outage counts against liveness, held or not
+                    p.held_since = None
                 if self._c.failing_since is None:
                     self._c.failing_since = self.clock()
                 delay = backoff.next()
