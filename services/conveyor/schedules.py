@@ -12,6 +12,8 @@ seconds since the Unix epoch, so every sweeper computes the same ticks whatever 
 Which ticks run (``plan``): every tick in ``[next_run_at, now]`` that is at most ``grace``
 seconds old runs exactly once; older ticks were *missed* (no sweeper ran): skipped, or with
 ``catch_up="last"`` the newest missed one runs once when no fresh tick runs in the same pass.
+A tick is only missed when no sweeper ran: one that a sweeper saw come while a paused peer held
+the schedule is *delayed*, and runs when the schedule is free (``watched_since``).
 """
 
 from __future__ import annotations
@@ -137,14 +139,24 @@ class Plan:
 
 
 def plan(
-    rule: Rule, next_run_at: datetime | None, now: datetime, *, grace: float, catch_up: str
+    rule: Rule,
+    next_run_at: datetime | None,
+    now: datetime,
+    *,
+    grace: float,
+    catch_up: str,
+    watched_since: datetime | None = None,
 ) -> Plan:
     """The ticks a sweeper passing at ``now`` enqueues, and the schedule's next ``next_run_at``.
-    ``next_run_at`` None (never planned): nothing runs, the first tick after ``now`` is next."""
+    ``next_run_at`` None (never planned): nothing runs, the first tick after ``now`` is next.
+    ``watched_since``: since when the sweeper has passed without a gap longer than ``grace``
+    (default ``now``); a tick that was fresh then was delayed by a peer holding the schedule,
+    not missed, and runs."""
     now = now.astimezone(UTC)
     if next_run_at is None or next_run_at > now:
         return Plan([], 0, next_run_at or rule.next_after(now))
-    fresh_from = now - timedelta(seconds=grace)
+    watched = now if watched_since is None else min(now, watched_since.astimezone(UTC))
+    fresh_from = watched - timedelta(seconds=grace)
     ticks: list[datetime] = []
     for t in rule.ticks(max(next_run_at, fresh_from)):
         if t > now or len(ticks) >= MAX_TICKS_PER_PASS:

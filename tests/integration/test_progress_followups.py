@@ -209,6 +209,8 @@ async def test_follow_ups_keep_meta_and_unique_keys(db: asyncpg.Connection, db_u
                                                 max_payload_bytes=1 << 20))  # fmt: skip
             completer.put(run, outcomes.completed(None))
         await completer.flush_once()
+        while not completer.idle:  # keyed follow-ups are written beside the batch, each alone
+            await asyncio.sleep(0.01)
     finally:
         await pool.close()
     children = await db.fetch("SELECT meta FROM jobs WHERE payload ? 'child'")

@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from conveyor.maintenance.schedules import Watch
 from conveyor.schedules import InvalidSchedule, Rule, plan
 
 NY = ZoneInfo("America/New_York")
@@ -99,6 +100,38 @@ def test_missed_ticks_are_skipped_or_the_last_one_runs() -> None:
     # not yet due
     early = plan(rule, next_run, utc(2030, 1, 1, 9, 59), grace=60, catch_up="skip")
     assert early.ticks == [] and early.next_run_at == next_run
+
+
+def test_ticks_a_running_sweeper_saw_come_are_late_not_missed() -> None:
+    """A peer paused inside the schedules transaction held the schedule; the sweeper that takes
+    it over has been passing all along (``watched_since``): the ticks it saw come all run."""
+    rule = Rule(every=1)
+    next_run = utc(2030, 1, 1, 10, 0, 0)
+    now = utc(2030, 1, 1, 10, 0, 20)
+    held = plan(rule, next_run, now, grace=5, catch_up="skip", watched_since=next_run)
+    assert held.ticks == [next_run + timedelta(seconds=k) for k in range(21)]
+    assert held.missed == 0 and held.next_run_at == utc(2030, 1, 1, 10, 0, 21)
+    # watching since a moment after the ticks began: the ones older than the grace then missed
+    later = plan(rule, next_run, now, grace=5, catch_up="skip",
+                 watched_since=utc(2030, 1, 1, 10, 0, 10))  # fmt: skip
+    assert later.ticks[0] == utc(2030, 1, 1, 10, 0, 5) and later.missed == 5
+    # a watch that starts now changes nothing
+    assert plan(rule, next_run, now, grace=5, catch_up="skip", watched_since=now) == plan(
+        rule, next_run, now, grace=5, catch_up="skip"
+    )
+
+
+def test_a_watch_restarts_after_a_gap_longer_than_the_grace() -> None:
+    watch = Watch()
+    t = utc(2030, 1, 1, 10, 0, 0)
+    assert watch.start(t, 5) == t
+    watch.passed(t)
+    for k in range(1, 40):  # a pass every 0.5 s
+        at = t + timedelta(seconds=k / 2)
+        assert watch.start(at, 5) == t
+        watch.passed(at)
+    resumed = t + timedelta(seconds=19.5 + 6)  # this sweeper was frozen (or down) 6 s
+    assert watch.start(resumed, 5) == resumed
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,13 @@
 """The schedules duty: one pass enqueues the jobs of every tick that has come (``plan`` in
 ``conveyor.schedules`` says which), in the transaction that locks the due schedules and moves
-their ``next_run_at`` on. Safe in any number of sweepers (see ``store/schedules.py``)."""
+their ``next_run_at`` on. Safe in any number of sweepers (see ``store/schedules.py``).
+
+A sweeper paused inside that transaction (VM freeze, long GC, partition) keeps its connection and
+its locks: PostgreSQL ends its session after ``HOLD_IDLE_SECONDS`` idle in the transaction (a
+bound set by the pass itself), the transaction rolls back, and another sweeper's next pass takes
+the schedule over. The ticks it enqueues then may be older than the grace: they are not missed
+(the fleet was running, a peer held the lock), so they run, once. ``Watch`` is how a sweeper
+tells the two apart: since when it has passed without a gap longer than the grace."""
 
 from __future__ import annotations
 
@@ -25,6 +32,31 @@ BATCH = 100
 TICK_KEY_SECONDS = 3600.0
 # A schedule whose rule no longer evaluates (a time zone gone from tzdata) is looked at again
 RETRY_INVALID_SECONDS = 3600.0
+# The pass's transaction takes milliseconds; idle in it this long, the sweeper is paused: its
+# session is ended so its locks go. A lock wait in it (a tick key another transaction is
+# inserting) fails after LOCK_WAIT_SECONDS; the next pass tries again.
+HOLD_IDLE_SECONDS = 5.0
+LOCK_WAIT_SECONDS = 5.0
+
+
+@dataclass
+class Watch:
+    """Since when one sweeper has passed over the schedules with no gap longer than the grace
+    (the database's clock). Every tick that came in that time was seen by a running sweeper:
+    if it is still due, a peer held its schedule (paused inside its transaction), and the tick
+    is late, not missed. A gap longer than the grace (this sweeper was down, frozen, or could
+    not reach the database) starts the watch again."""
+
+    since: datetime | None = None
+    last: datetime | None = None
+
+    def start(self, at: datetime, grace: float) -> datetime:
+        if self.since is None or self.last is None or (at - self.last).total_seconds() > grace:
+            self.since = at
+        return self.since
+
+    def passed(self, at: datetime) -> None:
+        self.last = at if self.last is None else max(self.last, at)
 
 
 @dataclass
@@ -52,13 +84,27 @@ def tick_job(row: ScheduleRow, tick: datetime) -> NewJob:
 
 
 async def enqueue_due(
-    pool: Any, store: Store, *, now: datetime | None, grace: float, batch: int = BATCH
+    pool: Any,
+    store: Store,
+    *,
+    now: datetime | None,
+    grace: float,
+    batch: int = BATCH,
+    watch: Watch | None = None,
 ) -> SchedulePass:
-    """One pass over the due schedules at ``now`` (default: the database's clock)."""
+    """One pass over the due schedules at ``now`` (default: the database's clock). ``watch``:
+    the sweeper's own (kept across passes); without it, every tick older than the grace is
+    missed."""
     result = SchedulePass()
+    watch = watch or Watch()
+    at: datetime | None = None
     while True:
         async with pool.acquire() as conn, conn.transaction():
-            at = now if now is not None else await store.db_clock(conn)
+            clock = await store.maintenance_bound(
+                conn, idle=HOLD_IDLE_SECONDS, lock_wait=LOCK_WAIT_SECONDS
+            )
+            at = now if now is not None else clock
+            since = watch.start(at, grace)
             due = await store.schedule_take_due(conn, at, limit=batch)
             jobs: list[tuple[ScheduleRow, datetime, NewJob]] = []
             advances: list[Advance] = []
@@ -72,7 +118,8 @@ async def enqueue_due(
                     advances.append(Advance(row.name, datetime.fromtimestamp(retry, at.tzinfo),
                                             None, None))  # fmt: skip
                     continue
-                p = plan(rule, row.next_run_at, at, grace=grace, catch_up=row.catch_up)
+                p = plan(rule, row.next_run_at, at, grace=grace, catch_up=row.catch_up,
+                         watched_since=since)  # fmt: skip
                 if p.missed:
                     result.missed += p.missed
                     event(log, "schedule_ticks_missed", logging.WARNING, schedule=row.name,
@@ -96,4 +143,5 @@ async def enqueue_due(
             if advances:
                 await store.schedule_advance(conn, advances)
         if len(due) < batch:
+            watch.passed(at)
             return result

@@ -3,8 +3,12 @@ broker message was lost, and deletes old finished jobs. Each duty has a one-step
 comes from the database (``now()``), so tests never sleep and skewed clocks never matter.
 
 Every statement has a command timeout, so a half-open connection fails a pass instead of
-hanging it; ``live()`` turns false when a duty has not completed a pass within its interval
-plus ``maintenance_deadline`` (``conveyor sweeper --health-port``)."""
+hanging it. A sweeper paused (VM freeze, long GC) keeps its connection open: promote, lease
+recovery and retention are single statements without BEGIN/COMMIT (atomic by themselves, they
+hold no lock between round trips), and the transactions that must span several statements (the
+schedules pass, a type's reconcile) are bounded by PostgreSQL (``maintenance_bound``), so a
+peer takes the duty over within seconds. ``live()`` turns false when a duty has not completed
+a pass within its interval plus ``maintenance_deadline`` (``conveyor sweeper --health-port``)."""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from ..store.bounds import SessionBounds
 from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .gauges import Gauges
-from .schedules import SchedulePass, enqueue_due
+from .schedules import HOLD_IDLE_SECONDS, LOCK_WAIT_SECONDS, SchedulePass, Watch, enqueue_due
 from .stranded import StrandedOutbox
 
 log = logging.getLogger("conveyor.sweeper")
@@ -80,6 +84,7 @@ class Sweeper:
         }
         self._passed = dict.fromkeys(self.intervals, clock())
         self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
+        self.watch = Watch()  # the schedules duty's: tells a peer's delay from missed ticks
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
 
     async def start(self) -> None:
@@ -110,7 +115,7 @@ class Sweeper:
         """SCHEDULED jobs whose ``run_at`` has passed (database clock) → PENDING + outbox row."""
         total = 0
         while True:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.pool.acquire() as conn:  # one statement: no BEGIN/COMMIT
                 n = await self.store.job_promote_due(conn, limit=BATCH)
             if n:
                 self.notifier.wake()
@@ -125,7 +130,7 @@ class Sweeper:
         retries remain, else FAILED and dead-lettered."""
         counts: dict[str, int] = {}
         while True:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.pool.acquire() as conn:
                 rows = await self.store.job_recover_expired(
                     conn, limit=BATCH, default_max_retries=self.settings.default_max_retries
                 )
@@ -171,6 +176,8 @@ class Sweeper:
             # recount and re-publish under the type's lock: a replica that finds it taken skips
             # the type (the holder is filling the same shortfall)
             async with self.pool.acquire() as conn, conn.transaction():
+                await self.store.maintenance_bound(conn, idle=HOLD_IDLE_SECONDS,
+                                                   lock_wait=LOCK_WAIT_SECONDS)  # fmt: skip
                 if not await self.store.job_reconcile_lock(conn, job_type):
                     continue
                 n, fresh = await self.store.job_recount_overdue(conn, job_type, after=after)
@@ -215,7 +222,7 @@ class Sweeper:
         s = self.settings
         total = 0
         while True:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.pool.acquire() as conn:
                 n = await self.store.job_delete_expired(
                     conn,
                     older_than=s.retention_days * 86400,
@@ -239,7 +246,8 @@ class Sweeper:
     async def enqueue_due_schedules(self, now: datetime | None = None) -> SchedulePass:
         """Enqueue one job per tick that has come (``maintenance/schedules.py``); ``now``
         defaults to the database's clock (tests pass their own: no sleeping)."""
-        done = await enqueue_due(self.pool, self.store, now=now, grace=self.settings.schedule_grace)
+        done = await enqueue_due(self.pool, self.store, now=now,
+                                 grace=self.settings.schedule_grace, watch=self.watch)  # fmt: skip
         self._count("schedule_enqueued", done.enqueued)
         self._count("schedule_missed", done.missed)
         return done

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
 from ..core.jobs import PEN_LADDER, Status
 from .base import Connection, Statements, affected
@@ -167,6 +168,20 @@ ORDER BY j.updated_at LIMIT $3
 """,
 )
 
+# A sweeper duty's transaction that takes locks other sweepers wait for or skip (the schedules
+# pass, a type's reconcile) opens with this: PostgreSQL ends the session of a sweeper that sits
+# idle inside it for $1 (paused: a frozen VM, a long GC; its connection stays open, so nothing
+# else would release the locks) and fails any lock wait after $2. SET LOCAL: both end with the
+# transaction. Also reads the clock, so the bound costs no extra round trip.
+MAINTENANCE_BOUND = statement(
+    "maintenance_bound",
+    """
+SELECT clock_timestamp() AS now,
+       set_config('idle_in_transaction_session_timeout', $1, true) AS idle,
+       set_config('lock_timeout', $2, true) AS lock_wait
+""",
+)
+
 # One replica at a time reconciles a type: the lock is held by the transaction that recounts and
 # re-publishes, so a replica cannot add its own copy of a shortfall another one is filling.
 JOB_RECONCILE_LOCK = statement(
@@ -248,6 +263,17 @@ class MaintenanceStatements(Statements):
         """The ``limit`` oldest overdue jobs of ``job_type`` (no outbox row, untouched)."""
         rows = await conn.fetch(self.sql[JOB_OVERDUE_IDS], job_type, after, limit)
         return [r["id"] for r in rows]
+
+    async def maintenance_bound(
+        self, conn: Connection, *, idle: float, lock_wait: float
+    ) -> datetime:
+        """First in a duty's transaction: the session ends after ``idle`` seconds idle inside
+        it, a lock wait fails after ``lock_wait`` seconds (see ``MAINTENANCE_BOUND``). Returns
+        the database's clock."""
+        value: datetime = await conn.fetchval(
+            self.sql[MAINTENANCE_BOUND], f"{round(idle * 1000)}ms", f"{round(lock_wait * 1000)}ms"
+        )
+        return value
 
     async def job_reconcile_lock(self, conn: Connection, job_type: str) -> bool:
         """Take ``job_type``'s reconcile lock until the transaction ends; False when another

@@ -84,6 +84,12 @@ DELETE FROM __schema__.job_uniques WHERE key IN (
 """,
 )
 
+# Inside a transaction: how long a statement may wait for a lock (a key another open
+# transaction is claiming) before it fails with SQLSTATE 55P03; ends with the transaction.
+JOB_UNIQUE_WAIT_BOUND = statement(
+    "job_unique_wait_bound", "SELECT set_config('lock_timeout', $1, true)"
+)
+
 # Takeovers of keys whose job vanished, in one call: more would mean keys keep vanishing.
 _TAKEOVER_ROUNDS = 3
 
@@ -132,6 +138,11 @@ class UniqueStatements(Statements):
             r["unique_key"]: (r["holder"], JobRow.from_record(r) if r["id"] is not None else None)
             for r in rows
         }
+
+    async def job_unique_wait_bound(self, conn: Connection, seconds: float) -> None:
+        """``SET LOCAL lock_timeout``: the rest of this transaction waits at most ``seconds`` for
+        a key (or any lock) another transaction holds, then fails (``LockNotAvailableError``)."""
+        await conn.fetchval(self.sql[JOB_UNIQUE_WAIT_BOUND], f"{round(seconds * 1000)}ms")
 
     async def job_unique_delete_expired(self, conn: Connection, *, limit: int) -> int:
         return affected(await conn.execute(self.sql[JOB_UNIQUE_DELETE_EXPIRED], limit))

@@ -13,6 +13,11 @@ so a worker whose lease was taken over changes nothing). Two kinds of write erro
   retry like any failure. If even that cannot be written, the outcome is dropped with a log line:
   the job's lease expires and the sweeper recovers it. Never an endless retry.
 
+A completion with a keyed follow-up (``followups.keyed``) is written alone, beside the batch:
+while another transaction holds its key it waits (*held*: tried again every few seconds, its
+job's lease kept by heartbeats), and that wait is neither an outage nor counted against
+liveness, so it stalls only that job, never its neighbours' outcomes nor ``/healthz``.
+
 Error texts are always cleaned (no NUL, no lone surrogates) before they are written.
 """
 
@@ -61,6 +66,7 @@ class Pending:
     outcome: Outcome
     queued_at: float
     written: bool = False
+    held_since: float | None = None  # waiting for a follow-up's key another transaction holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,7 @@ class CompleterStatus:
     failing_since: float | None  # clock time writes began to fail (outage), None when fine
     written_total: int
     unwritable_total: int  # outcomes PostgreSQL refused, turned into failures or dropped
+    held: int = 0  # completions waiting for a follow-up's key (not counted in oldest_since)
 
 
 @dataclass
@@ -114,10 +121,12 @@ class Completer:
     def status(self) -> CompleterStatus:
         c = self._c
         waiting = len(self._queue) + len(c.in_flight)
-        oldest = min((p.queued_at for p in c.in_flight), default=None)
+        flight = [p.queued_at for p in c.in_flight if p.held_since is None]
+        oldest = min(flight, default=None)
         if self._queue and (oldest is None or self._queue[0].queued_at < oldest):
             oldest = self._queue[0].queued_at
-        return CompleterStatus(waiting, oldest, c.failing_since, c.written, c.unwritable)
+        held = len(c.in_flight) - len(flight)
+        return CompleterStatus(waiting, oldest, c.failing_since, c.written, c.unwritable, held)
 
     @property
     def idle(self) -> bool:
@@ -134,14 +143,18 @@ class Completer:
         """One step: write what is queued (up to ``max_batch``), then hand it to ``done``.
         Outcomes with a large result are written alone, beside the batch (a task each), so a
         10 MB result does not hold back every other outcome of the worker while PostgreSQL
-        parses it. Returns how many outcomes it took."""
+        parses it; so are completions with a keyed follow-up (their key may be held by another
+        transaction). Returns how many outcomes it took."""
         batch: list[Pending] = []
         alone = 0
         while self._queue and len(batch) < self.max_batch:
             p = self._queue.popleft()
-            if _large(p.outcome):
+            keyed = p.outcome.kind is Kind.COMPLETE and followups.keyed(p.running)
+            if keyed or _large(p.outcome):
                 alone += 1
-                task = asyncio.create_task(self._write_batch([p]))
+                wait = followups.KEY_WAIT_SECONDS if keyed else None
+                self._c.in_flight.add(p)  # not idle from now on, not when the task starts
+                task = asyncio.create_task(self._write_batch([p], wait))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             else:
@@ -150,10 +163,10 @@ class Completer:
             await self._write_batch(batch)
         return len(batch) + alone
 
-    async def _write_batch(self, batch: list[Pending]) -> None:
+    async def _write_batch(self, batch: list[Pending], key_wait: float | None = None) -> None:
         self._c.in_flight.update(batch)
         try:
-            written = await self._commit_isolating(batch)
+            written = await self._commit_isolating(batch, key_wait)
             for p in batch:
                 p.written = p.running.job.id in written
             self._record(batch)
@@ -161,9 +174,11 @@ class Completer:
             self._c.in_flight.difference_update(batch)
         await self.done(batch)
 
-    async def _commit_isolating(self, batch: list[Pending]) -> set[uuid.UUID]:
+    async def _commit_isolating(
+        self, batch: list[Pending], key_wait: float | None = None
+    ) -> set[uuid.UUID]:
         try:
-            return await self._commit(batch)
+            return await self._commit(batch, key_wait)
         except Exception as exc:  # _commit raises only data errors
             if len(batch) > 1:
                 mid = len(batch) // 2
@@ -187,24 +202,35 @@ class Completer:
                 text, retry_count=job.retry_count, max_retries=job.max_retries, spec=p.running.spec
             )
             try:
-                return await self._commit([p])
+                return await self._commit([p])  # a failure: no follow-up, no key to wait for
             except Exception as again:
                 exc = again
         event(log, "job_outcome_dropped", logging.ERROR, job_id=str(job.id),
               attempt=job.attempt, error=repr(exc)[:300])  # fmt: skip
         return set()  # the lease expires; the sweeper recovers the job
 
-    async def _commit(self, batch: list[Pending]) -> set[uuid.UUID]:
-        """Write ``batch`` in one transaction; retry outages for as long as it takes."""
+    async def _commit(self, batch: list[Pending], key_wait: float | None = None) -> set[uuid.UUID]:
+        """Write ``batch`` in one transaction; retry outages for as long as it takes, and a
+        follow-up's key held by another transaction for as long as it is held."""
         backoff = Backoff(cap=2.0)
         while True:
             try:
-                written = await self._write(batch)
+                written = await self._write(batch, key_wait)
                 self._c.failing_since = None
                 return written
+            except followups.KeyHeld as exc:  # the database answered: not an outage
+                self._c.failing_since = None
+                for p in batch:
+                    if p.held_since is None:
+                        p.held_since = self.clock()
+                        event(log, "outcome_held_by_key", logging.WARNING,
+                              job_id=str(p.running.job.id), error=str(exc)[:300])  # fmt: skip
+                await asyncio.sleep(backoff.next())
             except Exception as exc:
                 if is_data_error(exc):
                     raise
+                for p in batch:  # an outage counts against liveness, held or not
+                    p.held_since = None
                 if self._c.failing_since is None:
                     self._c.failing_since = self.clock()
                 delay = backoff.next()
@@ -212,7 +238,7 @@ class Completer:
                       retry_in=round(delay, 2), count=len(batch))  # fmt: skip
                 await asyncio.sleep(delay)
 
-    async def _write(self, batch: list[Pending]) -> set[uuid.UUID]:
+    async def _write(self, batch: list[Pending], key_wait: float | None) -> set[uuid.UUID]:
         done: list[Pending] = []
         fail: list[Pending] = []
         release: list[Pending] = []
@@ -240,7 +266,8 @@ class Completer:
                 )  # fmt: skip
                 written |= completed
                 runs = [p.running for p in done if p.running.job.id in completed]
-                await followups.write(self.store, conn, runs)  # job.enqueue, same transaction
+                # job.enqueue, same transaction
+                await followups.write(self.store, conn, runs, key_wait=key_wait)
             if fail:
                 failed = await self.store.job_fail_many(
                     conn,

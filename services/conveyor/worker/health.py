@@ -7,7 +7,8 @@ their own so they can answer while the event loop is blocked.
     timeout, so this is the backstop for handlers without a timeout and for C code);
   - an outcome has waited longer than ``worker_outcome_deadline`` to be written (the database
     is unreachable, or a row lock holds the write), or a sync handler has waited that long for a
-    thread;
+    thread; a completion whose follow-up's unique key another transaction holds is not counted
+    (it waits for that transaction, like a submit of the same key; ``outcomes_held_by_keys``);
   - more handler threads are abandoned (past their timeout, still running) than
     ``worker_abandoned_thread_limit``;
   - one of the worker's internal loops ended, or the broker connection stayed down longer than
@@ -74,6 +75,7 @@ def assess(
         "loop_lag_max_seconds": round(s.loop.max_lag_seconds, 3),
         "handlers_preempted": s.guard.preempted_total,
         "outcomes_waiting": s.completer.waiting,
+        "outcomes_held_by_keys": s.completer.held,
         "outcome_wait_seconds": round(outcome_wait, 1),
         "outcomes_unwritable": s.completer.unwritable_total,
         "threads_alive": s.executor.threads_alive,
