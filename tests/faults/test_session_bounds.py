@@ -8,8 +8,12 @@ takes over.
   deleted, uncommitted, locked) beside a healthy relay, sweeper and worker: every job completes
   within the bound, and the stale batch it publishes after SIGCONT is dropped at claim;
 - every component's pooled connections carry the bounds (read back from the connections);
+- without the bound (0), the reconciler copies the rows the frozen relay holds (one step, and
+  end to end);
 - a relay partitioned from PostgreSQL mid-batch (``proxy.py`` blackholes its connection): the
-  server cuts the session and the rows go back to the outbox within the bound."""
+  server cuts the session and the rows go back to the outbox within the bound;
+- a host that vanishes (a network namespace whose link goes down): the keepalives end its
+  session, which held a lock outside any transaction."""
 
 from __future__ import annotations
 
