@@ -68,8 +68,8 @@ async def test_a_host_clock_ten_minutes_ahead_does_not_plan_the_first_tick(
 ) -> None:
     """``conveyor schedules add`` and ``resume`` from a host whose clock runs 10 minutes ahead
     (libfaketime on the real process): the first tick of an every-60-s schedule is planned
-    from the database's clock, so it falls within a minute of the database's now. (It was
-    planned from the host's: 10 minutes later.)"""
+    from the database's clock, so it falls within a minute of the database's now at the write
+    (the row's ``updated_at``). (It was planned from the host's: 10 minutes later.)"""
     env = component_env(settings, LD_PRELOAD=str(FAKETIME), FAKETIME="+10m",
                         FAKETIME_DONT_FAKE_MONOTONIC="1")  # fmt: skip
     script = Path(sys.executable).parent / "conveyor"
@@ -87,7 +87,7 @@ async def test_a_host_clock_ten_minutes_ahead_does_not_plan_the_first_tick(
         await run("add", "resumed", "--type", "t", "--every", "60", "--paused")
         await run("resume", "resumed")
         ahead = await conn.fetch(
-            "SELECT name, extract(epoch FROM next_run_at - now())::float8 AS s FROM schedules"
+            "SELECT name, extract(epoch FROM next_run_at - updated_at)::float8 AS s FROM schedules"
         )
         assert {r["name"]: 0 < r["s"] <= 61 for r in ahead} == {"skewed": True, "resumed": True}
     finally:
@@ -122,7 +122,7 @@ async def test_an_api_process_ten_minutes_ahead_plans_from_the_database_clock(
                 assert r.status_code == 201, r.text
             assert (await client.post("/schedules/api_resumed/resume")).status_code == 200
         ahead = await conn.fetch(
-            "SELECT name, extract(epoch FROM next_run_at - now())::float8 AS s FROM schedules"
+            "SELECT name, extract(epoch FROM next_run_at - updated_at)::float8 AS s FROM schedules"
         )
         assert {r["name"]: 0 < r["s"] <= 61 for r in ahead} == {
             "api_skewed": True,
