@@ -1,14 +1,9 @@
 """The sweeper: promotes due scheduled jobs, recovers expired leases, reconciles jobs whose
 broker message was lost, and deletes old finished jobs. Each duty has a one-step method; time
-comes from the database (``now()``), so tests never sleep and skewed clocks never matter.
-
-Every statement has a command timeout, so a half-open connection fails a pass instead of
-hanging it. A sweeper paused (VM freeze, long GC) keeps its connection open: promote, lease
-recovery and retention are single statements without BEGIN/COMMIT (atomic by themselves, they
-hold no lock between round trips), and the transactions that must span several statements (the
-schedules pass, a type's reconcile) are bounded by PostgreSQL (``maintenance_bound``), so a
-peer takes the duty over within seconds. ``live()`` turns false when a duty has not completed
-a pass within its interval plus ``maintenance_deadline`` (``conveyor sweeper --health-port``)."""
+comes from the database (``now()``). Statements carry a command timeout (a half-open connection
+fails a pass); a paused sweeper holds nothing between round trips except in the transactions
+PostgreSQL bounds (``maintenance_bound``), so a peer takes a duty over within seconds.
+``live()`` is false once a duty misses its interval plus ``maintenance_deadline``."""
 
 from __future__ import annotations
 
@@ -88,14 +83,11 @@ class Sweeper:
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
 
     async def start(self) -> None:
-        self.pool = await create_pool(
-            self.settings.database_url,
-            application_name="conveyor-sweeper",
-            max_size=3,  # five duties; promote and schedules pass every 0.25-0.5 s
-            command_timeout=self.settings.command_timeout,
-            pooler=self.settings.db_pooler,
-            bounds=SessionBounds.of(self.settings),
-        )
+        # five duties on 3 connections; promote and schedules pass every 0.25-0.5 s
+        s = self.settings
+        self.pool = await create_pool(s.database_url, application_name="conveyor-sweeper",
+                                      max_size=3, command_timeout=s.command_timeout,
+                                      pooler=s.db_pooler, bounds=SessionBounds.of(s))  # fmt: skip
         self.notifier.pool = self.pool
         self.notifier.start()
         self.gauges = Gauges(self.metrics, self.store, self.pool, self.topology,
