@@ -58,3 +58,27 @@ async def test_three_workers_drain_a_limited_backlog_at_its_limit(
     settings: Settings, db: asyncpg.Connection
 ) -> None:
     assert await _drain(settings, db, 3, 100) < 3
+
+
+@pytest.mark.timeout(120)
+async def test_a_draining_worker_hands_back_the_jobs_in_its_hand(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    # jobs held in hand were acknowledged when they were held: the drain gives them back through
+    # the shortest pen (hold dropped), and another worker runs them
+    async with running_stack(settings, router, workers=1, concurrency=4) as stack:
+        ids = [await stack.submit("g_pair", {"seconds": 1.0}) for _ in range(6)]
+        consumer = stack.workers[0].consumer
+        for _ in range(200):
+            if sum(len(w) for w in consumer.waiting.values()) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        in_hand = [i for w in consumer.waiting.values() for i in w]
+        assert len(in_hand) >= 2
+        await stack.workers.pop().stop(grace=5)
+        rows = await db.fetch("SELECT status::text AS s, lease_expires_at FROM jobs "
+                              "WHERE id = ANY($1)", in_hand)  # fmt: skip
+        assert {(r["s"], r["lease_expires_at"]) for r in rows} == {("PENDING", None)}
+        await stack.add_worker(router, concurrency=4)
+        await wait_for(settings.database_url, ids, ["COMPLETED"], timeout=60)
+    assert await db.fetchval("SELECT max(attempts) FROM jobs WHERE job_type = 'g_pair'") == 1

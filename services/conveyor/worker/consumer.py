@@ -31,7 +31,7 @@ from ..store.attempts import HandlerDefaults
 
 log = logging.getLogger("conveyor.worker")
 
-Start = Callable[[ClaimedJob, Delivery], None]
+Start = Callable[[ClaimedJob, Delivery | None], None]  # None: acknowledged already
 
 
 @dataclass(frozen=True, slots=True)
