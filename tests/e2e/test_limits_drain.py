@@ -23,6 +23,9 @@ LIMIT = 2
 
 
 async def _drain(settings: Settings, db: asyncpg.Connection, workers: int, n: int) -> float:
+    # the API fails fast (503 after CONVEYOR_DB_TIMEOUT, 1.5 s) by design; this test measures
+    # the drain, and submits in one burst beside other tests on two cores
+    settings = settings.model_copy(update={"db_timeout": 10.0})
     async with running_stack(settings, router, workers=workers, concurrency=4) as stack:
         t0 = time.monotonic()
         ids = await asyncio.gather(
@@ -82,3 +85,27 @@ async def test_a_draining_worker_hands_back_the_jobs_in_its_hand(
         await stack.add_worker(router, concurrency=4)
         await wait_for(settings.database_url, ids, ["COMPLETED"], timeout=60)
     assert await db.fetchval("SELECT max(attempts) FROM jobs WHERE job_type = 'g_pair'") == 1
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_of_concurrency_one_runs_the_jobs_in_its_hand(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    # the consumer's step used to take a slot before waiting for a delivery: a worker with one
+    # slot, its hand full (its type's queue no longer consumed), sat on that slot waiting for a
+    # delivery that could not come, and the jobs in its hand never ran
+    async with running_stack(settings, None) as stack:
+        one = await stack.add_worker(router, concurrency=1)
+        # another claimer fills the type's two slots
+        busy = [r["id"] for r in await db.fetch(
+            "INSERT INTO jobs (id, job_type, status, priority, payload, attempts, "
+            "lease_expires_at) SELECT gen_random_uuid(), 'g_pair', 'IN_PROGRESS', 5, '{}', 1, "
+            "now() + interval '1 hour' FROM generate_series(1, 2) RETURNING id")]  # fmt: skip
+        ids = [await stack.submit("g_pair", {"seconds": SECONDS}) for _ in range(6)]
+        for _ in range(400):
+            if "g_pair" in one.consumer.full:
+                break
+            await asyncio.sleep(0.05)
+        assert "g_pair" in one.consumer.full  # four in hand, its queue no longer consumed
+        await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE id = ANY($1)", busy)
+        await wait_for(settings.database_url, ids, ["COMPLETED"], timeout=30)

@@ -71,6 +71,14 @@ class LimitedConsumer(Consumer):
     async def run(self) -> None:
         await asyncio.gather(super().run(), self._run_waiting())
 
+    async def step(self) -> int:
+        if self.controls.controlled:
+            # a delivery first, then a slot: the plain step sits on a slot while it waits for a
+            # delivery, and a worker whose hand is full (its type no longer consumed) would keep
+            # its last slot from the jobs in its hand
+            await self.inbox.wait()
+        return await super().step()
+
     async def _run_waiting(self) -> None:
         delay = RETRY_MAX
         while True:
