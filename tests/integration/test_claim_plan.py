@@ -75,7 +75,7 @@ async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
     # the claim of a type with a concurrency/rate limit or pause (job_claim_controlled) has the
     # same type test in its candidates: it must not walk the unanalyzed type's range either
     ids = await _ghosts(db)
-    args = (ids, 30.0, "w", "{}", 3, ["ghost"], list(PEN_LADDER))
+    args = (ids, 30.0, "w", "{}", 3, ["ghost"], list(PEN_LADDER), [0])
     plan = await _explain(db, "job_claim_controlled", *args)
     scans = [
         n for n in _nodes(plan) if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
@@ -98,7 +98,7 @@ def _args(name: str, ids: list[Any]) -> tuple[Any, ...]:
     n = len(ids)
     return {
         "job_claim_many": (ids, 30.0, "w", "{}", 3, ["hot"]),
-        "job_claim_controlled": (ids, 30.0, "w", "{}", 3, ["hot"], list(PEN_LADDER)),
+        "job_claim_controlled": (ids, 30.0, "w", "{}", 3, ["hot"], list(PEN_LADDER), [0]),
         "job_touch_waiting": (ids, 30.0),
         "job_fence_many": (ids,),
         "job_complete_many": (ids, [1] * n, ["null"] * n),

@@ -371,12 +371,10 @@ async def _claim_controlled(
     db: asyncpg.Connection, ids: list[uuid.UUID]
 ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
     """A worker's claim of ``lost`` jobs under the type's controls: (claimed, held → pen)."""
-    async with db.transaction():
-        await store.type_lock_many(db, ["lost"])
-        return await store.job_claim_controlled(
-            db, ids, lease_seconds=30.0, worker_id="w", types=["lost"],
-            handler_defaults={}, default_max_retries=3,
-        )  # fmt: skip
+    return await store.job_claim_controlled(
+        db, ids, lease_seconds=30.0, worker_id="w", types=["lost"],
+        handler_defaults={}, default_max_retries=3,
+    )  # fmt: skip
 
 
 async def test_a_redriven_job_does_not_keep_the_hold_it_had_when_cancelled(

@@ -28,14 +28,13 @@ async def _noop(job: object) -> None:
     return None
 
 
-async def _claim(conn: asyncpg.Connection, ids: list[uuid.UUID], name: str
+async def _claim(conn: asyncpg.Connection, ids: list[uuid.UUID], name: str, room: int = 0
                  ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:  # fmt: skip
-    async with conn.transaction():
-        await store.type_lock_many(conn, [name])
-        return await store.job_claim_controlled(
-            conn, ids, lease_seconds=30.0, worker_id="w", types=[name], handler_defaults={},
-            default_max_retries=3,
-        )  # fmt: skip
+    """The worker's claim: one statement, no transaction around it."""
+    return await store.job_claim_controlled(
+        conn, ids, lease_seconds=30.0, worker_id="w", types=[name], handler_defaults={},
+        default_max_retries=3, room={name: room},
+    )  # fmt: skip
 
 
 async def test_concurrency_claims_up_to_the_limit_and_holds_the_rest(

@@ -215,6 +215,9 @@ def _type_controls() -> list[sa.Column[Any] | sa.CheckConstraint]:
             nullable=False,
             server_default="{}",
         ),
+        # the claims of a concurrency limit, (id, attempt) pairs: exact under concurrent claims
+        sa.Column("claim_ids", pg.ARRAY(pg.UUID()), nullable=False, server_default="{}"),
+        sa.Column("claim_attempts", pg.ARRAY(sa.Integer()), nullable=False, server_default="{}"),
         sa.CheckConstraint("concurrency > 0", name="job_types_concurrency_positive"),
         sa.CheckConstraint(
             "(rate_limit IS NULL) = (rate_period IS NULL) AND rate_limit > 0 AND rate_period > 0",

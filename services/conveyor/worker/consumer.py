@@ -31,7 +31,7 @@ from ..store.attempts import HandlerDefaults
 
 log = logging.getLogger("conveyor.worker")
 
-Start = Callable[[ClaimedJob, Delivery], None]
+Start = Callable[[ClaimedJob, Delivery | None], None]  # None: acknowledged already
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +65,14 @@ class Inbox:
         return job_id
 
     async def get(self) -> tuple[Delivery, uuid.UUID | None]:
+        await self.wait()
+        return self.get_nowait()
+
+    async def wait(self) -> None:
+        """Until a delivery is in the inbox."""
         while not self._heap:
             self._arrived.clear()
             await self._arrived.wait()
-        return self.get_nowait()
 
     def get_nowait(self) -> tuple[Delivery, uuid.UUID | None]:
         _, _, d, job_id = heapq.heappop(self._heap)

@@ -222,7 +222,7 @@ class Worker:
 
     # ------------------------------------------------------------------ the parts' seams
 
-    def _start(self, row: ClaimedJob, delivery: Delivery) -> None:
+    def _start(self, row: ClaimedJob, delivery: Delivery | None) -> None:
         job = Job(
             id=row.id,
             type=row.job_type,
@@ -272,6 +272,7 @@ class Worker:
                 del self.running[job_id]
                 self.heartbeater.acked_early.discard(job_id)
             self.slots.release()
+        self.consumer.freed.set()  # jobs held in hand for a type's slot are claimed again
         if not self.running:
             self.idle.set()
         await self.acks.ack(take_deliveries([p.running for p in batch]))
