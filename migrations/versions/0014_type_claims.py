@@ -6,8 +6,8 @@ fleet-wide). A statement's snapshot predates its lock, so claims committed while
 invisible in ``jobs``; the type row, read with ``FOR UPDATE``, is its newest version, and the
 claims recorded there (id, attempt) make the count exact (``store/controls.py``).
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-11-25
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0013"
-down_revision: str | None = "0012"
+revision: str = "0014"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
