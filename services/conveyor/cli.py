@@ -122,6 +122,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"conveyor worker: {exc}", file=sys.stderr)
         return 2
 
+    from .worker.exiting import adopt_orphans, hard_exit
+
+    adopt_orphans()  # a handler's double-forked process stays ours to kill at exit
+
     async def main(stop: asyncio.Event) -> None:
         health = None
         port = args.health_port if args.health_port is not None else settings.worker_health_port
@@ -133,13 +137,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if health is not None:
             health.close()
 
-    services.run(main)
-    if worker.executor.threads.status().alive:
-        # sync handlers still running after the drain: their jobs were handed back (a late
-        # write is fenced), so do not let the interpreter join those threads at exit
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    code = 0
+    try:
+        services.run(main)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    # drained: every job's outcome is written or handed back (a late write is fenced). Threads
+    # and child processes the handlers left are not the worker's to wait for (see exiting.py)
+    hard_exit(code)
+    return code
 
 
 # ---------------------------------------------------------------------------- parser

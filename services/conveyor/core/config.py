@@ -104,6 +104,8 @@ class Settings(BaseSettings):
     worker_outcome_deadline: float = Field(default=60.0, gt=0)
     # ... or more handler threads abandoned (past their timeout, still running) than this
     worker_abandoned_thread_limit: int = Field(default=4, ge=0)
+    # ... or every slot held by work running past its timeout for longer than this (seconds)
+    worker_overrun_limit: float = Field(default=60.0, gt=0)
     # a handler's result larger than this (encoded JSON, bytes) fails its job ("result too
     # large") instead of becoming a giant row that every outcome of the worker waits behind
     max_result_bytes: int = Field(default=1024 * 1024, gt=0)

@@ -1,7 +1,11 @@
 """Running handlers: every attempt ends in exactly one ``Outcome``, whatever the handler does.
 
 Async handlers run in a task each, under ``asyncio.timeout``; sync handlers in threads (see
-``threads.py``: the timeout counts from the thread's start). What a handler raises is a failure
+``threads.py``: the timeout counts from the thread's start). A timeout bounds the work, not just
+the await: an attempt whose work goes on past its deadline (a sync handler's thread, an async
+handler that swallows its cancellation, threads it started with ``asyncio.to_thread``, see
+``sidework.py``) keeps its slot until that work has ended, and its outcome is then a timeout —
+a result that arrives after the deadline never completes the job. What a handler raises is a failure
 that consumes a retry — ``CancelledError`` that nobody asked for, ``SystemExit``,
 ``KeyboardInterrupt`` and ``GeneratorExit`` included — except ``Retry`` (another attempt, no retry
 consumed) and a cancellation by the drain (the job is handed back). An exception whose ``__str__``
@@ -11,6 +15,7 @@ raises is still described.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +28,7 @@ from .guard import LoopBlocked
 from .middleware import chain, sync_call
 from .outcomes import Outcome
 from .running import Running
+from .sidework import ATTEMPT
 from .threads import HandlerThreads, HandlerTimeout
 
 Report = Callable[[Running, Outcome], None]
@@ -36,6 +42,8 @@ class ExecutorStatus:
     threads_waiting: int
     threads_waiting_since: float | None
     thread_limit: int
+    # the deadlines of attempts whose work still runs past them (sorted: the oldest first)
+    overrun_since: tuple[float, ...] = ()
 
 
 class Executor:
@@ -60,8 +68,11 @@ class Executor:
 
     def status(self) -> ExecutorStatus:
         t = self.threads.status()
+        now = self.clock()
+        overrun = sorted(d for r in list(self.tasks.values())
+                         if (d := r.deadline_at) is not None and d < now)  # fmt: skip
         return ExecutorStatus(len(self.tasks), t.alive, t.abandoned, t.waiting, t.waiting_since,
-                              t.limit)  # fmt: skip
+                              t.limit, tuple(overrun))  # fmt: skip
 
     def start(self, running: Running) -> None:
         """Run ``running``'s handler in a task of its own; its outcome goes to ``report``."""
@@ -76,13 +87,27 @@ class Executor:
     async def run_one(self, running: Running) -> Outcome:
         """One step: run the handler to its outcome and report it."""
         started = self.clock()
+        ATTEMPT.set(running)  # in this task's context: its to_thread calls are counted
+        if running.timeout is not None:
+            running.deadline_at = started + running.timeout
         if tracing.enabled():
             outcome = await self._traced(running)
         else:
             outcome = await self.attempt(running)
+        await self._work_ended(running)
         self.metrics.job_duration_of(running.job.type).observe(self.clock() - started)
         self.report(running, outcome)
         return outcome
+
+    @staticmethod
+    async def _work_ended(running: Running) -> None:
+        """Wait until the threads the handler started have ended (its slot is busy until then).
+        The drain's hand-back stops the wait: the process exits right after."""
+        while pending := [f for f in list(running.side_work) if not f.done()]:
+            try:
+                await asyncio.wait([asyncio.wrap_future(f) for f in pending])
+            except asyncio.CancelledError:
+                return
 
     async def _traced(self, running: Running) -> Outcome:
         """The attempt inside its span (``core/tracing.py``): the handler's own spans nest."""
@@ -118,10 +143,13 @@ class Executor:
                     else:
                         async with asyncio.timeout(timeout) as deadline:
                             result = await handler(job)
+                        if deadline.expired():  # it swallowed its cancellation, and returned
+                            raise TimeoutError
                 finally:
                     running.in_handler = False
             else:  # the timeout counts from the thread's start, inside the chain
-                inner = sync_call(self.threads.call, spec.func, timeout)
+                call = functools.partial(self.threads.call, on_deadline=job._cancel.set)
+                inner = sync_call(call, spec.func, timeout)
                 result = await chain(self.middlewares, inner)(job)
             return outcomes.completed(result, max_bytes=self.max_result_bytes)
         except asyncio.CancelledError as exc:

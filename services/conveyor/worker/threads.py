@@ -1,11 +1,15 @@
 """Threads for synchronous handlers, so a stuck one cannot starve the others.
 
 Each call runs in a fresh daemon thread. The call's timeout is measured from the moment its thread
-starts, never while it waits. A call that outlives its timeout (or whose job is handed back by a
-drain) is *abandoned*: its job gets its outcome at once and frees its concurrency slot, while the
-thread runs on (Python cannot stop a thread) and is counted until it ends. Threads are bounded:
-``size`` (the worker's concurrency) plus ``abandoned_limit``; past that a call waits for a thread,
-and the worker's liveness reports it (see ``health.py``), so Kubernetes restarts the process.
+starts, never while it waits. Python cannot stop a thread, so a call that outlives its timeout
+goes on being waited for: ``on_deadline`` is called (the job's ``cancel_requested`` turns true, a
+cooperative handler stops) and ``HandlerTimeout`` is raised only once the thread has ended, so the
+attempt keeps its concurrency slot — and its job stays IN_PROGRESS, counted under its type's
+fleet limit — for as long as the work really runs; what it returns then is ignored. Only a call
+whose job is handed back by a drain is *abandoned* (the process exits right after): its thread
+runs on, counted until it ends. Threads are bounded: ``size`` (the worker's concurrency) plus
+``abandoned_limit``; past that a call waits for a thread, and the worker's liveness reports it
+(see ``health.py``).
 """
 
 from __future__ import annotations
@@ -58,9 +62,17 @@ class HandlerThreads:
         since = min(self._waiting.values(), default=None)
         return ThreadStatus(self._alive, self._abandoned, len(self._waiting), since, self.limit)
 
-    async def call(self, func: Callable[[Any], Any], arg: Any, timeout: float | None) -> Any:
-        """``func(arg)`` in a thread of its own; ``HandlerTimeout`` once it has run ``timeout``
-        seconds. Exceptions of every kind (``SystemExit`` too) are raised here, in the caller."""
+    async def call(
+        self,
+        func: Callable[[Any], Any],
+        arg: Any,
+        timeout: float | None,
+        *,
+        on_deadline: Callable[[], None] | None = None,
+    ) -> Any:
+        """``func(arg)`` in a thread of its own; ``HandlerTimeout`` once it has run past
+        ``timeout`` seconds *and ended*. Exceptions of every kind (``SystemExit`` too) are raised
+        here, in the caller."""
         token = next(self._tokens)
         self._waiting[token] = self.clock()
         try:
@@ -94,6 +106,9 @@ class HandlerThreads:
                 async with asyncio.timeout(timeout):
                     ok, value = await asyncio.shield(call.done)
             except TimeoutError:
+                if on_deadline is not None:
+                    on_deadline()
+                await asyncio.shield(call.done)  # the work goes on: so does its slot
                 raise HandlerTimeout(f"attempt exceeded its timeout of {timeout} s") from None
         except BaseException:
             if not call.done.done():

@@ -47,6 +47,7 @@ from .limits import LimitedConsumer
 from .loop import LoopMonitor
 from .progress import ProgressWriter
 from .running import Running
+from .sidework import SIDE_THREADS
 from .status import WorkerStatus, gather_status
 
 log = logging.getLogger("conveyor.worker")
@@ -166,6 +167,8 @@ class Worker:
             "progress": self._loop("progress", self.progress.run()),
         }
         await self.subscription.consume(self.consumer.offer)
+        # to_thread work is counted against its attempt, and never queues behind stuck work
+        asyncio.get_running_loop().set_default_executor(SIDE_THREADS)
         if not self.guard.start(asyncio.get_running_loop()):
             why = "the event loop is not in the main thread, or SIGURG has a handler"
             event(log, "loop_guard_off", logging.WARNING, reason=why)
