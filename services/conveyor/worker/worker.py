@@ -126,8 +126,11 @@ class Worker:
             early_ack_after=settings.early_ack_after, clock=clock,
         )  # fmt: skip
         self.drain = Drain(self, clock=clock)
-        self.monitor = LoopMonitor(self.metrics.registry, on_tick=self._snapshot, clock=clock)
-        self.guard = LoopGuard(self.monitor, self._preempt_limit)
+        block = settings.worker_loop_block_limit  # a short one needs quicker ticks and checks
+        self.monitor = LoopMonitor(self.metrics.registry, on_tick=self._snapshot, clock=clock,
+                                   interval=min(0.25, block / 2) if block else 0.25)  # fmt: skip
+        self.guard = LoopGuard(self.monitor, self._preempt_limit,
+                               interval=min(0.1, block / 4) if block else 0.1)  # fmt: skip
         self.loops: dict[str, asyncio.Task[None]] = {}
         self.snapshot: WorkerStatus | None = None  # refreshed on every loop tick
         self.stopping = False
@@ -247,12 +250,13 @@ class Worker:
 
     def _preempt_limit(self, task: asyncio.Task[Any]) -> float | None:
         """How long the async handler running in ``task`` may block the loop before the guard
-        preempts it: its timeout (None: not inside an async handler, or no timeout; liveness
-        fails after ``worker_loop_stall_limit`` then)."""
+        preempts it: its timeout, or ``worker_loop_block_limit`` if shorter (None: not inside an
+        async handler, or neither; liveness fails after ``worker_loop_stall_limit`` then)."""
         running = self.executor.tasks.get(task)
         if running is None or not running.in_handler:  # only async handlers' own code
             return None
-        return running.timeout or None
+        limits = [x for x in (running.timeout, self.settings.worker_loop_block_limit) if x]
+        return min(limits) if limits else None
 
     def _unacked(self, job_type: str) -> int:
         """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
