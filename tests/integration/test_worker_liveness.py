@@ -168,9 +168,10 @@ async def test_a_stuck_outcome_writer_fails_liveness(settings: Settings, db_url:
 async def test_every_slot_held_by_overrunning_work_fails_liveness(
     settings: Settings, db_url: str
 ) -> None:
-    """Work past its timeout keeps its slot until it ends (its job stays IN_PROGRESS): one slot
-    of two so held is a busy worker; both, for longer than ``worker_overrun_limit``, is a worker
-    whose capacity is gone."""
+    """Work past its timeout keeps its slot until it ends; past ``worker_overrun_limit`` more
+    its job gets its timeout (FAILED) while the slot stays busy. One slot of two so held is a
+    busy worker; both, for longer than ``worker_overrun_limit``, is a worker whose capacity is
+    gone."""
     s = settings.model_copy(update={"worker_overrun_limit": 1.0})
     worker_apps.RELEASE_THREADS.clear()
     async with running_stack(s, None) as stack:
@@ -181,7 +182,9 @@ async def test_every_slot_held_by_overrunning_work_fails_liveness(
         try:
             first = await stack.submit("stuck_sync")
             await wait_for(db_url, [first], ["IN_PROGRESS"], timeout=20)
-            await asyncio.sleep(2.0)  # past its 0.5 s timeout and the 1 s overrun limit
+            # given up on past its 0.5 s timeout + the 1 s overrun limit: FAILED, thread running
+            await wait_for(db_url, [first], ["FAILED"], timeout=10)
+            assert worker.status().executor.threads_abandoned == 1
             assert (await _healthz(port) or (0, {}))[0] == 200  # one slot of two: busy
             second = await stack.submit("stuck_sync")
             await wait_for(db_url, [second], ["IN_PROGRESS"], timeout=20)

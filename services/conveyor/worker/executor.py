@@ -19,6 +19,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..core import tracing
 from ..core.metrics import Metrics
@@ -55,6 +56,7 @@ class Executor:
         abandoned_limit: int,
         report: Report,
         max_result_bytes: int | None = None,
+        overrun_limit: float | None = None,
         middlewares: Sequence[Middleware] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -65,12 +67,17 @@ class Executor:
         self.clock = clock
         self.threads = HandlerThreads(concurrency, abandoned_limit, clock=clock)
         self.tasks: dict[asyncio.Task[Outcome], Running] = {}
+        # past its deadline + this, work that will not stop is given up on: its outcome (a
+        # timeout) is written, its slot stays busy until it ends (``release_when_stopped``)
+        self.overrun_limit = overrun_limit
+        self.lingering: dict[Running, float] = {}  # given up on, still running → its deadline
 
     def status(self) -> ExecutorStatus:
         t = self.threads.status()
         now = self.clock()
-        overrun = sorted(d for r in list(self.tasks.values())
-                         if (d := r.deadline_at) is not None and d < now)  # fmt: skip
+        overrun = sorted([d for r in list(self.tasks.values())
+                          if (d := r.deadline_at) is not None and d < now]
+                         + list(self.lingering.values()))  # fmt: skip
         return ExecutorStatus(len(self.tasks), t.alive, t.abandoned, t.waiting, t.waiting_since,
                               t.limit, tuple(overrun))  # fmt: skip
 
@@ -99,15 +106,47 @@ class Executor:
         self.report(running, outcome)
         return outcome
 
-    @staticmethod
-    async def _work_ended(running: Running) -> None:
-        """Wait until the threads the handler started have ended (its slot is busy until then).
-        The drain's hand-back stops the wait: the process exits right after."""
-        while pending := [f for f in list(running.side_work) if not f.done()]:
+    async def _work_ended(self, running: Running) -> None:
+        """Wait until the threads the handler started have ended (its job's slot and lease are
+        held until then), or past its deadline + ``overrun_limit`` give up on them. The drain's
+        hand-back stops the wait: the process exits right after."""
+        while pending := [asyncio.wrap_future(f) for f in list(running.side_work) if not f.done()]:
+            left = self._give_up_in(running)
             try:
-                await asyncio.wait([asyncio.wrap_future(f) for f in pending])
+                _, still = await asyncio.wait(pending, timeout=left)
             except asyncio.CancelledError:
                 return
+            if still and left is not None and self._give_up_in(running) == 0:
+                self._give_up(running, list(still))
+                return
+
+    def _give_up_in(self, running: Running) -> float | None:
+        if self.overrun_limit is None or running.deadline_at is None:
+            return None
+        return max(0.0, running.deadline_at + self.overrun_limit - self.clock())
+
+    def _give_up(self, running: Running, work: list[asyncio.Future[Any]]) -> None:
+        running.lingering.extend(work)
+        self.lingering[running] = running.deadline_at or self.clock()
+
+    def release_when_stopped(self, running: Running, release: Callable[[], None]) -> None:
+        """Free the attempt's slot (``release``) once all its work has stopped: now, or when
+        the last of the work given up on ends."""
+        pending = [f for f in running.lingering if not f.done()]
+        if not pending:
+            self.lingering.pop(running, None)
+            release()
+            return
+        left = [len(pending)]
+
+        def one(_: asyncio.Future[Any]) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.lingering.pop(running, None)
+                release()
+
+        for f in pending:
+            f.add_done_callback(one)
 
     async def _traced(self, running: Running) -> Outcome:
         """The attempt inside its span (``core/tracing.py``): the handler's own spans nest."""
@@ -148,7 +187,11 @@ class Executor:
                 finally:
                     running.in_handler = False
             else:  # the timeout counts from the thread's start, inside the chain
-                call = functools.partial(self.threads.call, on_deadline=job._cancel.set)
+                call = functools.partial(
+                    self.threads.call, on_deadline=job._cancel.set,
+                    give_up_after=self.overrun_limit,
+                    on_give_up=lambda f: self._give_up(running, [f]),
+                )  # fmt: skip
                 inner = sync_call(call, spec.func, timeout)
                 result = await chain(self.middlewares, inner)(job)
             return outcomes.completed(result, max_bytes=self.max_result_bytes)

@@ -69,10 +69,13 @@ class HandlerThreads:
         timeout: float | None,
         *,
         on_deadline: Callable[[], None] | None = None,
+        give_up_after: float | None = None,
+        on_give_up: Callable[[asyncio.Future[Any]], None] | None = None,
     ) -> Any:
         """``func(arg)`` in a thread of its own; ``HandlerTimeout`` once it has run past
         ``timeout`` seconds *and ended*. Exceptions of every kind (``SystemExit`` too) are raised
-        here, in the caller."""
+        here, in the caller. Past ``timeout`` + ``give_up_after`` the thread is abandoned: the
+        timeout is raised at once, and ``on_give_up`` gets a future done when the thread ends."""
         token = next(self._tokens)
         self._waiting[token] = self.clock()
         try:
@@ -108,16 +111,25 @@ class HandlerThreads:
             except TimeoutError:
                 if on_deadline is not None:
                     on_deadline()
-                await asyncio.shield(call.done)  # the work goes on: so does its slot
+                try:  # the work goes on: so does its slot
+                    async with asyncio.timeout(give_up_after):
+                        await asyncio.shield(call.done)
+                except TimeoutError:
+                    self._abandon(call)
+                    if on_give_up is not None:
+                        on_give_up(call.done)
                 raise HandlerTimeout(f"attempt exceeded its timeout of {timeout} s") from None
         except BaseException:
-            if not call.done.done():
-                call.abandoned = True
-                self._abandoned += 1
+            if not call.done.done() and not call.abandoned:
+                self._abandon(call)
             raise
         if ok:
             return value
         raise value
+
+    def _abandon(self, call: _Call) -> None:
+        call.abandoned = True
+        self._abandoned += 1
 
     def _finished(self, call: _Call, outcome: tuple[bool, Any]) -> None:
         self._alive -= 1

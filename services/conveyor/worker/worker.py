@@ -114,6 +114,7 @@ class Worker:
             self.metrics, concurrency=concurrency,
             abandoned_limit=settings.worker_abandoned_thread_limit,
             max_result_bytes=settings.max_result_bytes, report=self._report,
+            overrun_limit=settings.worker_overrun_limit,
             middlewares=router.middlewares, clock=clock,
         )  # fmt: skip
         self.notifier = Notifier(None, self.store)
@@ -276,7 +277,7 @@ class Worker:
             if self.running.get(job_id) is p.running:
                 del self.running[job_id]
                 self.heartbeater.acked_early.discard(job_id)
-            self.slots.release()
+            self.executor.release_when_stopped(p.running, self.slots.release)
         if not self.running:
             self.idle.set()
         await self.acks.ack(take_deliveries([p.running for p in batch]))
