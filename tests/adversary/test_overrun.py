@@ -164,6 +164,7 @@ async def test_sigterm_ends_the_worker_within_its_grace_despite_a_non_daemon_thr
         code = await victim.wait(12)
         took = time.monotonic() - t0
         victim.signal(9)
+        print(f"\n[sigterm] exit code {code} after {took:.1f} s (grace 3 s)")
         assert code == 0, f"exit code {code} after {took:.1f} s (grace 3 s)"
         assert took < 3 + 6, took
 
@@ -187,6 +188,7 @@ async def test_sigterm_ends_the_worker_within_its_grace_despite_stuck_to_thread_
         code = await victim.wait(12)
         took = time.monotonic() - t0
         victim.signal(9)
+        print(f"\n[sigterm] exit code {code} after {took:.1f} s (grace 3 s)")
         assert code == 0, f"exit code {code} after {took:.1f} s (grace 3 s)"
         assert took < 3 + 6, took
         # handed back (or recorded as timed out), never lost: the next worker ends them
@@ -250,6 +252,7 @@ async def test_overrunning_sync_bodies_stay_within_the_fleet_limit(
         ended = await wait_for(r.db_url, ids, TERMINAL, 50)
         lines = overrun.read_log(log)
         assert sum(line.startswith("start") for line in lines) == 6, lines
+        print(f"\n[overrun_sync] {overrun.overlap(lines)} bodies at once (fleet limit 2)")
         assert overrun.overlap(lines) <= 2, lines
         assert set(ended.values()) == {"FAILED"}, ended  # timed out, never COMPLETED
         for job_id in ids:

@@ -8,8 +8,8 @@ their own so they can answer while the event loop is blocked.
   - an outcome has waited longer than ``worker_outcome_deadline`` to be written (the database
     is unreachable, or a row lock holds the write), or a sync handler has waited that long for a
     thread;
-  - more handler threads are abandoned (handed back by a drain, still running) than
-    ``worker_abandoned_thread_limit``;
+  - more handler threads are abandoned (given up on past their timeout + ``worker_overrun_limit``,
+    or handed back by a drain, still running) than ``worker_abandoned_thread_limit``;
   - its capacity is gone: every slot is held by work that has run past its timeout for longer
     than ``worker_overrun_limit`` (work that cannot be stopped keeps its slot until it ends,
     see ``executor.py``);

@@ -5,11 +5,12 @@ starts, never while it waits. Python cannot stop a thread, so a call that outliv
 goes on being waited for: ``on_deadline`` is called (the job's ``cancel_requested`` turns true, a
 cooperative handler stops) and ``HandlerTimeout`` is raised only once the thread has ended, so the
 attempt keeps its concurrency slot — and its job stays IN_PROGRESS, counted under its type's
-fleet limit — for as long as the work really runs; what it returns then is ignored. Only a call
-whose job is handed back by a drain is *abandoned* (the process exits right after): its thread
-runs on, counted until it ends. Threads are bounded: ``size`` (the worker's concurrency) plus
-``abandoned_limit``; past that a call waits for a thread, and the worker's liveness reports it
-(see ``health.py``).
+fleet limit — for as long as the work really runs; what it returns then is ignored. A call is
+*abandoned* when its thread still runs ``give_up_after`` seconds past the timeout (the timeout is
+raised then; the executor keeps the slot busy until the thread ends) or when its job is handed
+back by a drain (the process exits right after): the thread runs on, counted until it ends.
+Threads are bounded: ``size`` (the worker's concurrency) plus ``abandoned_limit``; past that a
+call waits for a thread, and the worker's liveness reports it (see ``health.py``).
 """
 
 from __future__ import annotations
