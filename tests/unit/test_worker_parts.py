@@ -131,6 +131,24 @@ async def test_a_sync_timeout_counts_from_the_thread_start() -> None:
     assert (status.alive, status.abandoned, status.waiting) == (0, 0, 0)
 
 
+async def test_a_call_still_running_past_its_give_up_bound_is_abandoned() -> None:
+    """Past timeout + ``give_up_after`` the timeout is raised while the thread runs on: counted
+    as abandoned, and ``on_give_up`` gets a future done when the thread ends."""
+    threads = HandlerThreads(1, 1)
+    release = threading.Event()
+    given: list[asyncio.Future[object]] = []
+    t0 = time.monotonic()
+    with pytest.raises(HandlerTimeout):
+        await threads.call(lambda _: release.wait(5), None, 0.05, give_up_after=0.2,
+                           on_give_up=given.append)  # fmt: skip
+    assert 0.25 <= time.monotonic() - t0 < 2
+    assert len(given) == 1 and not given[0].done()
+    assert (threads.status().alive, threads.status().abandoned) == (1, 1)
+    release.set()
+    await asyncio.wait_for(given[0], 2)
+    assert (threads.status().alive, threads.status().abandoned) == (0, 0)
+
+
 async def test_a_call_handed_back_past_its_deadline_abandons_its_thread() -> None:
     """The drain cancels the caller: the thread runs on, counted as abandoned until it ends."""
     threads = HandlerThreads(1, 1)
