@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from .cli_support import guarded
+from .cli_support import CliError, guarded
 from .core import tracing
 from .core.config import Settings
 from .core.logging import configure, say
@@ -134,6 +134,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if port is not None:
         check_port("0.0.0.0", port, flag="--health-port")
 
+    from .worker.exiting import adopt_orphans, hard_exit
+
+    adopt_orphans()  # a handler's double-forked process stays ours to kill at exit
+
     async def main(stop: asyncio.Event) -> None:
         health = None
         if port is not None:
@@ -144,13 +148,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if health is not None:
             health.close()
 
-    services.run(main)
-    if worker.executor.threads.status().alive:
-        # sync handlers still running after the drain: their jobs were handed back (a late
-        # write is fenced), so do not let the interpreter join those threads at exit
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    code = 0
+    try:
+        services.run(main)
+    except (CliError, SystemExit):
+        raise  # it never started: one line (``guarded``), nothing of the handlers' to abandon
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    # drained: every job's outcome is written or handed back (a late write is fenced). Threads
+    # and child processes the handlers left are not the worker's to wait for (see exiting.py)
+    hard_exit(code)
+    return code
 
 
 # ---------------------------------------------------------------------------- parser

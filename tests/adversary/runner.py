@@ -99,6 +99,7 @@ async def rig(
     workers: int = 1,
     concurrency: int = 8,
     types: list[list[str] | None] | None = None,
+    app: str = APP,
 ) -> AsyncIterator[Rig]:
     """``types``: each worker's job types (``--types``), e.g. an adversary on a process of its
     own and the neighbours on another; None: every worker runs every type."""
@@ -108,7 +109,7 @@ async def rig(
     ).start()
     fleet = WorkerFleet(
         settings, log_dir, workers if types is None else len(types), concurrency=concurrency,
-        app=APP, types=types,
+        app=app, types=types,
     )  # fmt: skip
     stop = asyncio.Event()
     supervisor: asyncio.Task[None] | None = None

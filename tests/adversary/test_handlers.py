@@ -55,6 +55,10 @@ CASES = [
 # A handler that kills its process takes the neighbours' attempts down with it when they share
 # it; on its own process it cannot.
 ISOLATED = {"os_exit", "blocks_loop"}
+# Their work never ends, so each attempt keeps its worker slot for good (a slot is busy until its
+# work has really stopped: issue 23); the worker has that many slots fewer afterwards, so the
+# neighbours' one wave of 7 jobs becomes two ("after" does not apply; "during" does).
+HOLDS_SLOTS = {"endless_sync"}
 # The terminal status each adversary ends in, and a text its last error (and every attempt's
 # error) contains.
 EXPECTED = {
@@ -74,7 +78,8 @@ EXPECTED = {
 
 @pytest.fixture
 def asettings(settings: Settings) -> Settings:
-    return fault_settings(settings)
+    # endless_sync: its attempt holds its slot and its job until its timeout + this, then fails
+    return fault_settings(settings, worker_overrun_limit=1.0)
 
 
 async def run_case(settings: Settings, log_dir: Path, job_type: str) -> dict[str, object]:
@@ -131,7 +136,10 @@ def check_case(fig: dict[str, object]) -> None:
         assert text in error, f"{job_type}: {text!r} not in {error[:300]!r}"
     baseline, during, after = fig["baseline"], fig["during"], fig["after"]
     assert isinstance(baseline, dict) and isinstance(during, dict) and isinstance(after, dict)
-    for name, rates in (("during", during), ("after", after)):
+    checks = (
+        [("during", during)] if job_type in HOLDS_SLOTS else [("during", during), ("after", after)]
+    )
+    for name, rates in checks:
         assert rates.keys() == baseline.keys(), f"{name}: {rates}"
         for t, rate in rates.items():
             assert rate >= FLOOR * baseline[t], (

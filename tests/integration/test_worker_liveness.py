@@ -165,10 +165,14 @@ async def test_a_stuck_outcome_writer_fails_liveness(settings: Settings, db_url:
             await worker.stop(grace=1)
 
 
-async def test_abandoned_threads_beyond_the_limit_fail_liveness(
+async def test_every_slot_held_by_overrunning_work_fails_liveness(
     settings: Settings, db_url: str
 ) -> None:
-    s = settings.model_copy(update={"worker_abandoned_thread_limit": 1})
+    """Work past its timeout keeps its slot until it ends; past ``worker_overrun_limit`` more
+    its job gets its timeout (FAILED) while the slot stays busy. One slot of two so held is a
+    busy worker; both, for longer than ``worker_overrun_limit``, is a worker whose capacity is
+    gone."""
+    s = settings.model_copy(update={"worker_overrun_limit": 1.0})
     worker_apps.RELEASE_THREADS.clear()
     async with running_stack(s, None) as stack:
         worker = Worker(s, router, concurrency=2)
@@ -177,20 +181,26 @@ async def test_abandoned_threads_beyond_the_limit_fail_liveness(
         server = await serve_health(worker, "127.0.0.1", port)
         try:
             first = await stack.submit("stuck_sync")
-            await wait_for(db_url, [first], timeout=20)
-            assert (await _healthz(port) or (0, {}))[0] == 200  # one abandoned: at the limit
+            await wait_for(db_url, [first], ["IN_PROGRESS"], timeout=20)
+            # given up on past its 0.5 s timeout + the 1 s overrun limit: FAILED, thread running
+            await wait_for(db_url, [first], ["FAILED"], timeout=10)
+            assert worker.status().executor.threads_abandoned == 1
+            assert (await _healthz(port) or (0, {}))[0] == 200  # one slot of two: busy
             second = await stack.submit("stuck_sync")
-            await wait_for(db_url, [second], timeout=20)
+            await wait_for(db_url, [second], ["IN_PROGRESS"], timeout=20)
             deadline = time.monotonic() + 10  # the probe reads a snapshot taken every 0.25 s
             while (answer := await _healthz(port)) is None or answer[0] != 503:
                 assert time.monotonic() < deadline, f"liveness stayed green: {answer}"
                 await asyncio.sleep(0.05)
-            assert answer[1]["threads_abandoned"] == 2, answer
+            assert answer[1]["overrunning"] == 2, answer
+            assert "every slot (2) held" in answer[1]["reasons"][0], answer
             worker_apps.RELEASE_THREADS.set()
             deadline = time.monotonic() + 10
             while (answer := await _healthz(port)) is None or answer[0] != 200:
                 assert time.monotonic() < deadline, f"liveness did not recover: {answer}"
                 await asyncio.sleep(0.05)
+            ended = await wait_for(db_url, [first, second], timeout=20)
+            assert set(ended.values()) == {"FAILED"}, ended
         finally:
             worker_apps.RELEASE_THREADS.set()
             server.close()

@@ -5,6 +5,7 @@ fail its own job, never the worker."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import asyncpg
@@ -88,7 +89,9 @@ async def test_an_exception_that_cannot_be_printed_is_still_a_failure(
 
 # Regression test (issue 8.4): two sync handlers past their timeout kept both pool threads; every
 # later sync job timed out inside the executor's queue without starting and ended FAILED. Failed
-# before the fix: quick_sync ended FAILED with "TimeoutError".
+# before the fix: quick_sync ended FAILED with "TimeoutError". Since the work past a timeout keeps
+# its slot until it ends (issue 23), the stuck jobs stay IN_PROGRESS meanwhile and the later ones
+# run on the slot left.
 
 
 async def test_timed_out_sync_handlers_do_not_starve_later_sync_jobs(
@@ -96,18 +99,25 @@ async def test_timed_out_sync_handlers_do_not_starve_later_sync_jobs(
 ) -> None:
     worker_apps.RELEASE_THREADS.clear()
     try:
-        async with running_stack(settings, router, concurrency=2) as stack:
+        async with running_stack(settings, router, concurrency=3) as stack:
             stuck = [await stack.submit("stuck_sync") for _ in range(2)]
-            await wait_for(db_url, stuck, timeout=20)
+            await wait_for(db_url, stuck, ["IN_PROGRESS"], timeout=20)
             quick = [await stack.submit("quick_sync") for _ in range(4)]
             statuses = await wait_for(db_url, quick, timeout=20)
             assert set(statuses.values()) == {"COMPLETED"}, statuses
+            await asyncio.sleep(1.0)  # the stuck ones past their 0.5 s timeout
+            still = await wait_for(db_url, stuck, ["IN_PROGRESS"], timeout=1)
+            assert set(still.values()) == {"IN_PROGRESS"}  # their work goes on: so do their slots
             status = stack.workers[0].status()
-            assert status.executor.threads_abandoned == 2, status.executor
+            assert status.executor.threads_alive == 2, status.executor
+            assert status.executor.threads_abandoned == 0, status.executor
+            worker_apps.RELEASE_THREADS.set()
+            await wait_for(db_url, stuck, timeout=20)
     finally:
         worker_apps.RELEASE_THREADS.set()
     for job in stuck:
-        assert "TimeoutError" in (await _row(db_url, job))["last_error"]
+        r = await _row(db_url, job)
+        assert "TimeoutError" in (r["last_error"] or ""), dict(r)
 
 
 # Regression test (issue 8.8, Retry(delay=0) has no floor): a handler raising Retry(0) went

@@ -107,21 +107,64 @@ async def test_a_drain_cancellation_hands_the_job_back() -> None:
 
 
 async def test_a_sync_timeout_counts_from_the_thread_start() -> None:
-    """One thread at most (size 1, no room for abandoned ones): the second call waits for the
-    first's thread to end, and its timeout only starts once its own thread runs."""
+    """One thread at most (size 1, no room for abandoned ones): a call past its timeout keeps its
+    thread until its work ends (``on_deadline`` tells it to stop; what it returns late is a
+    timeout), the second call waits for that thread, and its timeout only starts once its own
+    thread runs."""
     threads = HandlerThreads(1, 0)
     release = threading.Event()
-    with pytest.raises(HandlerTimeout):
-        await threads.call(lambda _: release.wait(5), None, 0.05)
-    assert threads.status().abandoned == 1
+    told: list[bool] = []
+    first = asyncio.create_task(
+        threads.call(lambda _: release.wait(5), None, 0.05, on_deadline=lambda: told.append(True))
+    )
     second = asyncio.create_task(threads.call(lambda _: time.sleep(0.05) or "ran", None, 0.5))
     # longer than the second call's timeout: measured from submission it would time out here
     await asyncio.sleep(0.7)
-    assert threads.status().waiting == 1 and not second.done()
+    assert told == [True] and not first.done()  # past its deadline, still running
+    status = threads.status()
+    assert (status.alive, status.abandoned, status.waiting) == (1, 0, 1) and not second.done()
     release.set()
+    with pytest.raises(HandlerTimeout):  # it returned True, after its deadline
+        await first
     assert await second == "ran"
     status = threads.status()
     assert (status.alive, status.abandoned, status.waiting) == (0, 0, 0)
+
+
+async def test_a_call_still_running_past_its_give_up_bound_is_abandoned() -> None:
+    """Past timeout + ``give_up_after`` the timeout is raised while the thread runs on: counted
+    as abandoned, and ``on_give_up`` gets a future done when the thread ends."""
+    threads = HandlerThreads(1, 1)
+    release = threading.Event()
+    given: list[asyncio.Future[object]] = []
+    t0 = time.monotonic()
+    with pytest.raises(HandlerTimeout):
+        await threads.call(lambda _: release.wait(5), None, 0.05, give_up_after=0.2,
+                           on_give_up=given.append)  # fmt: skip
+    assert 0.25 <= time.monotonic() - t0 < 2
+    assert len(given) == 1 and not given[0].done()
+    assert (threads.status().alive, threads.status().abandoned) == (1, 1)
+    release.set()
+    await asyncio.wait_for(given[0], 2)
+    assert (threads.status().alive, threads.status().abandoned) == (0, 0)
+
+
+async def test_a_call_handed_back_past_its_deadline_abandons_its_thread() -> None:
+    """The drain cancels the caller: the thread runs on, counted as abandoned until it ends."""
+    threads = HandlerThreads(1, 1)
+    release = threading.Event()
+    call = asyncio.create_task(threads.call(lambda _: release.wait(5), None, 0.05))
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert (threads.status().alive, threads.status().abandoned) == (1, 1)
+    release.set()
+    for _ in range(100):
+        if threads.status().alive == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert (threads.status().alive, threads.status().abandoned) == (0, 0)
 
 
 async def test_base_exceptions_from_threads_reach_the_caller() -> None:

@@ -118,6 +118,12 @@ class Settings(BaseSettings):
     worker_outcome_deadline: float = Field(default=60.0, gt=0)
     # ... or more handler threads abandoned (past their timeout, still running) than this
     worker_abandoned_thread_limit: int = Field(default=4, ge=0)
+    # ... or every slot held by work running past its timeout for longer than this (seconds)
+    worker_overrun_limit: float = Field(default=60.0, gt=0)
+    # an async handler blocking the event loop longer than this (seconds) is preempted by the
+    # loop guard even before its timeout, so its neighbours on the process lose at most that
+    # long (None: at its timeout only)
+    worker_loop_block_limit: float | None = Field(default=None, gt=0)
     # a handler's result larger than this (encoded JSON, bytes) fails its job ("result too
     # large") instead of becoming a giant row that every outcome of the worker waits behind
     max_result_bytes: int = Field(default=1024 * 1024, gt=0)

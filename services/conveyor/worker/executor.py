@@ -1,7 +1,11 @@
 """Running handlers: every attempt ends in exactly one ``Outcome``, whatever the handler does.
 
 Async handlers run in a task each, under ``asyncio.timeout``; sync handlers in threads (see
-``threads.py``: the timeout counts from the thread's start). What a handler raises is a failure
+``threads.py``: the timeout counts from the thread's start). A timeout bounds the work, not just
+the await: an attempt whose work goes on past its deadline (a sync handler's thread, an async
+handler that swallows its cancellation, threads it started with ``asyncio.to_thread``, see
+``sidework.py``) keeps its slot until that work has ended, and its outcome is then a timeout —
+a result that arrives after the deadline never completes the job. What a handler raises is a failure
 that consumes a retry — ``CancelledError`` that nobody asked for, ``SystemExit``,
 ``KeyboardInterrupt`` and ``GeneratorExit`` included — except ``Retry`` (another attempt, no retry
 consumed) and a cancellation by the drain (the job is handed back). An exception whose ``__str__``
@@ -11,9 +15,11 @@ raises is still described.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..core import tracing
 from ..core.metrics import Metrics
@@ -23,6 +29,7 @@ from .guard import LoopBlocked
 from .middleware import chain, sync_call
 from .outcomes import Outcome
 from .running import Running
+from .sidework import ATTEMPT
 from .threads import HandlerThreads, HandlerTimeout
 
 Report = Callable[[Running, Outcome], None]
@@ -36,6 +43,8 @@ class ExecutorStatus:
     threads_waiting: int
     threads_waiting_since: float | None
     thread_limit: int
+    # the deadlines of attempts whose work still runs past them (sorted: the oldest first)
+    overrun_since: tuple[float, ...] = ()
 
 
 class Executor:
@@ -47,6 +56,7 @@ class Executor:
         abandoned_limit: int,
         report: Report,
         max_result_bytes: int | None = None,
+        overrun_limit: float | None = None,
         middlewares: Sequence[Middleware] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -57,11 +67,19 @@ class Executor:
         self.clock = clock
         self.threads = HandlerThreads(concurrency, abandoned_limit, clock=clock)
         self.tasks: dict[asyncio.Task[Outcome], Running] = {}
+        # past its deadline + this, work that will not stop is given up on: its outcome (a
+        # timeout) is written, its slot stays busy until it ends (``release_when_stopped``)
+        self.overrun_limit = overrun_limit
+        self.lingering: dict[Running, float] = {}  # given up on, still running → its deadline
 
     def status(self) -> ExecutorStatus:
         t = self.threads.status()
+        now = self.clock()
+        overrun = sorted([d for r in list(self.tasks.values())
+                          if (d := r.deadline_at) is not None and d < now]
+                         + list(self.lingering.values()))  # fmt: skip
         return ExecutorStatus(len(self.tasks), t.alive, t.abandoned, t.waiting, t.waiting_since,
-                              t.limit)  # fmt: skip
+                              t.limit, tuple(overrun))  # fmt: skip
 
     def start(self, running: Running) -> None:
         """Run ``running``'s handler in a task of its own; its outcome goes to ``report``."""
@@ -76,13 +94,59 @@ class Executor:
     async def run_one(self, running: Running) -> Outcome:
         """One step: run the handler to its outcome and report it."""
         started = self.clock()
+        ATTEMPT.set(running)  # in this task's context: its to_thread calls are counted
+        if running.timeout is not None:
+            running.deadline_at = started + running.timeout
         if tracing.enabled():
             outcome = await self._traced(running)
         else:
             outcome = await self.attempt(running)
+        await self._work_ended(running)
         self.metrics.job_duration_of(running.job.type).observe(self.clock() - started)
         self.report(running, outcome)
         return outcome
+
+    async def _work_ended(self, running: Running) -> None:
+        """Wait until the threads the handler started have ended (its job's slot and lease are
+        held until then), or past its deadline + ``overrun_limit`` give up on them. The drain's
+        hand-back stops the wait: the process exits right after."""
+        while pending := [asyncio.wrap_future(f) for f in list(running.side_work) if not f.done()]:
+            left = self._give_up_in(running)
+            try:
+                _, still = await asyncio.wait(pending, timeout=left)
+            except asyncio.CancelledError:
+                return
+            if still and left is not None and self._give_up_in(running) == 0:
+                self._give_up(running, list(still))
+                return
+
+    def _give_up_in(self, running: Running) -> float | None:
+        if self.overrun_limit is None or running.deadline_at is None:
+            return None
+        return max(0.0, running.deadline_at + self.overrun_limit - self.clock())
+
+    def _give_up(self, running: Running, work: list[asyncio.Future[Any]]) -> None:
+        running.lingering.extend(work)
+        self.lingering[running] = running.deadline_at or self.clock()
+
+    def release_when_stopped(self, running: Running, release: Callable[[], None]) -> None:
+        """Free the attempt's slot (``release``) once all its work has stopped: now, or when
+        the last of the work given up on ends."""
+        pending = [f for f in running.lingering if not f.done()]
+        if not pending:
+            self.lingering.pop(running, None)
+            release()
+            return
+        left = [len(pending)]
+
+        def one(_: asyncio.Future[Any]) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.lingering.pop(running, None)
+                release()
+
+        for f in pending:
+            f.add_done_callback(one)
 
     async def _traced(self, running: Running) -> Outcome:
         """The attempt inside its span (``core/tracing.py``): the handler's own spans nest."""
@@ -118,10 +182,17 @@ class Executor:
                     else:
                         async with asyncio.timeout(timeout) as deadline:
                             result = await handler(job)
+                        if deadline.expired():  # it swallowed its cancellation, and returned
+                            raise TimeoutError
                 finally:
                     running.in_handler = False
             else:  # the timeout counts from the thread's start, inside the chain
-                inner = sync_call(self.threads.call, spec.func, timeout)
+                call = functools.partial(
+                    self.threads.call, on_deadline=job._cancel.set,
+                    give_up_after=self.overrun_limit,
+                    on_give_up=lambda f: self._give_up(running, [f]),
+                )  # fmt: skip
+                inner = sync_call(call, spec.func, timeout)
                 result = await chain(self.middlewares, inner)(job)
             return outcomes.completed(result, max_bytes=self.max_result_bytes)
         except asyncio.CancelledError as exc:

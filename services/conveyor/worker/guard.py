@@ -12,9 +12,13 @@ handler in the main thread, between two bytecodes or when a blocking call return
 the handler's own code: the attempt fails like a timeout and the loop runs again. So the other
 jobs of the worker pause for at most that limit (plus the monitor's 0.25 s tick).
 
-Not covered: a handler without a ``timeout`` (nothing says how long it may take), and C code that
-runs long without returning to the interpreter (a regular expression, a C extension holding the
-GIL); there liveness fails after ``worker_loop_stall_limit`` and the
+``CONVEYOR_WORKER_LOOP_BLOCK_LIMIT`` (off by default) preempts sooner than the timeout: an async
+handler blocking the loop longer than that fails, so its neighbours on the process pause for at
+most that long (asyncio's own debug mode calls a callback slow past 0.1 s).
+
+Not covered: a handler without a ``timeout`` and no block limit (nothing says how long it may
+take), and C code that runs long without returning to the interpreter (a regular expression, a C
+extension holding the GIL); there liveness fails after ``worker_loop_stall_limit`` and the
 orchestrator restarts the worker. A handler that catches ``BaseException`` and blocks again is
 preempted again after another limit. The guard needs the loop in the main thread (``conveyor
 worker``, ``conveyor dev``); elsewhere it stays off and says so in a log line.
@@ -139,7 +143,7 @@ class LoopGuard:
         self._fired = (task, tick, self.clock())
         self._target = _Target(task, tick, (
             f"LoopBlocked: the handler blocked the worker's event loop for {blocked:.1f} s "
-            f"(its timeout is {limit:g} s); an "
+            f"(its limit is {limit:g} s); an "
             "async handler must not call blocking code: make it a sync handler (it runs in a "
             "thread) or use asyncio.to_thread"
         ))  # fmt: skip

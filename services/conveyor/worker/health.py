@@ -9,8 +9,11 @@ their own so they can answer while the event loop is blocked.
     is unreachable, or a row lock holds the write), or a sync handler has waited that long for a
     thread; a completion whose follow-up's unique key another transaction holds is not counted
     (it waits for that transaction, like a submit of the same key; ``outcomes_held_by_keys``);
-  - more handler threads are abandoned (past their timeout, still running) than
-    ``worker_abandoned_thread_limit``;
+  - more handler threads are abandoned (given up on past their timeout + ``worker_overrun_limit``,
+    or handed back by a drain, still running) than ``worker_abandoned_thread_limit``;
+  - its capacity is gone: every slot is held by work that has run past its timeout for longer
+    than ``worker_overrun_limit`` (work that cannot be stopped keeps its slot until it ends,
+    see ``executor.py``);
   - one of the worker's internal loops ended, or the broker connection stayed down longer than
     ``broker_grace``.
   A busy worker — every slot running a long job — is healthy. Draining is healthy.
@@ -23,6 +26,8 @@ loop) and the loop monitor's clock; it never touches the worker's private state.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,6 +47,7 @@ class Limits:
     loop_stall: float = 10.0
     outcome_deadline: float = 60.0
     abandoned_threads: int = 4
+    overrun: float = 60.0
 
 
 def assess(
@@ -65,6 +71,10 @@ def assess(
                        f"timeout (limit {limits.abandoned_threads})")  # fmt: skip
     if thread_wait > limits.outcome_deadline:
         reasons.append(f"a sync handler has waited {thread_wait:.0f} s for a thread")
+    overrun = [t for t in s.executor.overrun_since if now - t > limits.overrun]
+    if overrun and len(overrun) >= s.concurrency:
+        reasons.append(f"every slot ({s.concurrency}) held by work running past its timeout for "
+                       f"over {limits.overrun:g} s")  # fmt: skip
     healthy = s.stopping or not reasons
     return healthy, {
         "reasons": reasons,
@@ -81,6 +91,7 @@ def assess(
         "threads_alive": s.executor.threads_alive,
         "threads_abandoned": s.executor.threads_abandoned,
         "threads_waiting": s.executor.threads_waiting,
+        "overrunning": len(s.executor.overrun_since),
         "running": s.running,
         "concurrency": s.concurrency,
         "stopping": s.stopping,
@@ -96,6 +107,7 @@ class WorkerHealth:
             st.worker_loop_stall_limit,
             st.worker_outcome_deadline,
             st.worker_abandoned_thread_limit,
+            st.worker_overrun_limit,
         )
         self._down = DownTimer()
 
@@ -150,11 +162,19 @@ class ProbeServer:
             name="conveyor-probes", daemon=True,
         )  # fmt: skip
         self.thread.start()
+        # a handler's forked child must not keep the listening socket (a restarted worker
+        # could not bind the port while the child lives): close it in every child
+        os.register_at_fork(after_in_child=functools.partial(_close_quietly, self.server))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.server.shutdown()
             self.server.server_close()
+
+
+def _close_quietly(server: ThreadingHTTPServer) -> None:
+    with contextlib.suppress(Exception):
+        server.socket.close()
 
 
 async def serve_health(

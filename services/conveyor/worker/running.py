@@ -28,3 +28,10 @@ class Running:
     followups: list[NewJob] = field(default_factory=list, repr=False)
     last_progress: ProgressReport | None = None  # not yet written when the handler returned
     trace_parent: str | None = None  # tracing on: the parent of the attempt's span
+    deadline_at: float | None = None  # the worker's clock when the attempt's timeout passes
+    # threads the handler started through the worker's default executor (``sidework.py``),
+    # still running: the attempt's slot stays busy until they end
+    side_work: set[Any] = field(default_factory=set, repr=False)
+    # work given up on (past its deadline + ``worker_overrun_limit``) that still runs after the
+    # outcome is written: asyncio futures done when it ends; the slot is freed only then
+    lingering: list[asyncio.Future[Any]] = field(default_factory=list, repr=False)

@@ -1,11 +1,16 @@
 """Threads for synchronous handlers, so a stuck one cannot starve the others.
 
 Each call runs in a fresh daemon thread. The call's timeout is measured from the moment its thread
-starts, never while it waits. A call that outlives its timeout (or whose job is handed back by a
-drain) is *abandoned*: its job gets its outcome at once and frees its concurrency slot, while the
-thread runs on (Python cannot stop a thread) and is counted until it ends. Threads are bounded:
-``size`` (the worker's concurrency) plus ``abandoned_limit``; past that a call waits for a thread,
-and the worker's liveness reports it (see ``health.py``), so Kubernetes restarts the process.
+starts, never while it waits. Python cannot stop a thread, so a call that outlives its timeout
+goes on being waited for: ``on_deadline`` is called (the job's ``cancel_requested`` turns true, a
+cooperative handler stops) and ``HandlerTimeout`` is raised only once the thread has ended, so the
+attempt keeps its concurrency slot — and its job stays IN_PROGRESS, counted under its type's
+fleet limit — for as long as the work really runs; what it returns then is ignored. A call is
+*abandoned* when its thread still runs ``give_up_after`` seconds past the timeout (the timeout is
+raised then; the executor keeps the slot busy until the thread ends) or when its job is handed
+back by a drain (the process exits right after): the thread runs on, counted until it ends.
+Threads are bounded: ``size`` (the worker's concurrency) plus ``abandoned_limit``; past that a
+call waits for a thread, and the worker's liveness reports it (see ``health.py``).
 """
 
 from __future__ import annotations
@@ -58,9 +63,20 @@ class HandlerThreads:
         since = min(self._waiting.values(), default=None)
         return ThreadStatus(self._alive, self._abandoned, len(self._waiting), since, self.limit)
 
-    async def call(self, func: Callable[[Any], Any], arg: Any, timeout: float | None) -> Any:
-        """``func(arg)`` in a thread of its own; ``HandlerTimeout`` once it has run ``timeout``
-        seconds. Exceptions of every kind (``SystemExit`` too) are raised here, in the caller."""
+    async def call(
+        self,
+        func: Callable[[Any], Any],
+        arg: Any,
+        timeout: float | None,
+        *,
+        on_deadline: Callable[[], None] | None = None,
+        give_up_after: float | None = None,
+        on_give_up: Callable[[asyncio.Future[Any]], None] | None = None,
+    ) -> Any:
+        """``func(arg)`` in a thread of its own; ``HandlerTimeout`` once it has run past
+        ``timeout`` seconds *and ended*. Exceptions of every kind (``SystemExit`` too) are raised
+        here, in the caller. Past ``timeout`` + ``give_up_after`` the thread is abandoned: the
+        timeout is raised at once, and ``on_give_up`` gets a future done when the thread ends."""
         token = next(self._tokens)
         self._waiting[token] = self.clock()
         try:
@@ -94,15 +110,27 @@ class HandlerThreads:
                 async with asyncio.timeout(timeout):
                     ok, value = await asyncio.shield(call.done)
             except TimeoutError:
+                if on_deadline is not None:
+                    on_deadline()
+                try:  # the work goes on: so does its slot
+                    async with asyncio.timeout(give_up_after):
+                        await asyncio.shield(call.done)
+                except TimeoutError:
+                    self._abandon(call)
+                    if on_give_up is not None:
+                        on_give_up(call.done)
                 raise HandlerTimeout(f"attempt exceeded its timeout of {timeout} s") from None
         except BaseException:
-            if not call.done.done():
-                call.abandoned = True
-                self._abandoned += 1
+            if not call.done.done() and not call.abandoned:
+                self._abandon(call)
             raise
         if ok:
             return value
         raise value
+
+    def _abandon(self, call: _Call) -> None:
+        call.abandoned = True
+        self._abandoned += 1
 
     def _finished(self, call: _Call, outcome: tuple[bool, Any]) -> None:
         self._alive -= 1

@@ -48,6 +48,7 @@ from .limits import LimitedConsumer
 from .loop import LoopMonitor
 from .progress import ProgressWriter
 from .running import Running
+from .sidework import SIDE_THREADS
 from .status import WorkerStatus, gather_status
 
 log = logging.getLogger("conveyor.worker")
@@ -114,6 +115,7 @@ class Worker:
             self.metrics, concurrency=concurrency,
             abandoned_limit=settings.worker_abandoned_thread_limit,
             max_result_bytes=settings.max_result_bytes, report=self._report,
+            overrun_limit=settings.worker_overrun_limit,
             middlewares=router.middlewares, clock=clock,
         )  # fmt: skip
         self.notifier = Notifier(None, self.store)
@@ -126,8 +128,11 @@ class Worker:
             early_ack_after=settings.early_ack_after, clock=clock,
         )  # fmt: skip
         self.drain = Drain(self, clock=clock)
-        self.monitor = LoopMonitor(self.metrics.registry, on_tick=self._snapshot, clock=clock)
-        self.guard = LoopGuard(self.monitor, self._preempt_limit)
+        block = settings.worker_loop_block_limit  # a short one needs quicker ticks and checks
+        self.monitor = LoopMonitor(self.metrics.registry, on_tick=self._snapshot, clock=clock,
+                                   interval=min(0.25, block / 2) if block else 0.25)  # fmt: skip
+        self.guard = LoopGuard(self.monitor, self._preempt_limit,
+                               interval=min(0.1, block / 4) if block else 0.1)  # fmt: skip
         self.loops: dict[str, asyncio.Task[None]] = {}
         self.snapshot: WorkerStatus | None = None  # refreshed on every loop tick
         self.stopping = False
@@ -168,6 +173,8 @@ class Worker:
             "progress": self._loop("progress", self.progress.run()),
         }
         await self.subscription.consume(self.consumer.offer)
+        # to_thread work is counted against its attempt, and never queues behind stuck work
+        asyncio.get_running_loop().set_default_executor(SIDE_THREADS)
         if not self.guard.start(asyncio.get_running_loop()):
             why = "the event loop is not in the main thread, or SIGURG has a handler"
             event(log, "loop_guard_off", logging.WARNING, reason=why)
@@ -246,12 +253,13 @@ class Worker:
 
     def _preempt_limit(self, task: asyncio.Task[Any]) -> float | None:
         """How long the async handler running in ``task`` may block the loop before the guard
-        preempts it: its timeout (None: not inside an async handler, or no timeout; liveness
-        fails after ``worker_loop_stall_limit`` then)."""
+        preempts it: its timeout, or ``worker_loop_block_limit`` if shorter (None: not inside an
+        async handler, or neither; liveness fails after ``worker_loop_stall_limit`` then)."""
         running = self.executor.tasks.get(task)
         if running is None or not running.in_handler:  # only async handlers' own code
             return None
-        return running.timeout or None
+        limits = [x for x in (running.timeout, self.settings.worker_loop_block_limit) if x]
+        return min(limits) if limits else None
 
     def _unacked(self, job_type: str) -> int:
         """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
@@ -271,7 +279,7 @@ class Worker:
             if self.running.get(job_id) is p.running:
                 del self.running[job_id]
                 self.heartbeater.acked_early.discard(job_id)
-            self.slots.release()
+            self.executor.release_when_stopped(p.running, self.slots.release)
         self.consumer.freed.set()  # jobs held in hand for a type's slot are claimed again
         if not self.running:
             self.idle.set()

@@ -1,0 +1,121 @@
+"""Handlers whose work outlives their timeout, beside the well-behaved neighbours. A worker
+subprocess imports them as ``tests.adversary.overrun:router`` (run from the repository root).
+
+Payload knobs: ``log`` (a file each body appends ``start``/``end`` lines to, with
+``time.time()``, so a test counts the bodies running at once from the handlers' own records),
+``release`` (a file whose existence ends a stuck body early), ``pidfile`` (where a forked child
+writes its pid), ``seconds`` (how long a body runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+from conveyor import Job, JobRouter
+
+from . import handlers
+
+router = JobRouter()
+router.job("neighbour")(handlers.neighbour)
+router.job("neighbour_sync")(handlers.neighbour_sync)
+router.job("huge_result", max_retries=1, retry_delays=[1], timeout=20)(handlers.huge_result)
+router.job("blocks_loop", max_retries=1, retry_delays=[1], timeout=1)(handlers.blocks_loop)
+
+
+def record(job: Job, what: str) -> None:
+    path = job.payload.get("log")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{what} {time.time():.6f} {job.id}\n".encode())
+        finally:
+            os.close(fd)
+
+
+def stuck(job: Job) -> None:
+    """Blocking work that ignores every request to stop, for ``seconds`` (or until ``release``
+    exists)."""
+    record(job, "start")
+    try:
+        end = time.monotonic() + float(job.payload.get("seconds", 40))
+        release = job.payload.get("release")
+        while time.monotonic() < end and not (release and os.path.exists(release)):
+            time.sleep(0.05)
+    finally:
+        record(job, "end")
+
+
+@router.job("stuck_to_thread", max_retries=0, timeout=1)
+async def stuck_to_thread(job: Job) -> None:
+    """What the loop guard's message recommends for blocking code: it cannot be cancelled."""
+    await asyncio.to_thread(stuck, job)
+
+
+@router.job("quick_to_thread", max_retries=0, timeout=10)
+async def quick_to_thread(job: Job) -> dict[str, bool]:
+    await asyncio.to_thread(time.sleep, 0.05)
+    return {"ok": True}
+
+
+@router.job("swallows_cancel", max_retries=1, retry_delays=[1], timeout=1)
+async def swallows_cancel(job: Job) -> dict[str, bool]:
+    """Catches ``CancelledError`` and goes on until its ``seconds`` are up, then returns."""
+    record(job, "start")
+    end = time.monotonic() + float(job.payload.get("seconds", 4))
+    while (left := end - time.monotonic()) > 0:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(left)
+    record(job, "end")
+    return {"finished": True}
+
+
+@router.job("overrun_sync", max_retries=0, timeout=1, concurrency=2)
+def overrun_sync(job: Job) -> dict[str, bool]:
+    """Runs past its 1 s timeout (``seconds``, 4 by default), under a fleet limit of 2."""
+    stuck(job)
+    return {"finished": True}
+
+
+@router.job("non_daemon_thread", max_retries=0, timeout=5)
+async def non_daemon_thread(job: Job) -> None:
+    """Leaves a non-daemon thread behind: the interpreter joins those at exit."""
+    seconds = float(job.payload.get("seconds", 40))
+    threading.Thread(target=time.sleep, args=(seconds,), daemon=False).start()
+    record(job, "start")
+
+
+@router.job("forks", max_retries=0, timeout=5)
+async def forks(job: Job) -> None:
+    """Forks a child that lives on (it inherits every descriptor of the worker)."""
+    pid = os.fork()
+    if pid == 0:  # the child: sleep, then leave without running any of the parent's cleanup
+        try:
+            time.sleep(float(job.payload.get("seconds", 40)))
+        finally:
+            os._exit(0)
+    with open(job.payload["pidfile"], "w") as f:
+        f.write(str(pid))
+
+
+def overlap(lines: list[str]) -> int:
+    """The most bodies running at once, from ``record``'s lines."""
+    events = sorted((float(t), 1 if what == "start" else -1) for what, t, _ in
+                    (line.split() for line in lines if line.strip()))  # fmt: skip
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def read_log(path: Any) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
