@@ -20,7 +20,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--name", required=True, help="a name for the key (unique among active keys)")
     c.add_argument("--scopes", required=True, help="comma-separated: jobs:read,jobs:write,admin")
     actions.add_parser("list", help="every key: name, id, scopes, created, revoked")
-    r = actions.add_parser("revoke", help="revoke the active key of this name (within 5 s)")
+    cached = Settings.model_fields["auth_cache_seconds"].default
+    revoke = (f"revoke the active key of this name (refused everywhere within {cached:g} s: "
+              "CONVEYOR_AUTH_CACHE_SECONDS)")  # fmt: skip
+    r = actions.add_parser("revoke", help=revoke, description=revoke)
     r.add_argument("name")
     s.set_defaults(func=cmd_keys)
 

@@ -43,6 +43,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/docs/oauth2-redirect"): OPEN,
     ("GET", "/redoc"): OPEN,
     ("GET", "/metrics"): OPEN,  # READ under CONVEYOR_METRICS_AUTH=required
+    ("GET", "/favicon.ico"): OPEN,
     # jobs
     ("POST", "/jobs"): WRITE,
     ("POST", "/jobs/batch"): WRITE,

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import FastAPI, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from ...core.jobs import Status
@@ -58,6 +58,13 @@ async def _form(request: Request) -> dict[str, str]:
 
 def add_ui(app: FastAPI, api: HasConnection) -> None:
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        # a PNG: every browser takes one at this path, and it spares an .ico encoder
+        return FileResponse(STATIC / "favicon.png", media_type="image/png",
+                            headers={"Cache-Control": "public, max-age=86400"})  # fmt: skip
+
     add_login_routes(app, _same_origin)
 
     async def overview_fragment() -> str:
