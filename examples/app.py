@@ -34,8 +34,8 @@ def resize_image(job: Job) -> dict[str, object]:
     return {"width": job.payload.get("width", 100) // 2}
 
 
-@router.job("always_fails", max_retries=1, retry_delays=[1])
-async def always_fails(job: Job) -> None:
+@router.job("never_succeeds", max_retries=1, retry_delays=[1])
+async def never_succeeds(job: Job) -> None:
     """Fails every attempt: one retry, then FAILED, so the dashboard's dead-letter page (and
     `conveyor dlq list`) has something to show on purpose."""
     raise RuntimeError(f"card declined for order {job.payload.get('order', '?')}")

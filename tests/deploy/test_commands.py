@@ -44,8 +44,8 @@ def test_compose_services_run_real_conveyor_commands(service: str) -> None:
     assert args.command == service
     if service == "worker":
         assert worker_types(args) == [
-            "always_fails",
             "hello",
+            "never_succeeds",
             "poll_upstream",
             "resize_image",
             "send_email",

@@ -22,12 +22,12 @@ README = (ROOT / "README.md").read_text()
 async def test_the_example_app_has_a_job_that_always_fails(settings: Settings, db_url: str) -> None:
     """`make dev`'s app fills the dead-letter page by asking, not by luck."""
     async with running_stack(settings, example_router) as stack:
-        job = await stack.submit("always_fails", {"order": 42})
+        job = await stack.submit("never_succeeds", {"order": 42})
         done = await wait_for(db_url, [job], statuses={"FAILED"}, timeout=30)
         assert list(done.values()) == ["FAILED"]
         page = await stack.client.get("/ui/dead")
-        assert page.status_code == 200 and "always_fails" in page.text, page.text[-2000:]
-    assert "always_fails" in README  # the README says how to reach the page
+        assert page.status_code == 200 and "never_succeeds" in page.text, page.text[-2000:]
+    assert "never_succeeds" in README  # the README says how to reach the page
 
 
 def _subcommand_help(*names: str) -> str:
