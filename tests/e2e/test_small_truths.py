@@ -61,6 +61,8 @@ async def test_dashboard_times_carry_their_zone(settings: Settings) -> None:
             times = re.findall(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[^<]{0,10}", text)
             assert times, path
             assert all(t.endswith(" UTC") or "+00:00" in t for t in times), (path, times)
+        # the filter's datetime-local input is read as UTC: its label says so
+        assert "created since (UTC)" in (await stack.client.get("/ui/jobs")).text
 
 
 async def test_favicon_is_served_without_a_key(settings: Settings) -> None:

@@ -127,7 +127,8 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             '<form class="filters" method="get" action="/ui/jobs">'
             f'<input name="type" placeholder="type" value="{r.e(type)}">'
             f'<select name="status"><option value="">any status</option>{options}</select>'
-            f'<label>created since <input type="datetime-local" name="since" value="{r.e(since)}">'
+            "<label>created since (UTC) "
+            f'<input type="datetime-local" name="since" value="{r.e(since)}">'
             '</label> <button type="submit">Filter</button></form>'
             '<form class="filters" method="get" action="/ui/jobs">'
             '<input name="id" placeholder="find by id" size="40"> <button>Find</button></form>'
