@@ -34,6 +34,13 @@ def resize_image(job: Job) -> dict[str, object]:
     return {"width": job.payload.get("width", 100) // 2}
 
 
+@router.job("never_succeeds", max_retries=1, retry_delays=[1])
+async def never_succeeds(job: Job) -> None:
+    """Fails every attempt: one retry, then FAILED, so the dashboard's dead-letter page (and
+    `conveyor dlq list`) has something to show on purpose."""
+    raise RuntimeError(f"card declined for order {job.payload.get('order', '?')}")
+
+
 @router.job("poll_upstream", max_retries=3)
 async def poll_upstream(job: Job) -> None:
     """Asks to be tried again later without using up a retry."""

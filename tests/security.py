@@ -12,8 +12,12 @@ from conveyor.core.config import Settings
 from .stack import Stack, running_stack
 
 # for each scope a route may need: a key holding exactly it, and a key holding everything else
+# that does not include it (jobs:write includes jobs:read, admin both: no key lacks only
+# jobs:read); IMPLIED_BY: a key whose scope includes the needed one (jobs:read's routes are reads,
+# so a second request changes nothing)
 RIGHT = {"jobs:read": "jobs:read", "jobs:write": "jobs:write", "admin": "admin"}
-WRONG = {"jobs:read": "jobs:write", "jobs:write": "jobs:read", "admin": "jobs:read,jobs:write"}
+WRONG = {"jobs:write": "jobs:read", "admin": "jobs:read,jobs:write"}
+IMPLIED_BY = {"jobs:read": "jobs:write"}
 # well-formed and not: each must be a 401
 BAD_KEYS = ["cvk_0123456789ab_" + "A" * 43, "not-a-key", "Bearer", "cvk_"]
 
@@ -25,7 +29,7 @@ def required(settings: Settings, **kw: Any) -> Settings:
 async def make_keys(settings: Settings) -> dict[str, str]:
     """scopes (as in RIGHT/WRONG values) → a new key holding them."""
     keys = {}
-    for i, scopes in enumerate(sorted({*RIGHT.values(), *WRONG.values()})):
+    for i, scopes in enumerate(sorted({*RIGHT.values(), *WRONG.values(), *IMPLIED_BY.values()})):
         keys[scopes] = await create_key(settings, f"k{i}-{scopes}", scopes)
     return keys
 

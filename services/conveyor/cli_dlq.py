@@ -17,7 +17,12 @@ from .core.config import Settings
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("dlq", help="list, redrive or purge the dead-letter queue")
     dlq = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    d = dlq.add_parser("list", help="print dead letters, oldest first (they stay in the queue)")
+    d = dlq.add_parser(
+        "list",
+        help="print the dead letters whose job is still FAILED at the "
+        "attempt they recorded, oldest first (they stay in the queue); drops the "
+        "stale ones (redriven, purged or failed again since, from anywhere)",
+    )
     d.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     d.add_argument("--json", action="store_true", help="one JSON object per letter (JSON Lines)")
     for name, help_ in (("redrive", "re-queue the jobs of matching dead letters"),
@@ -65,7 +70,16 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                 pool = _OneConnection(conn)
                 store = for_schema(settings.db_schema)
                 if args.action == "list":
-                    seen = await dl.scan(inspector, pool, store, lambda _: "keep", limit=args.limit)
+                    # a stale letter stays stale (attempts only grow): drop it as we pass, so
+                    # a redrive from the dashboard or the API leaves nothing behind here
+                    seen = await dl.scan(inspector, pool, store,
+                                         lambda d: "drop" if d.stale else "keep",
+                                         limit=args.limit)  # fmt: skip
+                    stale = sum(1 for _, decision in seen if decision == "drop")
+                    seen = [(letter, d) for letter, d in seen if d == "keep"]
+                    if stale:
+                        print(f"dropped {stale} stale dead letter(s): their jobs were redriven, "
+                              "purged or failed again since", file=sys.stderr)  # fmt: skip
                     if not args.json:
                         print(f"{'job':<36}  {'type':<24} {'attempt':>7}  {'status':<11} "
                               f"{'':<5}  error")  # fmt: skip

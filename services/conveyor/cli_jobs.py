@@ -1,6 +1,7 @@
 """``conveyor jobs show|list|cancel|retry``: jobs for operators. ``list`` pages like
 ``GET /jobs`` (newest first, keyset ``--cursor``; ``--all`` follows every page); ``--json``
-prints what the API answers (``list``: one job per line, JSON Lines)."""
+prints what the API answers, one JSON object per line (JSON Lines; ``show`` adds the job's
+``attempts`` as ``GET /jobs/{id}/attempts`` lists them)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import sys
 import uuid
 from typing import Any
 
-from .cli_support import CliError, database, json_doc, json_line
+from .cli_support import CliError, database, json_doc, json_line, when
+from .cli_support import job_id as parse_job_id
 from .core.config import Settings
 
 STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED"]
@@ -24,7 +26,9 @@ def add_parser(sub: Any) -> None:
         j = jobs.add_parser(name, help=help_)
         j.add_argument("id")
         if name == "show":
-            j.add_argument("--json", action="store_true", help="the job as JSON (as the API)")
+            j.add_argument(
+                "--json", action="store_true", help="the job and its attempts as one JSON line"
+            )
     j = jobs.add_parser("list", help="list jobs, newest first, a page at a time")
     j.add_argument("--type")
     j.add_argument("--status", choices=STATUSES)
@@ -37,9 +41,6 @@ def add_parser(sub: Any) -> None:
 
 def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
     import orjson
-
-    def when(value: Any) -> str:
-        return f"{value:%Y-%m-%d %H:%M:%S}" if value is not None else "-"
 
     retries = f"{row.retry_count} of {row.max_retries if row.max_retries is not None else '?'}"
     fields = [
@@ -55,13 +56,13 @@ def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
     if row.last_error:
         lines.append("last error:")
         lines += ["  " + line for line in row.last_error.rstrip().splitlines()]
-    lines.append(f"{'#':>3}  {'outcome':<13} {'worker':<24} {'started':<19}  {'seconds':>8}  error")
+    lines.append(f"{'#':>3}  {'outcome':<13} {'worker':<24} {'started':<23}  {'seconds':>8}  error")
     for a in attempts:
         error = (a["error"] or "").strip().splitlines()
         seconds = a["duration_seconds"]
         lines.append(
             f"{a['attempt']:>3}  {a['outcome'] or 'running':<13} {a['worker_id'] or '-':<24} "
-            f"{when(a['started_at']):<19}  {'-' if seconds is None else f'{seconds:.3f}':>8}  "
+            f"{when(a['started_at']):<23}  {'-' if seconds is None else f'{seconds:.3f}':>8}  "
             f"{error[-1][:100] if error else ''}".rstrip()
         )
     return "\n".join(lines)
@@ -69,20 +70,21 @@ def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
 
 def _list_line(r: Any) -> str:
     return (f"{r.id}  {r.job_type:<24} {r.status:<12} attempts={r.attempts}"
-            f"  created={r.created_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+            f"  created {when(r.created_at)}")  # fmt: skip
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from .api.attempts import attempt_dict
-    from .api.models import JobResource
     from .api.resource import decode_cursor, encode_cursor
+    from .api.resource import resource as job_resource
     from .store import JobRow, for_schema
 
     settings = Settings()
     store = for_schema(settings.db_schema)
 
     def resource(row: JobRow) -> dict[str, Any]:
-        return JobResource.from_row(row).model_dump(mode="json")
+        # the API's own rendering (orjson writes its times as +00:00, as the API does)
+        return job_resource(row, tracebacks=True)
 
     async def page(conn: Any) -> int:
         if args.limit < 1:
@@ -110,7 +112,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         async with database(settings) as conn:
             if args.action == "list":
                 return await page(conn)
-            return await one(conn, uuid.UUID(args.id))
+            return await one(conn, parse_job_id(args.id))
 
     async def one(conn: Any, job_id: uuid.UUID) -> int:
         attempts: list[dict[str, Any]] = []
@@ -139,12 +141,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if args.action == "show" and not args.json:
             print(_text(row, attempts))
         elif args.action == "show":
-            json_doc({**resource(row), "attempts": attempts})
+            json_line({**resource(row), "attempts": attempts})
         else:
             json_doc(resource(row))
         return 0
 
+    if args.action != "list":
+        parse_job_id(args.id)  # a malformed id: one line, before any connection
     try:
         return int(asyncio.run(go()))
-    except ValueError as exc:  # a malformed id or cursor
+    except ValueError as exc:  # a malformed cursor
         raise CliError(str(exc)) from None

@@ -19,8 +19,12 @@ def add_parser(sub: Any) -> None:
     c = actions.add_parser("create", help="create a key and print it once")
     c.add_argument("--name", required=True, help="a name for the key (unique among active keys)")
     c.add_argument("--scopes", required=True, help="comma-separated: jobs:read,jobs:write,admin")
-    actions.add_parser("list", help="every key: name, id, scopes, created, revoked")
-    r = actions.add_parser("revoke", help="revoke the active key of this name (within 5 s)")
+    ls = actions.add_parser("list", help="every key: name, id, scopes, created, revoked")
+    ls.add_argument("--json", action="store_true", help="one JSON object per key (JSON Lines)")
+    cached = Settings.model_fields["auth_cache_seconds"].default
+    revoke = (f"revoke the active key of this name (refused everywhere within {cached:g} s: "
+              "CONVEYOR_AUTH_CACHE_SECONDS)")  # fmt: skip
+    r = actions.add_parser("revoke", help=revoke, description=revoke)
     r.add_argument("name")
     s.set_defaults(func=cmd_keys)
 
@@ -159,7 +163,8 @@ async def revoke_key(settings: Settings, name: str) -> int:
         await pool.close()
 
 
-async def _list(settings: Settings) -> int:
+async def _list(settings: Settings, as_json: bool = False) -> int:
+    from .cli_support import json_line, when
     from .store import for_schema
     from .store.connect import create_pool
 
@@ -173,10 +178,14 @@ async def _list(settings: Settings) -> int:
     finally:
         await pool.close()
     for k in rows:
-        revoked = f"revoked {k.revoked_at:%Y-%m-%d %H:%M:%S}" if k.revoked_at else "active"
+        if as_json:  # no REST route lists keys: the row's own names (never the key)
+            json_line({"name": k.name, "key_id": k.key_id, "scopes": list(k.scopes),
+                       "created_at": k.created_at, "revoked_at": k.revoked_at})  # fmt: skip
+            continue
+        revoked = f"revoked {when(k.revoked_at)}" if k.revoked_at else "active"
         print(f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
-              f"created {k.created_at:%Y-%m-%d %H:%M:%S}  {revoked}")  # fmt: skip
-    if not rows:
+              f"created {when(k.created_at)}  {revoked}")  # fmt: skip
+    if not rows and not as_json:
         print("no keys: conveyor keys create --name NAME --scopes jobs:read,jobs:write")
     return 0
 
@@ -197,7 +206,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
             print(f"key {args.name!r} revoked (refused by every API within "
                   f"{settings.auth_cache_seconds:g} s)", file=sys.stderr)  # fmt: skip
             return 0
-        return asyncio.run(_list(settings))
+        return asyncio.run(_list(settings, args.json))
     except ValueError as exc:
         print(f"conveyor keys: {exc}", file=sys.stderr)
         return 2

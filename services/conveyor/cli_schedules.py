@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from .cli_support import json_line, when
 from .core.config import Settings
 
 
@@ -17,7 +18,8 @@ def add_parser(sub: Any) -> None:
     s = sub.add_parser("schedules", help="list, add, pause, resume or delete schedules")
     acts = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = acts.add_parser("list", help="every schedule with its next tick")
-    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.add_argument("--json", action="store_true",
+                    help="one JSON object per schedule (JSON Lines)")  # fmt: skip
     a = acts.add_parser("add", help="create or replace a schedule")
     a.add_argument("name")
     a.add_argument("--type", required=True, help="the job type each tick enqueues")
@@ -37,9 +39,9 @@ def add_parser(sub: Any) -> None:
 
 
 def _line(row: Any) -> str:
-    rule = f"cron={row.cron!r} tz={row.timezone}" if row.cron else f"every={row.every_seconds:g}s"
+    rule = f'cron "{row.cron}" tz={row.timezone}' if row.cron else f"every={row.every_seconds:g}s"
     state = "enabled" if row.enabled else "paused"
-    nxt = f"{row.next_run_at:%Y-%m-%d %H:%M:%S%z}" if row.next_run_at else "-"
+    nxt = when(row.next_run_at)
     return f"{row.name:<24} {row.job_type:<20} {rule:<36} {state:<8} next={nxt} ({row.source})"
 
 
@@ -61,11 +63,11 @@ def cmd_schedules(args: argparse.Namespace) -> int:
             async with pool.acquire() as conn:
                 if args.action == "list":
                     rows = await store.schedule_list(conn)
-                    if args.json:
-                        data = [schedule_dict(r) for r in rows]
-                        print(orjson.dumps(data, default=str, option=orjson.OPT_INDENT_2).decode())
-                    for r in [] if args.json else rows:
-                        print(_line(r))
+                    for r in rows:
+                        if args.json:
+                            json_line(schedule_dict(r))
+                        else:
+                            print(_line(r))
                     return 0
                 if args.action == "add":
                     priority: int | str = args.priority
@@ -76,6 +78,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                         cron=args.cron, every_seconds=args.every, timezone=args.timezone,
                         priority=priority, enabled=not args.paused, catch_up=args.catch_up,
                         now=await store.db_clock(conn),
+                        source="cli",
                     )  # fmt: skip
                     done = await store.schedule_upsert(conn, new)
                     assert done is not None

@@ -23,6 +23,34 @@ class CliError(Exception):
     """A failure told in one line on stderr (exit code 2), never a traceback."""
 
 
+def job_id(text: str) -> Any:
+    """A job id from the command line, or a ``CliError`` in the user's words."""
+    import uuid
+
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise CliError(
+            f'"{text}" is not a job id (a UUID, as `conveyor jobs list` prints them)'
+        ) from None
+
+
+def when(value: Any) -> str:
+    """A time for human output: UTC, with its zone."""
+    from datetime import UTC
+
+    return "-" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def shown(value: Any) -> str:
+    """A value for human output: ``-`` for none, ``yes``/``no`` for a flag, never a repr."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
 def safe_url(url: str) -> str:
     """A URL without its password, for messages."""
     from urllib.parse import urlsplit

@@ -8,14 +8,16 @@ import asyncio
 import sys
 from typing import Any
 
-from .cli_support import CliError, database
+from .cli_support import CliError, database, json_line, shown, when
 from .core.config import Settings
 
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("types", help="list the known job types, or register a router's types")
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("list", help="the types workers registered, with their defaults")
+    ls = actions.add_parser("list", help="the types workers registered, with their defaults")
+    ls.add_argument("--json", action="store_true",
+                    help="one JSON object per type, as GET /types (JSON Lines)")  # fmt: skip
     r = actions.add_parser(
         "register", help="register a router's types without running a worker (a deploy step)"
     )
@@ -71,8 +73,9 @@ def cmd_types(args: argparse.Namespace) -> int:
             return 1
         t = {t.name: t for t in await store.job_type_list(conn)}[name]
         d = type_dict(t)
-        print(f"{name}: paused={d['paused']} concurrency={d['concurrency']} "
-              f"rate_limit={d['rate_limit']} ({d['limits_source']}); workers apply it within "
+        print(f"{name}: {'paused' if d['paused'] else 'active'}, concurrency "
+              f"{shown(d['concurrency'])}, rate limit {shown(d['rate_limit'])} (limits set by "
+              f"the {d['limits_source']}); workers apply it within "
               f"{settings.type_refresh_interval:g} s")  # fmt: skip
         return 0
 
@@ -89,13 +92,16 @@ def cmd_types(args: argparse.Namespace) -> int:
                 return 0
             for t in await store.job_type_list(conn):
                 d = type_dict(t)
+                if args.json:
+                    json_line(d)
+                    continue
                 delays = ",".join(map(str, t.retry_delays)) or "-"
-                seen = f"{t.last_seen:%Y-%m-%d %H:%M:%S}"
+                timeout = "-" if t.timeout_seconds is None else f"{t.timeout_seconds:g}s"
                 state = "PAUSED" if t.paused else "active"
-                print(f"{t.name:<32} {state:<6} concurrency={t.concurrency or '-'}"
-                      f" rate_limit={d['rate_limit'] or '-'} running={t.running}"
-                      f" max_retries={t.max_retries} timeout={t.timeout_seconds}"
-                      f" retry_delays={delays} last_seen={seen}")  # fmt: skip
+                print(f"{t.name:<32} {state:<6} concurrency={shown(t.concurrency)}"
+                      f" rate_limit={shown(d['rate_limit'])} running={t.running}"
+                      f" max_retries={shown(t.max_retries)} timeout={timeout}"
+                      f" retry_delays={delays} last_seen={when(t.last_seen)}")  # fmt: skip
             return 0
 
     try:

@@ -142,7 +142,13 @@ def selector_problems(docs: Sequence[Doc]) -> list[str]:
                     if p.get("targetPort", p.get("port")) not in ports:
                         problems.append(f"Service/{name}: targetPort {p.get('targetPort')} unknown")
             else:
-                replicas = target.get("spec", {}).get("replicas", 1)
+                # an autoscaler owns the count when one targets the workload: its minimum
+                scalers = [h["spec"] for h in by_kind(docs, "HorizontalPodAutoscaler").values()
+                           if h["spec"]["scaleTargetRef"]["name"] == target["metadata"]["name"]
+                           and h["spec"]["scaleTargetRef"]["kind"] == target["kind"]]  # fmt: skip
+                replicas = target.get("spec", {}).get(
+                    "replicas", scalers[0].get("minReplicas", 1) if scalers else 1
+                )
                 if "minAvailable" in spec and spec["minAvailable"] >= replicas:
                     problems.append(f"PodDisruptionBudget/{name}: minAvailable blocks every drain")
     return problems

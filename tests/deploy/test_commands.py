@@ -43,7 +43,13 @@ def test_compose_services_run_real_conveyor_commands(service: str) -> None:
     assert isinstance(args, argparse.Namespace), args
     assert args.command == service
     if service == "worker":
-        assert worker_types(args) == ["hello", "poll_upstream", "resize_image", "send_email"]
+        assert worker_types(args) == [
+            "hello",
+            "never_succeeds",
+            "poll_upstream",
+            "resize_image",
+            "send_email",
+        ]
 
 
 def test_the_compose_commands_are_the_documented_ones() -> None:

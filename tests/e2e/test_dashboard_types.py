@@ -40,7 +40,13 @@ async def test_types_page_shows_defaults_and_counts(
             line.split("\t")[0]: line.split("\t")
             for line in (await text("#types tbody")).splitlines()
         }
-        assert set(rows) == {"hello", "poll_upstream", "resize_image", "send_email"}
+        assert set(rows) == {
+            "never_succeeds",
+            "hello",
+            "poll_upstream",
+            "resize_image",
+            "send_email",
+        }
         header = (await text("#types thead")).split("\t")
         email = dict(zip(header, rows["send_email"], strict=True))
         assert email["max retries"] == "5" and email["timeout"] == "30 s"

@@ -19,8 +19,8 @@ from conveyor.cli_keys import create_key, revoke_key
 from conveyor.core.config import Settings
 from conveyor.services import api_server, serve_api
 
-from ..security import BAD_KEYS, RIGHT, WRONG, bearer, keyed_stack, make_keys, required
-from ..stack import free_port
+from ..security import BAD_KEYS, IMPLIED_BY, RIGHT, WRONG, bearer, keyed_stack, make_keys, required
+from ..stack import free_port, running_stack
 
 Req = tuple[str, str, dict[str, Any]]
 
@@ -111,7 +111,10 @@ async def test_every_route_by_key(settings: Settings, db: asyncpg.Connection) ->
             base_headers = kw.pop("headers", {})
             got = {}
             cases = [("none", None), *[(f"bad{i}", k) for i, k in enumerate(BAD_KEYS)],
-                     ("wrong", keys[WRONG[need]]), ("right", keys[RIGHT[need]])]  # fmt: skip
+                     *([("wrong", keys[WRONG[need]])] if need in WRONG else []),
+                     ("right", keys[RIGHT[need]]),
+                     *([("implied", keys[IMPLIED_BY[need]])] if need in IMPLIED_BY
+                       else [])]  # fmt: skip
             for case, key in cases:
                 headers = dict(base_headers)
                 if key is not None:
@@ -120,12 +123,12 @@ async def test_every_route_by_key(settings: Settings, db: asyncpg.Connection) ->
                 got[case] = resp.status_code
                 if resp.status_code == 401:
                     assert resp.headers["www-authenticate"].startswith("Bearer"), (path, case)
-            expect = {c: 401 for c in got} | {"wrong": 403}
-            expect["right"] = ok
+            expect = {c: 401 for c in got} | ({"wrong": 403} if need in WRONG else {})
+            expect |= {"right": ok} | ({"implied": ok} if need in IMPLIED_BY else {})
             if got != expect:
                 failures.append((method, path, need, got, expect))
             rows.append(f"{method:5} {path:28} {need:10} " + " ".join(f"{got[k]}" for k in got))
-        print("\n".join(["route x {none, badx4, wrong, right}:", *rows]))
+        print("\n".join(["route x {none, badx4, wrong, right, implied}:", *rows]))
         assert not failures, failures
         assert len(rows) == sum(1 for s in ROUTE_SCOPES.values() if s != OPEN)
 
@@ -151,8 +154,9 @@ async def test_metrics_behind_a_key_when_asked(settings: Settings) -> None:
     async with keyed_stack(settings, metrics_auth="required") as (stack, keys):
         c = stack.client
         assert (await c.get("/metrics")).status_code == 401
-        assert (await c.get("/metrics", headers=bearer(keys["jobs:write"]))).status_code == 403
         assert (await c.get("/metrics", headers=bearer(keys["jobs:read"]))).status_code == 200
+        # every scope includes jobs:read (issue 24.5): any valid key reads the metrics
+        assert (await c.get("/metrics", headers=bearer(keys["jobs:write"]))).status_code == 200
         assert (await c.get("/healthz")).status_code == 200
 
 
@@ -307,3 +311,36 @@ async def test_the_submit_quota_is_fleet_wide(settings: Settings, db: asyncpg.Co
     # a refused key is refused locally for a window: not a statement per refused submit
     limiter = servers[0].config.app.state.auth.limiter
     assert limiter.round_trips <= 8, limiter.round_trips
+
+
+async def test_a_key_that_submits_reads_its_jobs(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """Writing jobs includes reading them: a ``jobs:write`` key submits with the client, waits
+    for the job to finish and reads its attempts and the job list (issue 24.5: wait was a 403)."""
+    from conveyor import Job, JobRouter
+    from conveyor.client import Client
+    from conveyor.job_types import register_router_types
+
+    router = JobRouter()
+
+    @router.job("writer_echo")
+    async def echo(job: Job) -> dict[str, Any]:
+        return dict(job.payload)
+
+    await register_router_types(db, router)
+    s = required(settings)
+    key = await create_key(s, "writer-only", "jobs:write")
+    async with running_stack(s, router) as stack:
+        base = str(stack.client.base_url)
+
+        def use() -> tuple[str, Any, int]:
+            with Client(base, api_key=key) as c:
+                job = c.submit("writer_echo", {"n": 1})
+                done = c.wait(job.id, timeout=30)
+                assert any(j.id == job.id for j in c.list(type="writer_echo").jobs)
+                return done.status, done.result, done.attempts
+
+        assert await asyncio.to_thread(use) == ("COMPLETED", {"n": 1}, 1)
+        r = await stack.client.get("/types", headers=bearer(key))
+        assert r.status_code == 200, r.text

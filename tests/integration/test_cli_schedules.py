@@ -39,9 +39,10 @@ async def test_schedules_cli(
     code, out, _ = await run("add", "poll", "--type", "t", "--every", "60", "--paused")
     assert code == 0 and "paused" in out
     code, out, _ = await run("list", "--json")
-    listed = {s["name"]: s for s in orjson.loads(out)}
+    listed = {s["name"]: s for s in map(orjson.loads, out.splitlines())}  # JSON Lines
     assert listed["nightly"]["payload"] == {"a": 1} and listed["nightly"]["enabled"] is True
     assert listed["poll"]["next_run_at"] is None
+    assert {s["source"] for s in listed.values()} == {"cli"}
     assert (await run("resume", "poll"))[0] == 0
     code, out, _ = await run("list")
     assert "poll" in out and "paused" not in out

@@ -114,3 +114,26 @@ async def test_leases_expired_counts_running_jobs_past_their_lease(
     await sweeper.recover_leases()
     await gauges.refresh_once()
     assert _value(metrics, "conveyor_leases_expired") == 0
+
+
+async def test_every_registered_type_has_its_series_from_the_first_refresh(
+    db: asyncpg.Connection, parts: tuple[Metrics, Sweeper, Relay]
+) -> None:
+    """Issue 24.7: a registered type without a job had no ``conveyor_jobs`` series, so a fresh
+    install's panels said "no data" and ``absent()`` alerts fired. Every registered type has
+    one per counted status, 0 included, from the first refresh."""
+    metrics, sweeper, _ = parts
+    await db.execute("INSERT INTO job_types (name) VALUES ('quiet_type') ON CONFLICT DO NOTHING")
+    await enqueue_many(db, [JobSpec("a")])
+    gauges = Gauges(metrics, sweeper.store, sweeper.pool, sweeper.topology)
+    await gauges.refresh_once()
+    counted = ("SCHEDULED", "PENDING", "IN_PROGRESS", "RETRYING", "FAILED")
+    for status in counted:
+        assert _value(metrics, "conveyor_jobs", type="quiet_type", status=status) == 0, status
+        assert _value(metrics, "conveyor_jobs_estimated", type="quiet_type", status=status) == 0
+    assert _value(metrics, "conveyor_jobs", type="a", status="PENDING") == 1
+    assert _value(metrics, "conveyor_jobs", type="a", status="FAILED") == 0
+    registered = await db.fetchval("SELECT count(*) FROM job_types")
+    series = {s.labels["type"] for m in metrics.registry.collect() if m.name == "conveyor_jobs"
+              for s in m.samples}  # fmt: skip
+    assert len(series) == registered, (len(series), registered)

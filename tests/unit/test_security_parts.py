@@ -38,7 +38,7 @@ def test_scopes() -> None:
         with pytest.raises(ValueError):
             parse_scopes(bad)
     assert effective(["admin"]) == {"admin", "jobs:read", "jobs:write"}
-    assert effective(["jobs:write"]) == {"jobs:write"}
+    assert effective(["jobs:write"]) == {"jobs:read", "jobs:write"}
 
 
 class _Bucket:

@@ -6,7 +6,8 @@ import uuid
 from datetime import datetime
 from typing import Any, Protocol
 
-from fastapi import FastAPI
+import orjson
+from fastapi import FastAPI, Response
 from pydantic import BaseModel
 
 from ..core.errors import JobNotFound
@@ -76,7 +77,9 @@ def add_attempt_routes(app: FastAPI, api: HasConnection) -> None:
         "`error` is the failure's last line unless the server exposes tracebacks.",
         responses=errors(404, 422, 503),
     )
-    async def job_attempts(job_id: uuid.UUID) -> dict[str, Any]:
-        """Every attempt of the job, oldest first; the running one has ``outcome`` null."""
+    async def job_attempts(job_id: uuid.UUID) -> Response:
+        """Every attempt of the job, oldest first; the running one has ``outcome`` null. Times
+        as the job resource writes them (orjson: ``+00:00``)."""
         rows = await list_attempts(api, job_id)
-        return {"attempts": [attempt_dict(a, tracebacks=_tracebacks(api)) for a in rows]}
+        data = {"attempts": [attempt_dict(a, tracebacks=_tracebacks(api)) for a in rows]}
+        return Response(orjson.dumps(data, default=str), media_type="application/json")

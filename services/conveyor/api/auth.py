@@ -42,6 +42,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/docs"): OPEN,
     ("GET", "/docs/oauth2-redirect"): OPEN,
     ("GET", "/metrics"): OPEN,  # READ under CONVEYOR_METRICS_AUTH=required
+    ("GET", "/favicon.ico"): OPEN,
     # jobs
     ("POST", "/jobs"): WRITE,
     ("POST", "/jobs/batch"): WRITE,

@@ -128,7 +128,10 @@ class ScheduleResource(BaseModel):
     priority: int
     enabled: bool
     catch_up: str
-    source: str = Field(description="`api` (POST /schedules, CLI) or `code` (a handler's).")
+    source: str = Field(
+        description="`api` (POST /schedules), `cli` (`conveyor schedules add`) or `code` "
+        "(a handler's)."
+    )
     next_run_at: datetime | None = Field(description="The next tick; null while paused.")
     last_tick_at: datetime | None
     last_job_id: uuid.UUID | None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Path, Request, Response
 
 from ..core.errors import InvalidJob, JobNotFound
 from ..core.jobs import TYPE_PATTERN
@@ -18,6 +18,13 @@ from .attempts import HasConnection
 from .body import BodyError
 from .openapi import errors
 from .type_models import LimitsBody, TypeList, TypeResource
+
+
+def _json(data: Any) -> Response:
+    """Rendered as the job and schedule routes are (orjson: times as ``+00:00``); the
+    ``response_model`` still documents it."""
+    return Response(orjson.dumps(data, default=str), media_type="application/json")
+
 
 TypeName = Annotated[str, Path(pattern=TYPE_PATTERN, description="The job type.")]
 
@@ -57,9 +64,9 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         "(`concurrency`, `rate_limit`), whether it is paused, and its running jobs.",
         responses=errors(503),
     )
-    async def list_types() -> dict[str, Any]:
+    async def list_types() -> Response:
         async with api.connection() as conn:
-            return {"types": [type_dict(t) for t in await api.store.job_type_list(conn)]}
+            return _json({"types": [type_dict(t) for t in await api.store.job_type_list(conn)]})
 
     async def set_paused(name: str, paused: bool) -> dict[str, Any]:
         async with api.connection() as conn:
@@ -77,8 +84,8 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         "workers stop consuming it within a few seconds. Running jobs finish.",
         responses=errors(404, 422, 503),
     )
-    async def pause(name: TypeName) -> dict[str, Any]:
-        return await set_paused(name, True)
+    async def pause(name: TypeName) -> Response:
+        return _json(await set_paused(name, True))
 
     @app.post(
         "/types/{name}/resume",
@@ -89,8 +96,8 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         description="Workers consume its queue again; the waiting jobs run.",
         responses=errors(404, 422, 503),
     )
-    async def resume(name: TypeName) -> dict[str, Any]:
-        return await set_paused(name, False)
+    async def resume(name: TypeName) -> Response:
+        return _json(await set_paused(name, False))
 
     @app.put(
         "/types/{name}/limits",
@@ -106,7 +113,7 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
             "schema": LimitsBody.model_json_schema()}}}},
     )  # fmt: skip
-    async def set_limits(name: TypeName, request: Request) -> dict[str, Any]:
+    async def set_limits(name: TypeName, request: Request) -> Response:
         try:
             data = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
@@ -128,4 +135,4 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
                 conn, name, concurrency=concurrency,
                 rate_limit=rate.limit if rate else None, rate_period=rate.period if rate else None,
             )  # fmt: skip
-            return await _one(api, conn, name)
+            return _json(await _one(api, conn, name))

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 
 PREFIX = "cvk_"
 SCOPES = ("jobs:read", "jobs:write", "admin")
-# admin includes the other two
-IMPLIED = {"admin": frozenset(SCOPES)}
+# admin includes the other two; writing jobs includes reading them (a key that submits must be
+# able to wait for its job)
+IMPLIED = {"admin": frozenset(SCOPES), "jobs:write": frozenset({"jobs:read", "jobs:write"})}
 _KEY = re.compile(r"^cvk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 
 

@@ -21,6 +21,7 @@ from ..broker.topology import Topology
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Store
+from ..store.stats import COUNTED_STATUSES
 
 log = logging.getLogger("conveyor.gauges")
 
@@ -52,7 +53,9 @@ class Gauges:
 
     async def refresh_once(self) -> None:
         """One step: read the counts and set the gauges. A (type, status) that emptied is set to
-        0, so its series drops to zero instead of freezing at its last value."""
+        0, so its series drops to zero instead of freezing at its last value; every registered
+        type has a series per counted status (0 included) from the first refresh, so a fresh
+        install's panels show 0 rather than "no data" and ``absent()`` alerts stay quiet."""
         cap = self.exact_up_to
         async with self.pool.acquire() as conn:
             now = await self.store.job_counts_capped(conn, cap)
@@ -61,7 +64,9 @@ class Gauges:
                 now[key] = max(cap, await self.store.job_count_estimate(conn, *key))
             rows, lag = await self.store.outbox_stats(conn)
             stuck = await self.store.job_stuck_count(conn)
-        for key in self._seen - now.keys():
+            registered = await self.store.job_type_names(conn)
+        zeros = {(t, s) for t in registered for s in COUNTED_STATUSES}
+        for key in (self._seen | zeros) - now.keys():
             self.metrics.jobs.labels(*key).set(0)
             self.metrics.jobs_estimated.labels(*key).set(0)
         for key, n in now.items():

@@ -24,8 +24,9 @@ from .registry import statement
 _COLUMNS = """name, job_type, payload::text AS payload, cron, every_seconds, timezone, priority,
     enabled, catch_up, source, next_run_at, last_tick_at, last_job_id, created_at, updated_at"""
 
-# An API upsert replaces any schedule of that name; a handler's (source 'code') replaces only a
-# handler's and keeps its paused state. The next tick is kept while the rule is unchanged.
+# A run-time upsert (source 'api' or 'cli') replaces any schedule of that name; a handler's
+# (source 'code') replaces only a handler's and keeps its paused state. The next tick is kept
+# while the rule is unchanged.
 SCHEDULE_UPSERT = statement(
     "schedule_upsert",
     f"""
@@ -45,7 +46,7 @@ ON CONFLICT (name) DO UPDATE SET
              AND s.timezone = EXCLUDED.timezone AND s.enabled AND s.next_run_at IS NOT NULL
         THEN s.next_run_at ELSE EXCLUDED.next_run_at END,
     updated_at = now()
-WHERE EXCLUDED.source = 'api' OR s.source = 'code'
+WHERE EXCLUDED.source <> 'code' OR s.source = 'code'
 RETURNING {_COLUMNS}, (xmax = 0) AS created
 """,
 )

@@ -42,7 +42,7 @@ def define_features(metadata: sa.MetaData) -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="schedules_one_rule"),
         sa.CheckConstraint("catch_up IN ('skip', 'last')", name="schedules_catch_up_check"),
-        sa.CheckConstraint("source IN ('api', 'code')", name="schedules_source_check"),
+        sa.CheckConstraint("source IN ('api', 'cli', 'code')", name="schedules_source_check"),
         sa.CheckConstraint("priority BETWEEN 0 AND 9", name="schedules_priority_range"),
     )
     sa.Index(

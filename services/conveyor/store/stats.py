@@ -36,6 +36,7 @@ JOB_BACKLOG = statement(
 # redundant in the ordering, and the primary key supplies ``id`` order.
 # the statuses of the ``backlog`` view: every one but COMPLETED and CANCELLED
 _COUNTED = [s.value for s in Status if s not in (Status.COMPLETED, Status.CANCELLED)]
+COUNTED_STATUSES = tuple(_COUNTED)
 _CAPPED_BRANCH = """SELECT '{status}'::text AS status, count(*) AS n
         FROM (SELECT FROM __schema__.jobs j
               WHERE j.job_type = t.job_type AND j.status = '{status}' LIMIT $1) x"""

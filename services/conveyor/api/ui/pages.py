@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import FastAPI, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from ...core.jobs import Status
@@ -65,6 +65,13 @@ async def _form(request: Request) -> dict[str, str]:
 
 def add_ui(app: FastAPI, api: HasConnection) -> None:
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        # a PNG: every browser takes one at this path, and it spares an .ico encoder
+        return FileResponse(STATIC / "favicon.png", media_type="image/png",
+                            headers={"Cache-Control": "public, max-age=86400"})  # fmt: skip
+
     add_login_routes(app, _same_origin)
 
     async def overview_fragment() -> str:
@@ -128,7 +135,8 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             '<form class="filters" method="get" action="/ui/jobs">'
             f'<input name="type" placeholder="type" value="{r.e(type)}">'
             f'<select name="status"><option value="">any status</option>{options}</select>'
-            f'<label>created since <input type="datetime-local" name="since" value="{r.e(since)}">'
+            "<label>created since (UTC) "
+            f'<input type="datetime-local" name="since" value="{r.e(since)}">'
             '</label> <button type="submit">Filter</button></form>'
             '<form class="filters" method="get" action="/ui/jobs">'
             '<input name="id" placeholder="find by id" size="40"> <button>Find</button></form>'

@@ -25,7 +25,7 @@ def e(value: Any) -> str:
 
 
 def when(value: datetime | None) -> str:
-    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def age(value: datetime | None, now: datetime) -> str:
@@ -76,6 +76,7 @@ def page(title: str, body: str, *, user: str = "") -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)} · Conveyor</title>"
+        '<link rel="icon" href="/favicon.ico" type="image/png">'
         '<link rel="stylesheet" href="/ui/static/style.css">'
         '<script src="/ui/static/app.js" defer></script></head>'
         f"<body><header><strong>Conveyor</strong> <nav>{nav}</nav></header>"
