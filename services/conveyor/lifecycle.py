@@ -25,13 +25,12 @@ def listen_socket(
 ) -> socket.socket:
     """A socket bound to ``host:port`` and listening, or a ``CliError`` naming the cause and the
     fix (``flag`` with a free port; ``make dev PORT=…`` when ``make``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
     except socket.gaierror as exc:
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock = socket.socket(family, kind, proto)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
