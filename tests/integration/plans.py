@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from conveyor.store import for_schema
-from conveyor.store.registry import TEMPLATES
+from conveyor.store.registry import TEMPLATES, bind
 
 # Ids are UUIDv7-shaped (creation time first), as Conveyor's are: inserts append to the primary
 # key like production's, and the time filter of GET /jobs (an id range) means what it says.
@@ -146,29 +146,35 @@ _BY_TYPE: dict[str, Any] = {
 }
 
 # Statements whose arguments the defaults above would make implausible.
-_OVERRIDES: dict[str, tuple[Any, ...]] = {
+_OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
     "job_count_overdue": (60.0,),
     "job_overdue_ids": ("type_3", 60.0, 500),
     "job_recount_overdue": ("type_3", 60.0),
     "job_republish_overdue": ("type_3", 60.0, 500, [SOME_ID]),
     "job_delete_expired": (7 * 86400.0, 30 * 86400.0, 500),
-    "job_insert_many": (
-        [uuid.uuid4()],
-        ["type_3"],
-        ["{}"],
-        [5],
-        [None],
-        [None],
-        [None],
-        [None],
-        ["k"],
-        ["h"],
-    ),
+    "job_insert_many": {
+        "id": [uuid.uuid4()],
+        "job_type": ["type_3"],
+        "payload": ["{}"],
+        "priority": [5],
+        "max_retries": [None],
+        "timeout_seconds": [None],
+        "run_at": [None],
+        "delay": [None],
+        "idempotency_key": ["k"],
+        "request_hash": ["h"],
+    },
     "outbox_restore": ([1], [SOME_ID], ["type_3"], [5], ["work"], [None], [None], [None]),
     "job_type_register_many": (["type_3"], [3], [None], [""], [None], [None], [None]),
     "job_dead_count": ("type_3", "ValueError: 1"),
-    "job_page": (None, None, None, None, 51),
-    "job_page_filtered": ("type_3", "FAILED", None, None, 51),
+    "job_page": {"job_type": None, "status": None, "before": None, "since": None, "limit": 51},
+    "job_page_filtered": {
+        "job_type": "type_3",
+        "status": "FAILED",
+        "before": None,
+        "since": None,
+        "limit": 51,
+    },
     "job_redrive_dead": ("type_3", "ValueError: 1", 500),
     "job_purge_dead": ("type_3", "ValueError: 1", 500),
     "job_fail_many": ([SOME_ID], [1], ["x"], [5], [True]),
@@ -188,7 +194,9 @@ async def statement_cases(
         if name in _SKIP:
             continue
         if name in _OVERRIDES:
-            cases[name] = (sql[name], _OVERRIDES[name])
+            args = _OVERRIDES[name]
+            # a statement with named parameters takes them by name (``registry.bind``)
+            cases[name] = (sql[name], tuple(bind(name, args) if isinstance(args, dict) else args))
             continue
         params = (await conn.prepare(sql[name])).get_parameters()
         cases[name] = (sql[name], tuple(_BY_TYPE[p.name] for p in params))
@@ -196,14 +204,15 @@ async def statement_cases(
     # time window (a UUIDv7 lower bound), each status alone (SCHEDULED without a type was a
     # sequential scan), the operator views
     hour_ago = uuid.UUID(int=(int((dt.datetime.now(dt.UTC).timestamp() - 3600) * 1000) << 80))
-    page, filtered = sql["job_page"], sql["job_page_filtered"]
     for t in (None, "type_3"):
         for st in (None, "FAILED", "SCHEDULED", "PENDING", "COMPLETED"):
             for cursor in (None, MID_CURSOR):
                 for since in (None, hour_ago):
-                    q = page if t is None and st is None else filtered
+                    q = "job_page" if t is None and st is None else "job_page_filtered"
+                    values = {"job_type": t, "status": st, "before": cursor, "since": since,
+                              "limit": 51}  # fmt: skip
                     cases[f"GET /jobs type={t} status={st} cursor={cursor} since={since}"] = (
-                        q, (t, st, cursor, since, 51)
+                        sql[q], tuple(bind(q, values))
                     )  # fmt: skip
     for view in ("backlog", "stuck_jobs", "recent_failures", "throughput"):
         cases[f"view {view}"] = (f"SELECT * FROM {schema}.{view}", ())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 
 from .base import Connection, Statements
-from .registry import statement
+from .registry import named
 from .rows import AttemptRow
 
 
@@ -39,25 +39,7 @@ def record(outcome_sql: str) -> str:
     FROM upd"""
 
 
-# Oldest first. One row with a NULL attempt: the job exists but never ran; no row: no such job.
-JOB_ATTEMPT_LIST = statement(
-    "job_attempt_list",
-    """
-WITH j AS (
-    SELECT id, status, attempts, worker_id, started_at FROM __schema__.jobs WHERE id = $1
-)
-SELECT a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome, a.error,
-       a.duration_seconds
-FROM j LEFT JOIN LATERAL (
-    SELECT attempt, worker_id, started_at, finished_at, outcome, error, duration_seconds
-    FROM __schema__.job_attempts WHERE job_id = j.id
-    UNION ALL
-    SELECT j.attempts, j.worker_id, j.started_at, NULL, NULL, NULL, NULL
-    WHERE j.status = 'IN_PROGRESS'
-) a ON true
-ORDER BY a.attempt
-""",
-)
+JOB_ATTEMPT_LIST = named("job_attempt_list")
 
 
 class HistoryStatements(Statements):
