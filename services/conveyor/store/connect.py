@@ -11,11 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from .bounds import SessionBounds
-from .registry import statement
+from .registry import named
 
-DATABASE_EXISTS = statement(
-    "database_exists", "SELECT 1 FROM pg_database WHERE datname = $1", catalog=True
-)
+DATABASE_EXISTS = named("database_exists")
 
 # Exceptions that mean "PostgreSQL is not reachable / the connection broke", as opposed to a bug
 # or a constraint violation. Callers map them to 503 or retry with backoff.
