@@ -154,6 +154,24 @@ async def test_a_signal_stops_a_command_waiting_for_the_database(
     assert not any("Traceback" in line for line in proc.lines), proc.lines
 
 
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+@pytest.mark.parametrize("name", ["worker", "publisher"])
+async def test_a_signal_stops_a_command_whose_broker_never_answers(
+    settings: Settings, name: str, sig: signal.Signals
+) -> None:
+    """A broker port that accepts connections and says nothing: the start hangs in the
+    client's connect; a signal ends it there at once, exit 0, no traceback."""
+    with busy_port() as silent:
+        env = _env(settings, CONVEYOR_AMQP_URL=f"amqp://guest:guest@127.0.0.1:{silent}/")
+        async with conveyor(_command(name, free_port()), env) as proc:
+            await asyncio.sleep(1.5)  # its connect is waiting for the broker's first frame
+            assert proc.proc.returncode is None, proc.lines
+            proc.proc.send_signal(sig)
+            code = await proc.ends_within(3)
+    assert code == 0, proc.lines
+    assert not any("Traceback" in line for line in proc.lines), proc.lines
+
+
 @pytest.mark.parametrize("name", ["worker", "dev"])
 async def test_a_second_signal_ends_a_draining_command_at_once(
     settings: Settings, name: str
