@@ -1,6 +1,6 @@
 """What the routes do, bound to a pool: submit, batch, read, list, cancel, retry, readiness.
 
-Database time limits (SPEC §2: a 503 within 2 s when PostgreSQL is unreachable):
+Database time limits (the API answers 503 within 2 s when PostgreSQL is unreachable):
 - acquiring a connection and every ordinary statement are bounded by ``db_timeout``;
 - a batch insert may legitimately run for seconds (1,000 jobs of 62 KB), so it runs without it
   while ``Liveness`` probes the server on a connection of its own: the batch answers 503 only when
