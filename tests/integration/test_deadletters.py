@@ -97,7 +97,8 @@ async def test_a_dead_letter_redrives_only_the_attempt_it_recorded(
 async def test_a_letter_from_before_the_attempt_field_still_redrives_once(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A letter without the attempt field is fenced by the attempts read during the scan."""
+    """A letter without the attempt field (published by hand or by another tool) is fenced by
+    the attempts read during the scan."""
     async with running_stack(settings, router) as stack:
         job_id = await stack.submit("doomed")
         await wait_for(settings.database_url, [job_id], statuses=["FAILED"])
