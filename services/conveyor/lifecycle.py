@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 from .cli_support import CliError
 from .core.config import Settings
@@ -63,6 +64,15 @@ def _free_port(family: socket.AddressFamily, host: str, port: int) -> int:
     return port + 1
 
 
+def _exit_now(code: int, action: str, **fields: str) -> NoReturn:
+    """Log ``action``, flush the logs, end the process with ``code`` (no cleanup)."""
+    event(log, action, logging.WARNING, **fields)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(code)
+
+
 def install_signals(stop: asyncio.Event) -> None:
     """SIGTERM and SIGINT set ``stop`` (the process drains and exits 0); a second one while it
     drains ends the process at once with 128 + the signal's number, as if the signal had killed
@@ -74,11 +84,7 @@ def install_signals(stop: asyncio.Event) -> None:
         if not stop.is_set():
             stop.set()
             return
-        event(log, "stopped_without_draining", logging.WARNING, signal=sig.name)
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        os._exit(128 + sig)
+        _exit_now(128 + sig, "stopped_without_draining", signal=sig.name)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
@@ -88,27 +94,42 @@ async def start_with_retry(
     start: Callable[[], Awaitable[None]], stop: asyncio.Event, name: str, settings: Settings
 ) -> None:
     """Start a part, waiting out what can heal (a refused connection, DNS, a database starting
-    up, a role or database not created yet) with backoff until ``stop``. Each attempt first opens
-    one connection to the database: a setting no server can accept (an unknown TLS version) is a
-    ``CliError`` (one line, exit 2) rather than a retry loop that never ends."""
+    up, a role or database not created yet) with backoff. Each attempt first opens one connection
+    to the database: a setting no server can accept (an unknown TLS version) is a ``CliError``
+    (one line, exit 2) rather than a retry loop that never ends. ``stop`` (a signal) ends the
+    wait at once, even during an attempt that hangs (a broker that accepts and never answers):
+    the process exits 0, without a traceback."""
     from .core.backoff import Backoff
     from .store.connect import check_database, is_misconfigured
 
+    async def attempt() -> None:
+        await check_database(settings.database_url)
+        await start()
+
     backoff = Backoff(base=0.5, cap=10)
     while True:
-        try:
-            await check_database(settings.database_url)
-            await start()
+        trying = asyncio.ensure_future(attempt())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({trying, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if stop.is_set():
+            if not trying.done():
+                # an attempt still in a client's connect: cancelled, some clients (aio-pika's
+                # robust connection) leave tasks that keep the loop from ever closing, and
+                # nothing has started yet that would need a drain
+                _exit_now(0, f"{name}_stopped_while_starting")
+            raise SystemExit(0)
+        exc = trying.exception()
+        if exc is None:
             return
-        except Exception as exc:
-            if stop.is_set():
-                raise
-            if is_misconfigured(exc):
-                raise CliError(f"{name} cannot start: {type(exc).__name__}: {exc}") from exc
-            delay = backoff.next()
-            event(log, f"{name}_start_failed", logging.WARNING, error=repr(exc),
-                  retry_in=round(delay, 1))  # fmt: skip
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-            if stop.is_set():
-                raise SystemExit(1) from exc
+        if is_misconfigured(exc):
+            raise CliError(f"{name} cannot start: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(exc, Exception):
+            raise exc
+        delay = backoff.next()
+        event(log, f"{name}_start_failed", logging.WARNING, error=repr(exc),
+              retry_in=round(delay, 1))  # fmt: skip
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            raise SystemExit(0)

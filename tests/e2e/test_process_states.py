@@ -154,6 +154,39 @@ async def test_a_signal_stops_a_command_waiting_for_the_database(
     assert not any("Traceback" in line for line in proc.lines), proc.lines
 
 
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+@pytest.mark.parametrize("name", ["worker", "publisher"])
+async def test_a_signal_stops_a_command_whose_broker_never_answers(
+    settings: Settings, name: str, sig: signal.Signals
+) -> None:
+    """A broker port that accepts connections and says nothing: the start hangs in the
+    client's connect; a signal ends it there at once, exit 0, no traceback."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.setblocking(False)
+        port = silent.getsockname()[1]
+        env = _env(settings, CONVEYOR_AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/")
+        async with conveyor(_command(name, free_port()), env) as proc:
+            # its connect is waiting for the broker's first frame once the "broker" accepted it
+            # (a start-up takes seconds on a loaded machine: wait for the connection, not a time)
+            accepted = []
+            for _ in range(600):
+                with contextlib.suppress(BlockingIOError):
+                    accepted.append(silent.accept()[0])
+                    break
+                await asyncio.sleep(0.05)
+            assert accepted, proc.lines
+            await asyncio.sleep(0.3)
+            assert proc.proc.returncode is None, proc.lines
+            proc.proc.send_signal(sig)
+            code = await proc.ends_within(3)
+            for conn in accepted:
+                conn.close()
+    assert code == 0, proc.lines
+    assert not any("Traceback" in line for line in proc.lines), proc.lines
+
+
 @pytest.mark.parametrize("name", ["worker", "dev"])
 async def test_a_second_signal_ends_a_draining_command_at_once(
     settings: Settings, name: str

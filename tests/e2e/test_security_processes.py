@@ -1,4 +1,4 @@
-"""Issue 13.1-13.2 with real processes: ``conveyor api`` requires keys by default, a key made by
+"""API keys with real processes: ``conveyor api`` requires keys by default, a key made by
 ``conveyor keys create`` runs a job end to end through the publisher and a worker, ``keys
 revoke`` stops it, no process prints it; ``conveyor dev`` refuses a non-loopback host without
 auth."""
@@ -104,7 +104,10 @@ async def test_api_requires_keys_by_default_end_to_end(
             assert r.status_code == 201, r.text
             await wait_for(db_url, [r.json()["id"]], statuses=["COMPLETED"], timeout=30)
             r = await c.get("/jobs", headers={"Authorization": f"Bearer {key}"})
-            assert r.status_code == 403  # jobs:write only
+            assert r.status_code == 200  # writing jobs includes reading them
+            r = await c.put("/types/echo/limits", json={"concurrency": 1},
+                            headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            assert r.status_code == 403  # jobs:write only: no admin
             code, out, _ = await _keys(capsys, "list")
             assert code == 0 and "ci" in out and "jobs:write" in out and key not in out
             assert key.split("_", 2)[2] not in out

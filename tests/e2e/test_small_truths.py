@@ -1,4 +1,4 @@
-"""Small things a new user meets first (issue 24.10): the example app reaches the dead-letter
+"""Small things a new user meets first: the example app reaches the dead-letter
 page on purpose, the docs and the CLI agree on how fast a revocation lands, the README speaks
 of API keys as they are, the dashboard's times carry their zone and ``/favicon.ico`` exists."""
 

@@ -1,4 +1,4 @@
-"""Gray failures of the relay and the session bounds (issue 23): a process that *pauses* (frozen
+"""Gray failures of the relay and the session bounds: a process that *pauses* (frozen
 VM, long GC, partition, lost host) keeps its connection open and its locks held, and PostgreSQL
 cannot tell it from a slow client. Conveyor's own sessions carry bounds PostgreSQL enforces
 (``store/bounds.py``), so a paused peer's locks are released within seconds and a healthy peer

@@ -69,7 +69,7 @@ SELECT id, job_type, priority FROM jobs WHERE status = 'PENDING'
 # A quiet install's mix, as ANALYZE may find it at night: nothing waits or runs, the statistics
 # know only finished and SCHEDULED jobs (four statuses), so a statement about PENDING or running
 # jobs is planned from a guess. The generic plan of a count stopped by ``LIMIT`` then took the
-# guess for millions of matching rows and scanned the whole table (issue 14, 2026-11-24).
+# guess for millions of matching rows and scanned the whole table.
 QUIET_STATUSES = """(CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
              WHEN i % 100 = 96 THEN 'CANCELLED' ELSE 'SCHEDULED' END)::job_status"""
 

@@ -1,4 +1,4 @@
-"""Issue 13.5 end to end: ``conveyor migrate --create-roles`` (what docker-compose.yml's and
+"""End to end: ``conveyor migrate --create-roles`` (what docker-compose.yml's and
 k8s's migrate step runs) on a PostgreSQL cluster of the test's own, where role names are not
 shared with anyone and TCP logins need a password (SCRAM). The real CLI creates the four login
 roles with the passwords it is given (sent as SCRAM verifiers, never in clear), grants them,

@@ -38,7 +38,7 @@ def permissions(
     )
     # any type's queue: a job type may contain dots (core.jobs.TYPE_PATTERN)
     anyq = "(queue|high)\\.[A-Za-z0-9][A-Za-z0-9_.-]*"
-    base = "exchange|dead_letter|dead_letter\\.queue|retry"  # declare_base (+ legacy delete)
+    base = "exchange|dead_letter|dead_letter\\.queue"  # declare_base
     if component == "publisher":
         conf = f"^{ns}\\.({base}|retry\\.[^.]+|{anyq})$"
         write = f"^{ns}\\.(exchange|dead_letter|dead_letter\\.queue|retry\\.[^.]+|{anyq})$"
