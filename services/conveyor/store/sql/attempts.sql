@@ -42,7 +42,8 @@ UPDATE __schema__.jobs SET
     timeout_seconds = COALESCE(timeout_seconds, ($4::jsonb -> job_type ->> 'timeout')::float8)
 WHERE id = ANY($1::uuid[])
   AND array_position($6::text[], job_type) IS NOT NULL
-  AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN run_at <= now() + interval '1 second' ELSE false END
+  AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING'
+      THEN run_at <= now() + interval '1 second' ELSE false END
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
           timeout_seconds, meta::text AS meta,
           greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
@@ -57,12 +58,15 @@ WITH upd AS (
         result = CASE WHEN j.cancel_requested THEN NULL ELSE u.result::jsonb END,
         finished_at = now(), updated_at = now(), lease_expires_at = NULL
     FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END
-    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, COALESCE(j.run_at, j.created_at) AS due, NULL::text AS error
+    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
+        THEN true ELSE false END
+    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
+        COALESCE(j.run_at, j.created_at) AS due, NULL::text AS error
 ), att AS (
     INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
         started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'completed' END, error,
+    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
+        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'completed' END, error,
            extract(epoch FROM now() - started_at)::float8,
            greatest(0, extract(epoch FROM started_at - due))::float8
     FROM upd
@@ -84,22 +88,29 @@ WITH u AS (  -- each failure with its attempt's due time, read before a retry re
 ), upd AS (
     UPDATE __schema__.jobs j SET
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
-                       WHEN (u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries)) THEN 'FAILED'
+                       WHEN (u.delay IS NULL
+                           OR (u.consume AND j.retry_count >= j.max_retries)) THEN 'FAILED'
                        ELSE 'RETRYING' END)::__schema__.job_status,
         last_error = u.error,
-        retry_count = j.retry_count + (CASE WHEN u.consume AND NOT (u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries))
+        retry_count = j.retry_count + (CASE WHEN u.consume
+            AND NOT (u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries))
                                             AND NOT j.cancel_requested THEN 1 ELSE 0 END),
-        run_at = CASE WHEN (u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries)) THEN j.run_at
+        run_at = CASE WHEN (u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries))
+            THEN j.run_at
                       ELSE now() + make_interval(secs => u.delay) END,
-        finished_at = CASE WHEN (u.delay IS NULL OR (u.consume AND j.retry_count >= j.max_retries)) OR j.cancel_requested THEN now() END,
+        finished_at = CASE WHEN (u.delay IS NULL
+            OR (u.consume AND j.retry_count >= j.max_retries)) OR j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM u
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END
-    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, u.due AS due, j.priority, u.delay, u.error
+    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
+        THEN true ELSE false END
+    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, u.due AS due,
+        j.priority, u.delay, u.error
 ), att AS (
     INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
         started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE status WHEN 'CANCELLED' THEN 'cancelled' WHEN 'FAILED' THEN 'failed' ELSE 'retry' END, error,
+    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE status WHEN 'CANCELLED'
+        THEN 'cancelled' WHEN 'FAILED' THEN 'failed' ELSE 'retry' END, error,
            extract(epoch FROM now() - started_at)::float8,
            greatest(0, extract(epoch FROM started_at - due))::float8
     FROM upd
@@ -124,12 +135,15 @@ WITH upd AS (
         finished_at = CASE WHEN j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END
-    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, COALESCE(j.run_at, j.created_at) AS due, j.priority, NULL::text AS error
+    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
+        THEN true ELSE false END
+    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
+        COALESCE(j.run_at, j.created_at) AS due, j.priority, NULL::text AS error
 ), att AS (
     INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
         started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'released' END, error,
+    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
+        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'released' END, error,
            extract(epoch FROM now() - started_at)::float8,
            greatest(0, extract(epoch FROM started_at - due))::float8
     FROM upd
@@ -142,7 +156,8 @@ SELECT id FROM upd
 -- name: job_heartbeat_many
 UPDATE __schema__.jobs j SET lease_expires_at = now() + make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END
+WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
+    THEN true ELSE false END
 RETURNING j.id, j.cancel_requested
 
 -- name: job_touch_waiting
@@ -153,4 +168,5 @@ RETURNING j.id, j.cancel_requested
 -- nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
 -- broker requeues its unacknowledged deliveries and the hold runs out.
 UPDATE __schema__.jobs SET updated_at = now(), lease_expires_at = now() + make_interval(secs => $2)
-WHERE id = ANY($1::uuid[]) AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN true ELSE false END
+WHERE id = ANY($1::uuid[]) AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING'
+    THEN true ELSE false END

@@ -33,7 +33,8 @@ WITH t AS (
            row_number() OVER (PARTITION BY j.job_type ORDER BY j.priority DESC, j.id) AS rn
     FROM __schema__.jobs j
     WHERE j.id = ANY($1::uuid[]) AND array_position($6::text[], j.job_type) IS NOT NULL
-      AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
+      AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING'
+          THEN j.run_at <= now() + interval '1 second' ELSE false END
 ), pick AS (
     SELECT cand.*, c.paused, c.conc_free, c.rate_free, c.rate_limit, c.rate_period, c.win,
            coalesce(c.room, 0) AS room,
@@ -52,7 +53,8 @@ WITH t AS (
         timeout_seconds = COALESCE(j.timeout_seconds,
                                    ($4::jsonb -> j.job_type ->> 'timeout')::float8)
     FROM pick
-    WHERE j.id = pick.id AND pick.go AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
+    WHERE j.id = pick.id AND pick.go AND CASE j.status WHEN 'PENDING' THEN true
+        WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
     RETURNING j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts,
               j.retry_count, j.max_retries, j.timeout_seconds, j.meta::text AS meta,
               j.trace_context,
@@ -114,7 +116,8 @@ WITH t AS (
                       THEN statement_timestamp() + make_interval(secs => pen.delay)
                       ELSE j.run_at END
     FROM pen
-    WHERE j.id = pen.id AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
+    WHERE j.id = pen.id AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING'
+        THEN j.run_at <= now() + interval '1 second' ELSE false END
     RETURNING j.id, j.job_type, j.priority, pen.delay
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)
@@ -130,7 +133,8 @@ SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, d
 -- shortest pen, their hold dropped so the reconciler treats them as any other job again.
 WITH r AS (
     UPDATE __schema__.jobs j SET lease_expires_at = NULL, updated_at = now()
-    WHERE j.id = ANY($1::uuid[]) AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
+    WHERE j.id = ANY($1::uuid[]) AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING'
+        THEN j.run_at <= now() + interval '1 second' ELSE false END
     RETURNING j.id, j.job_type, j.priority
 )
 INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)

@@ -46,10 +46,12 @@ WITH u AS (
     SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
 ), ins AS (
     INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
-                                 timeout_seconds, run_at, idempotency_key, request_hash, trace_context)
+                                 timeout_seconds, run_at, idempotency_key, request_hash,
+                                     trace_context)
     SELECT id, job_type,
            (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
-           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, :trace_context::text
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash,
+               :trace_context::text
     FROM v
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *

@@ -27,7 +27,8 @@ ON CONFLICT (key_id) DO UPDATE SET
     granted = least(floor(
         least($3::float8, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $2::float8)
     ), $4::float8),
-    tokens = least($3::float8, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $2::float8)
+    tokens = least($3::float8,
+        b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $2::float8)
         - least(floor(
             least($3::float8, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $2::float8)
         ), $4::float8),

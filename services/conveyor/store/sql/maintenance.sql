@@ -42,7 +42,8 @@ WITH exp AS (
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
                        WHEN j.retry_count < COALESCE(j.max_retries, $2) THEN 'RETRYING'
                        ELSE 'FAILED' END)::__schema__.job_status,
-        retry_count = j.retry_count + (CASE WHEN NOT j.cancel_requested AND j.retry_count < COALESCE(j.max_retries, $2)
+        retry_count = j.retry_count + (CASE WHEN NOT j.cancel_requested
+            AND j.retry_count < COALESCE(j.max_retries, $2)
                                             THEN 1 ELSE 0 END),
         last_error = CASE WHEN j.lease_expires_at IS NULL
                           THEN 'IN_PROGRESS without a lease (not a worker''s claim) at attempt '
@@ -50,14 +51,17 @@ WITH exp AS (
                                || ' stopped heartbeating during attempt ' END || j.attempts,
         run_at = CASE WHEN NOT j.cancel_requested AND j.retry_count < COALESCE(j.max_retries, $2)
                       THEN now() + make_interval(secs => exp.delay) ELSE j.run_at END,
-        finished_at = CASE WHEN j.cancel_requested OR NOT j.retry_count < COALESCE(j.max_retries, $2) THEN now() END,
+        finished_at = CASE WHEN j.cancel_requested
+            OR NOT j.retry_count < COALESCE(j.max_retries, $2) THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM exp WHERE j.id = exp.id
-    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, exp.due AS due, j.priority, j.last_error, j.last_error AS error, exp.delay
+    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, exp.due AS due,
+        j.priority, j.last_error, j.last_error AS error, exp.delay
 ), att AS (
     INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
         started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'lease_expired' END, error,
+    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
+        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'lease_expired' END, error,
            extract(epoch FROM now() - started_at)::float8,
            greatest(0, extract(epoch FROM started_at - due))::float8
     FROM upd ON CONFLICT DO NOTHING
@@ -82,7 +86,8 @@ WITH c AS MATERIALIZED (
     SELECT id, job_type FROM __schema__.jobs j
     WHERE j.status IN ('PENDING', 'RETRYING')
       AND j.updated_at < now() - make_interval(secs => $1)
-      AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1)) AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
+      AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
+          AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
 )
 SELECT job_type, count(*) AS n FROM c
 WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = c.id)
@@ -100,7 +105,8 @@ WITH w AS MATERIALIZED (
                 AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))) AS late
     FROM __schema__.jobs j
     WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
-      AND (j.run_at IS NULL OR j.run_at <= now()) AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
+      AND (j.run_at IS NULL OR j.run_at <= now())
+          AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
 )
 SELECT count(*) FILTER (WHERE late) AS overdue, count(*) FILTER (WHERE NOT late) AS fresh
 FROM w WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = w.id)
@@ -130,7 +136,8 @@ SELECT id FROM __schema__.jobs j
 WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
   AND j.updated_at < now() - make_interval(secs => $2)
   AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
-  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id) AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
+  AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
+      AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
 ORDER BY j.updated_at LIMIT $3
 
 -- name: maintenance_bound

@@ -49,7 +49,8 @@ LEFT JOIN LATERAL (
     SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
         result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
         run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-        created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+        created_at, updated_at, started_at, finished_at, progress::text AS progress,
+            meta::text AS meta
     FROM __schema__.jobs WHERE id = k.job_id
 ) j ON true
 WHERE k.key = ANY($1::text[])
