@@ -174,7 +174,15 @@ _OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
         "error": [None],
         "attempt": [None],
     },
-    "job_type_register_many": (["type_3"], [3], [None], [""], [None], [None], [None]),
+    "job_type_register_many": {
+        "name": ["type_3"],
+        "max_retries": [3],
+        "timeout_seconds": [None],
+        "retry_delays": [""],
+        "concurrency": [None],
+        "rate_limit": [None],
+        "rate_period": [None],
+    },
     "job_dead_count": ("type_3", "ValueError: 1"),
     "job_page": {"job_type": None, "status": None, "before": None, "since": None, "limit": 51},
     "job_page_filtered": {
@@ -186,7 +194,13 @@ _OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
     },
     "job_redrive_dead": ("type_3", "ValueError: 1", 500),
     "job_purge_dead": ("type_3", "ValueError: 1", 500),
-    "job_fail_many": ([SOME_ID], [1], ["x"], [5], [True]),
+    "job_fail_many": {
+        "job_id": [SOME_ID],
+        "attempt": [1],
+        "error": ["x"],
+        "delay": [5],
+        "consume": [True],
+    },
 }
 
 # Statements that read only catalogs or no table at all (``job_count_estimate`` is an EXPLAIN:

@@ -16,6 +16,7 @@ import asyncpg
 from conveyor import JobSpec, enqueue_many
 from conveyor.core.jobs import PEN_LADDER
 from conveyor.store import Attempt, Completion, for_schema
+from conveyor.store.registry import bind
 
 from .plans import generate
 
@@ -33,8 +34,20 @@ def _nodes(plan: Any) -> list[dict[str, Any]]:
     return found
 
 
+# The parameters of the statements that name them, in the order the tests below give them.
+_NAMED = {
+    "job_claim_many": ("ids", "lease_seconds", "worker_id", "handler_defaults",
+                       "default_max_retries", "types"),
+    "job_claim_controlled": ("ids", "lease_seconds", "worker_id", "handler_defaults",
+                             "default_max_retries", "types", "pen_ladder", "room"),
+    "job_fail_many": ("job_id", "attempt", "error", "delay", "consume"),
+}  # fmt: skip
+
+
 async def _explain(db: asyncpg.Connection, name: str, *args: Any) -> Any:
     """``EXPLAIN (ANALYZE, FORMAT JSON)`` of the store's statement ``name``, rolled back."""
+    if name in _NAMED:
+        args = tuple(bind(name, dict(zip(_NAMED[name], args, strict=True))))
     tr = db.transaction()
     await tr.start()
     try:

@@ -13,7 +13,7 @@ import orjson
 
 from ..core.jobs import Status
 from .base import Connection, Statements
-from .registry import named
+from .registry import bind, named
 from .rows import Attempt, ClaimedJob, Completion, Failure
 
 JOB_CLAIM_MANY = named("job_claim_many")
@@ -54,15 +54,15 @@ class AttemptStatements(Statements):
         worker passes them encoded once, as ``HandlerDefaults``)."""
         if not isinstance(handler_defaults, HandlerDefaults):
             handler_defaults = HandlerDefaults.of(handler_defaults)
-        rows = await conn.fetch(
-            self.sql[JOB_CLAIM_MANY],
-            list(ids),
-            lease_seconds,
-            worker_id,
-            handler_defaults.json,
-            default_max_retries,
-            list(types),
-        )
+        values = {
+            "ids": list(ids),
+            "lease_seconds": lease_seconds,
+            "worker_id": worker_id,
+            "handler_defaults": handler_defaults.json,
+            "default_max_retries": default_max_retries,
+            "types": list(types),
+        }
+        rows = await conn.fetch(self.sql[JOB_CLAIM_MANY], *bind(JOB_CLAIM_MANY, values))
         return [ClaimedJob.from_record(r) for r in rows]
 
     async def job_complete_many(
@@ -81,14 +81,14 @@ class AttemptStatements(Statements):
         self, conn: Connection, items: Sequence[Failure]
     ) -> dict[uuid.UUID, Status]:
         """Returns the new status of each job written (a fenced attempt is missing)."""
-        rows = await conn.fetch(
-            self.sql[JOB_FAIL_MANY],
-            [f.job_id for f in items],
-            [f.attempt for f in items],
-            [f.error for f in items],
-            [f.delay for f in items],
-            [f.consume for f in items],
-        )
+        values = {
+            "job_id": [f.job_id for f in items],
+            "attempt": [f.attempt for f in items],
+            "error": [f.error for f in items],
+            "delay": [f.delay for f in items],
+            "consume": [f.consume for f in items],
+        }
+        rows = await conn.fetch(self.sql[JOB_FAIL_MANY], *bind(JOB_FAIL_MANY, values))
         return {r["id"]: Status(r["status"]) for r in rows}
 
     async def job_release_many(self, conn: Connection, items: Sequence[Attempt]) -> set[uuid.UUID]:

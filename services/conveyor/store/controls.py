@@ -26,7 +26,7 @@ from typing import Any
 from ..core.jobs import PEN_LADDER
 from .attempts import HandlerDefaults
 from .base import Connection, Statements
-from .registry import named
+from .registry import bind, named
 from .rows import ClaimedJob, TypeControl
 
 JOB_CLAIM_CONTROLLED = named("job_claim_controlled")
@@ -84,16 +84,17 @@ class ControlStatements(Statements):
         caller's hand, at most ``room[type]`` of each type, leased for ``lease_seconds``)."""
         if not isinstance(handler_defaults, HandlerDefaults):
             handler_defaults = HandlerDefaults.of(handler_defaults)
-        rows = await conn.fetch(
-            self.sql[JOB_CLAIM_CONTROLLED],
-            list(ids),
-            lease_seconds,
-            worker_id,
-            handler_defaults.json,
-            default_max_retries,
-            list(types),
-            list(PEN_LADDER),
-            [(room or {}).get(t, 0) for t in types],
-        )
+        values = {
+            "ids": list(ids),
+            "lease_seconds": lease_seconds,
+            "worker_id": worker_id,
+            "handler_defaults": handler_defaults.json,
+            "default_max_retries": default_max_retries,
+            "types": list(types),
+            "pen_ladder": list(PEN_LADDER),
+            "room": [(room or {}).get(t, 0) for t in types],
+        }
+        name = JOB_CLAIM_CONTROLLED
+        rows = await conn.fetch(self.sql[name], *bind(name, values))
         claimed = [ClaimedJob.from_record(r) for r in rows if not r["held"]]
         return claimed, {r["id"]: int(r["wait"]) for r in rows if r["held"]}

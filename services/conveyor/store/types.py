@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .base import Connection, Statements
-from .registry import named
+from .registry import bind, named
 from .rows import JobType, JobTypeDefaults
 
 JOB_TYPE_REGISTER_MANY = named("job_type_register_many")
@@ -20,16 +20,17 @@ class TypeStatements(Statements):
     ) -> None:
         """Insert or refresh (defaults, ``last_seen``) the given types, in name order so that
         workers starting together never deadlock."""
-        await conn.execute(
-            self.sql[JOB_TYPE_REGISTER_MANY],
-            [t.name for t in types],
-            [t.max_retries for t in types],
-            [t.timeout_seconds for t in types],
-            [",".join(str(d) for d in t.retry_delays or ()) for t in types],
-            [t.concurrency for t in types],
-            [t.rate_limit for t in types],
-            [t.rate_period for t in types],
-        )
+        values = {
+            "name": [t.name for t in types],
+            "max_retries": [t.max_retries for t in types],
+            "timeout_seconds": [t.timeout_seconds for t in types],
+            "retry_delays": [",".join(str(d) for d in t.retry_delays or ()) for t in types],
+            "concurrency": [t.concurrency for t in types],
+            "rate_limit": [t.rate_limit for t in types],
+            "rate_period": [t.rate_period for t in types],
+        }
+        name = JOB_TYPE_REGISTER_MANY
+        await conn.execute(self.sql[name], *bind(name, values))
 
     async def job_type_names(self, conn: Connection) -> frozenset[str]:
         return frozenset(await conn.fetchval(self.sql[JOB_TYPE_NAMES]))

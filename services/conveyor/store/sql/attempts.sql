@@ -27,7 +27,7 @@
 -- PENDING, or RETRYING and due (a tolerance of one second absorbs broker/database clock skew).
 -- The attempt is counted here, so a handler that kills its process still uses up its retries.
 -- The ids lead (``jobs_pkey``); the type test is written so no index can serve it: as
--- ``job_type = ANY($6)`` the planner, for a type ANALYZE has not seen yet (new, or grown
+-- ``job_type = ANY(:types)`` the planner, for a type ANALYZE has not seen yet (new, or grown
 -- since), took the type's whole range of ``jobs_type_status_id_idx`` for one row and filtered
 -- the ids out of it (691,500 finished jobs read for 500 ids at 10 million rows; issue 14,
 -- ``tests/integration/test_claim_plan.py``).
@@ -36,12 +36,15 @@ UPDATE __schema__.jobs SET
     attempts = attempts + 1,
     started_at = now(),
     updated_at = now(),
-    lease_expires_at = now() + make_interval(secs => $2),
-    worker_id = $3,
-    max_retries = COALESCE(max_retries, ($4::jsonb -> job_type ->> 'max_retries')::int, $5),
-    timeout_seconds = COALESCE(timeout_seconds, ($4::jsonb -> job_type ->> 'timeout')::float8)
-WHERE id = ANY($1::uuid[])
-  AND array_position($6::text[], job_type) IS NOT NULL
+    lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    worker_id = :worker_id,
+    max_retries = COALESCE(max_retries,
+                           (:handler_defaults::jsonb -> job_type ->> 'max_retries')::int,
+                           :default_max_retries),
+    timeout_seconds = COALESCE(timeout_seconds,
+                               (:handler_defaults::jsonb -> job_type ->> 'timeout')::float8)
+WHERE id = ANY(:ids::uuid[])
+  AND array_position(:types::text[], job_type) IS NOT NULL
   AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING'
       THEN run_at <= now() + interval '1 second' ELSE false END
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
@@ -82,7 +85,8 @@ SELECT id FROM upd
 -- FAILED or CANCELLED job does not count another retry.
 WITH u AS (  -- each failure with its attempt's due time, read before a retry rewrites run_at
     SELECT u.*, COALESCE(o.run_at, o.created_at) AS due
-    FROM unnest($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::bool[])
+    FROM unnest(:job_id::uuid[], :attempt::int4[], :error::text[], :delay::int4[],
+                :consume::bool[])
         AS u(id, attempt, error, delay, consume)
     JOIN __schema__.jobs o ON o.id = u.id
 ), upd AS (

@@ -1,7 +1,7 @@
 -- name: job_claim_controlled
--- See controls.py. $1 ids, $2 lease seconds, $3 worker, $4 handler defaults (JSON), $5 default
--- max_retries, $6 controlled types, $7 pen ladder, $8 room per type. A paused type's jobs wait
--- in the 5 s pen; claimable is attempts.sql's test.
+-- See controls.py; the parameters are job_claim_many's plus the pen ladder and the room the
+-- worker keeps in hand per controlled type. A paused type's jobs wait in the 5 s pen;
+-- claimable is attempts.sql's test.
 WITH t AS (
     -- the type rows, locked for this statement only, in name order; a locking read returns a
     -- row's newest version, so the claims and starts recorded there are exact even when they
@@ -11,7 +11,7 @@ WITH t AS (
                  WHERE rate_period IS NOT NULL
                    AND s > statement_timestamp() - make_interval(secs => rate_period)
                  ORDER BY s) AS win
-    FROM __schema__.job_types WHERE name = ANY($6::text[]) ORDER BY name FOR UPDATE
+    FROM __schema__.job_types WHERE name = ANY(:types::text[]) ORDER BY name FOR UPDATE
 ), listed AS (
     -- claims recorded on the type row that may still run: the snapshot shows an older attempt
     -- (claimed after it was taken) or that attempt still IN_PROGRESS
@@ -26,13 +26,13 @@ WITH t AS (
                                 UNION ALL SELECT l.id FROM listed l WHERE l.name = t.name) x
                             ) AS conc_free,
            t.rate_limit - cardinality(t.win) AS rate_free,
-           ($8::int4[])[array_position($6::text[], t.name)] AS room
+           (:room::int4[])[array_position(:types::text[], t.name)] AS room
     FROM t
 ), cand AS (
     SELECT j.id, j.job_type, j.run_at, j.created_at,
            row_number() OVER (PARTITION BY j.job_type ORDER BY j.priority DESC, j.id) AS rn
     FROM __schema__.jobs j
-    WHERE j.id = ANY($1::uuid[]) AND array_position($6::text[], j.job_type) IS NOT NULL
+    WHERE j.id = ANY(:ids::uuid[]) AND array_position(:types::text[], j.job_type) IS NOT NULL
       AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING'
           THEN j.run_at <= now() + interval '1 second' ELSE false END
 ), pick AS (
@@ -47,11 +47,13 @@ WITH t AS (
         attempts = j.attempts + 1,
         started_at = statement_timestamp(),
         updated_at = statement_timestamp(),
-        lease_expires_at = statement_timestamp() + make_interval(secs => $2),
-        worker_id = $3,
-        max_retries = COALESCE(j.max_retries, ($4::jsonb -> j.job_type ->> 'max_retries')::int, $5),
+        lease_expires_at = statement_timestamp() + make_interval(secs => :lease_seconds),
+        worker_id = :worker_id,
+        max_retries = COALESCE(j.max_retries,
+                               (:handler_defaults::jsonb -> j.job_type ->> 'max_retries')::int,
+                               :default_max_retries),
         timeout_seconds = COALESCE(j.timeout_seconds,
-                                   ($4::jsonb -> j.job_type ->> 'timeout')::float8)
+                                   (:handler_defaults::jsonb -> j.job_type ->> 'timeout')::float8)
     FROM pick
     WHERE j.id = pick.id AND pick.go AND CASE j.status WHEN 'PENDING' THEN true
         WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
@@ -101,7 +103,7 @@ WITH t AS (
     FROM pick WHERE NOT pick.go
 ), pen AS (
     SELECT hold.*, CASE WHEN hold.in_hand THEN 0 ELSE
-        coalesce((SELECT min(p) FROM unnest($7::int4[]) p WHERE p >= hold.wait_for),
+        coalesce((SELECT min(p) FROM unnest(:pen_ladder::int4[]) p WHERE p >= hold.wait_for),
                  21600) END AS delay
     FROM hold
 ), held AS (
@@ -111,7 +113,8 @@ WITH t AS (
     -- a copy per pass); short holds (pause, concurrency: <= 10 s) keep their run_at. The
     -- claimable test again: a job another claimer took meanwhile is left alone.
     UPDATE __schema__.jobs j SET updated_at = statement_timestamp(),
-        lease_expires_at = statement_timestamp() + make_interval(secs => pen.delay + $2),
+        lease_expires_at = statement_timestamp()
+                           + make_interval(secs => pen.delay + :lease_seconds),
         run_at = CASE WHEN pen.rate_held
                       THEN statement_timestamp() + make_interval(secs => pen.delay)
                       ELSE j.run_at END

@@ -5,7 +5,9 @@ SELECT u.name, u.max_retries, u.timeout_seconds,
        CASE WHEN u.retry_delays = '' THEN NULL
             ELSE string_to_array(u.retry_delays, ',')::int4[] END,
        u.concurrency, u.rate_limit, u.rate_period
-FROM unnest($1::text[], $2::int4[], $3::float8[], $4::text[], $5::int4[], $6::int4[], $7::int4[])
+FROM unnest(:name::text[], :max_retries::int4[], :timeout_seconds::float8[],
+            :retry_delays::text[], :concurrency::int4[], :rate_limit::int4[],
+            :rate_period::int4[])
     AS u(name, max_retries, timeout_seconds, retry_delays, concurrency, rate_limit, rate_period)
 ORDER BY u.name
 ON CONFLICT (name) DO UPDATE SET
