@@ -1,0 +1,98 @@
+"""The documentation: the README stays a five-minute read, the MkDocs site builds with
+``--strict`` (a broken link, a missing anchor or a page left out of the nav fails it), and every
+relative link in the README and in docs/ names a file (and heading) that exists."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from .checks import ROOT
+
+README_MAX_LINES = 300
+# [text](target) and ![alt](target); the target up to a space or the closing parenthesis
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as MkDocs (toc) and GitHub write it, for the headings used here."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return re.sub(r"[ ]+", "-", text).strip("-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def _links(page: Path) -> list[str]:
+    return LINK.findall(FENCE.sub("", page.read_text()))
+
+
+def test_the_readme_is_at_most_300_lines() -> None:
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move reference to docs/"
+
+
+def _broken_links(pages: list[Path], root: Path) -> tuple[int, list[str]]:
+    broken, checked = [], 0
+    for page in pages:
+        for target in _links(page):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not dest.exists():
+                broken.append(f"{page.relative_to(root)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
+    return checked, broken
+
+
+def test_every_relative_link_resolves() -> None:
+    checked, broken = _broken_links(_pages(), ROOT)
+    assert checked > 20, f"only {checked} relative links found: the pattern is stale"
+    assert not broken, broken
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_heading(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other\n\n## A part\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A title\n\n[ok](#a-title) [ok](other.md#a-part) [gone](nowhere.md)\n"
+        "[no heading](other.md#nothing) [web](https://example.org/x)\n"
+        "```\n[in a code block](ignored.md)\n```\n"
+    )
+    checked, broken = _broken_links([page], tmp_path)
+    assert checked == 4
+    assert broken == [
+        "page.md: nowhere.md (no such file)",
+        "page.md: other.md#nothing (no such heading)",
+    ]
+
+
+def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "WARNING" not in run.stderr, run.stderr
+    built = {p.relative_to(site).parts[0] for p in site.glob("*/index.html")}
+    pages = {p.stem for p in (ROOT / "docs").glob("*.md")} - {"index"}
+    assert pages <= built, pages - built
+    assert (site / "index.html").exists()
