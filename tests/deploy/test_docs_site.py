@@ -96,3 +96,25 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
     pages = {p.stem for p in (ROOT / "docs").glob("*.md")} - {"index"}
     assert pages <= built, pages - built
     assert (site / "index.html").exists()
+
+
+UI_PATH = re.compile(r"(?<![\w.])/ui(?:/[a-z][a-z-]*)*(?![\w-])")
+
+
+def test_every_dashboard_path_named_in_the_docs_and_deploy_files_exists() -> None:
+    """A runbook line, an alert or a Grafana panel that names a dashboard page names a real one."""
+    from starlette.routing import Route
+
+    from conveyor.api.app import create_app
+    from conveyor.core.config import Settings
+
+    app = create_app(Settings(auth="required"))
+    routes = {r.path for r in app.routes if isinstance(r, Route)}
+    deploy = [*(ROOT / "deploy").rglob("*.y*ml"), *(ROOT / "deploy").rglob("*.json")]
+    files = [*_pages(), *sorted(deploy), *sorted((ROOT / "k8s").rglob("*.yaml"))]
+    named = {
+        (p.relative_to(ROOT).as_posix(), m) for p in files for m in UI_PATH.findall(p.read_text())
+    }
+    assert len(named) > 3, named
+    missing = sorted((f, m) for f, m in named if m not in routes)
+    assert not missing, missing
