@@ -118,3 +118,12 @@ def test_every_dashboard_path_named_in_the_docs_and_deploy_files_exists() -> Non
     assert len(named) > 3, named
     missing = sorted((f, m) for f, m in named if m not in routes)
     assert not missing, missing
+
+
+def test_the_runbook_covers_every_alert() -> None:
+    rules = (ROOT / "deploy/prometheus/alerts.yml").read_text()
+    alerts = re.findall(r"^\s*- alert: (\w+)", rules, re.M)
+    runbook = (ROOT / "docs/operations.md").read_text()
+    runbook = runbook[runbook.index("## When an alert fires") :]
+    assert len(alerts) > 10, alerts
+    assert [a for a in alerts if f"`{a}`" not in runbook] == []
