@@ -1,4 +1,4 @@
-"""Least privilege in PostgreSQL (README "Security"): what each component's role may do.
+"""Least privilege in PostgreSQL (docs/security.md): what each component's role may do.
 
 ``conveyor migrate`` runs as the owner of the schema (the only role that runs DDL); each
 runtime component connects as a role of its own that holds only these grants. None owns an
