@@ -127,3 +127,20 @@ def test_the_runbook_covers_every_alert() -> None:
     runbook = runbook[runbook.index("## When an alert fires") :]
     assert len(alerts) > 10, alerts
     assert [a for a in alerts if f"`{a}`" not in runbook] == []
+
+
+def test_every_docs_page_named_in_the_repository_exists() -> None:
+    """Code comments, deployment files and DEVELOPERS.md send readers to docs/<page>.md."""
+    named = re.compile(r"\bdocs/([a-z][a-z-]*)\.md\b")
+    tops = ["services", "tests", "migrations", "deploy", "k8s", "bench", "examples", ".ci"]
+    files = [p for top in tops for p in (ROOT / top).rglob("*") if p.is_file()]
+    files += [ROOT / "DEVELOPERS.md", ROOT / "README.md", ROOT / "Makefile", ROOT / "mkdocs.yml"]
+    seen: dict[str, str] = {}
+    for path in files:
+        if ".venv" in path.parts or "__pycache__" in path.parts or path.suffix in {".png", ".pyc"}:
+            continue
+        for page in named.findall(path.read_text(errors="replace")):
+            seen.setdefault(page, path.relative_to(ROOT).as_posix())
+    assert len(seen) > 5, seen
+    missing = {p: where for p, where in seen.items() if not (ROOT / "docs" / f"{p}.md").exists()}
+    assert not missing, missing
