@@ -51,7 +51,7 @@ from .harness import Proc, component_env, running
 from .infra import PG_BIN, PrivatePostgres
 from .proxy import Proxy
 
-# the documented defaults (README "Configuration"), in pg_settings' units (ms, or s for the
+# the documented defaults (docs/configuration.md), in pg_settings' units (ms, or s for the
 # keepalives); the API's statement bound stays above its batch insert's own 300 s limit
 BOUNDS = {
     "idle_in_transaction_session_timeout": "5000",

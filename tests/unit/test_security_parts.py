@@ -193,7 +193,7 @@ def test_broker_permissions_cover_dotted_types_and_the_high_band() -> None:
 
 
 def test_roles_sql_tells_to_turn_jit_off_for_each_login_role() -> None:
-    # README "JIT off for Conveyor's roles": behind PgBouncer the setting must live on the roles;
+    # docs/scaling.md, "JIT off for Conveyor's roles": behind PgBouncer it must live on the roles;
     # roles created by hand from the generated file (deploy/postgres-roles.sql) need it too
     sql = roles_sql("conveyor")
     for role in DEFAULT_ROLES.values():

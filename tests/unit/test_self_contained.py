@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# README.md and docs/ are the user's documentation, checked with them.
+# the user's documentation (README.md, the docs/ site) included
 CHECKED = ("services", "tests", "migrations", "k8s", "deploy", "bench", "examples",
-           "DEVELOPERS.md", "Makefile", "pyproject.toml", "docker-compose.yml")  # fmt: skip
+           "DEVELOPERS.md", "Makefile", "pyproject.toml", "docker-compose.yml",
+           "README.md", "docs", "mkdocs.yml")  # fmt: skip
 SKIPPED_PARTS = frozenset({"__pycache__", ".venv", ".git", ".mypy_cache", ".ruff_cache"})
 TEXT_SUFFIXES = frozenset(
     {".py", ".pyi", ".md", ".txt", ".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".sql",
@@ -66,7 +67,7 @@ def tree(tmp_path: Path) -> Path:
         '"""The API answers 413 above 1 MiB."""\nSUSPECT = 1  # SPECIAL cases: none\n'
     )
     (tmp_path / "DEVELOPERS.md").write_text("# Developers\n\nSee README.md, section Security.\n")
-    (tmp_path / "README.md").write_text("Checked with the docs, not here: SPEC" + " §1\n")
+    (tmp_path / "README.md").write_text("# Conveyor\n\nSee [security](docs/security.md).\n")
     return tmp_path
 
 
@@ -82,6 +83,8 @@ def test_a_clean_tree_passes(tree: Path) -> None:
         ("DEVELOPERS.md", "The rules are in SPEC" + ".md.\n"),
         ("k8s/base/config.yaml", "# settings: see SPEC" + " §1\n"),
         ("tests/test_x.py", "# recipe in .." + "/shared/RECIPES.md\n"),
+        ("README.md", "Priorities hold (SPEC" + " §6.6).\n"),
+        ("docs/scaling.md", "Two bands per type, as SPEC" + " §6.6 asks.\n"),
     ],
 )
 def test_a_citation_is_found(tree: Path, where: str, planted: str) -> None:

@@ -1,4 +1,4 @@
-"""Who may call what (README "Security"). ``ROUTE_SCOPES`` is the one table from
+"""Who may call what (docs/security.md). ``ROUTE_SCOPES`` is the one table from
 (method, path template) to the scope a route needs, or ``OPEN``; ``Auth`` enforces it on every
 route, the dashboard's included. A route missing from the table needs ``admin`` (fail closed)
 and ``tests/unit/test_route_scopes.py`` fails until it is declared: add new routes here.

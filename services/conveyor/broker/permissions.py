@@ -1,4 +1,4 @@
-"""Least privilege in RabbitMQ (README "Security"): the configure / write / read patterns of
+"""Least privilege in RabbitMQ (docs/security.md): the configure / write / read patterns of
 each component's user, for ``rabbitmqctl set_permissions -p <vhost> <user> <conf> <write>
 <read>``. Every component declares the part of the topology it uses (idempotent), so each may
 configure those names only; the rest follows AMQP's rules:

@@ -111,7 +111,7 @@ async def create_pool(
     0.7-1 s of CPU a connection (the query itself: milliseconds), and Conveyor's statements are
     index lookups JIT never speeds up. A transaction pooler passes no session setting (PgBouncer
     refuses unknown startup parameters): there ``conveyor migrate --create-roles`` sets it on the
-    component roles (``ALTER ROLE … SET jit = off``; README, "PgBouncer")."""
+    component roles (``ALTER ROLE … SET jit = off``; docs/scaling.md)."""
     settings = {"application_name": application_name}
     if pooler == "none":
         settings["jit"] = "off"

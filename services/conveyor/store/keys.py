@@ -1,4 +1,4 @@
-"""API keys (README "Security"): only a SHA-256 of each key is stored, found by the key's
+"""API keys (docs/security.md): only a SHA-256 of each key is stored, found by the key's
 short public id. Created, listed and revoked by ``conveyor keys``; read by the API's
 ``api.auth.KeyCache``."""
 

@@ -1,4 +1,4 @@
-"""Least privilege in PostgreSQL (README "Security"): what each component's role may do.
+"""Least privilege in PostgreSQL (docs/security.md): what each component's role may do.
 
 ``conveyor migrate`` runs as the owner of the schema (the only role that runs DDL); each
 runtime component connects as a role of its own that holds only these grants. None owns an
@@ -167,9 +167,9 @@ def roles_sql(schema: str, roles: dict[str, str] | None = None) -> str:
         f"-- Conveyor least-privilege grants for schema {schema} (generated: conveyor roles sql).",
         "-- Create the login roles first (as a superuser or CREATEROLE), with your passwords:",
         *[f"--   CREATE ROLE {r} LOGIN PASSWORD '...';" for r in roles.values()],
-        '-- and, behind PgBouncer, JIT off on them (README, "JIT off for Conveyor\'s roles"):',
+        '-- and, behind PgBouncer, JIT off on them (docs/scaling.md, "PgBouncer"):',
         *[f"--   ALTER ROLE {r} SET jit = off;" for r in roles.values()],
-        '-- and the session bounds (README, "Configuration"): ALTER ROLE <role> SET',
+        "-- and the session bounds (docs/configuration.md): ALTER ROLE <role> SET",
         "-- idle_in_transaction_session_timeout, lock_timeout, statement_timeout,",
         "-- tcp_keepalives_idle/_interval/_count, tcp_user_timeout (`conveyor migrate",
         "-- --create-roles` sets them and jit).",

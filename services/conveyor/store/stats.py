@@ -1,7 +1,7 @@
 """Counts for gauges, the operator views and the dashboard. Each read is served by an index
 (``tests/integration/test_explain.py`` checks the plans on a million generated rows).
 
-The gauges' job counts are exact up to a cap and estimated above it (README, "Metrics"):
+The gauges' job counts are exact up to a cap and estimated above it (docs/monitoring.md):
 ``JOB_COUNTS_CAPPED`` counts each (type, status) with an index-only scan that stops after ``$1``
 rows, so a refresh reads at most the cap per pair however big the backlog;
 ``JOB_COUNT_ESTIMATE`` asks the planner for the rows of one pair (``reltuples`` scaled to the
