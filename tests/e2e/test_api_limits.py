@@ -114,6 +114,7 @@ async def test_a_64mib_batch_of_tiny_items_is_refused_fast_in_bounded_memory(
     assert max(health, default=0) < 1.0
 
 
+@pytest.mark.serial  # its bound is the liveness probe's 0.2 s on a loaded machine
 async def test_a_batch_at_the_limits_is_accepted_not_a_503(settings: Settings) -> None:
     """1,000 jobs of 62 KB: the insert outlives a short command timeout (0.3 s here, 1.5 s by
     default), which must not turn into 'database unavailable'."""
