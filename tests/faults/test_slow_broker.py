@@ -2,11 +2,14 @@
 batch's outbox rows deleted, uncommitted) while it waits for the broker's confirms, up to its
 publish wait. A broker that confirms within that wait but after the session's idle bound (a
 memory alarm that clears, a slow disk, a congested link) must not get the batch again: the
-bound is for a *paused* relay, not for a healthy one waiting on a slow broker."""
+bound is for a *paused* relay, not for a healthy one waiting on a slow broker. Measured with a
+blackholing proxy on the AMQP link and with a private node's memory alarm (publishers blocked)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -19,6 +22,7 @@ from conveyor.publisher.relay import Relay
 
 from .. import db as tdb
 from .harness import queue_ready
+from .infra import PrivateRabbit
 from .proxy import Proxy
 
 
@@ -86,3 +90,87 @@ async def test_confirms_later_than_the_idle_bound_publish_the_batch_once(
           f"errors {errors}")  # fmt: skip
     assert left == 0
     assert (queued, errors) == (5, [])
+
+
+async def _drive(relay: Relay, db_url: str, steps: int) -> tuple[int, list[str]]:
+    """Up to ``steps`` relay steps (until one finds nothing): the outbox rows left, the errors."""
+    errors: list[str] = []
+    for _ in range(steps):
+        try:
+            if await relay.run_once() == 0:
+                break
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+    conn = await tdb.connect(db_url)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM job_outbox")), errors
+    finally:
+        await conn.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("alarm", [6.0, 25.0])
+async def test_a_memory_alarm_on_a_private_node(
+    fsettings: Settings, rabbit: PrivateRabbit, alarm: float
+) -> None:
+    """A real broker that blocks publishers (RabbitMQ's memory alarm) for ``alarm`` seconds
+    after the relay took its batch, the session bounds at their defaults. 6 s (inside the
+    publish wait, past the 5 s idle bound): the batch is published once. 25 s (longer than
+    the publish wait): the relay's publishes time out, the rows go back to the outbox and are
+    published again once the alarm clears; what reaches the queue is printed, not asserted
+    beyond "nothing lost" (a duplicate is dropped at claim)."""
+    settings = fsettings.model_copy(update={"amqp_url": rabbit.amqp_url})
+    assert settings.db_idle_in_transaction_timeout == 5.0
+    conn = await tdb.connect(settings.database_url)
+    try:
+        await enqueue(conn, "work", {"warm": True})  # declares the queue before the alarm
+    finally:
+        await conn.close()
+    relay = Relay(settings)
+    await relay.start()
+    queue = relay.topology.work_queue("work")
+    try:
+        assert await relay.run_once() == 1
+        conn = await tdb.connect(settings.database_url)
+        try:
+            async with conn.transaction():
+                for i in range(5):
+                    await enqueue(conn, "work", {"i": i})
+        finally:
+            await conn.close()
+        publish_batch = relay.publisher.publish_batch
+        cleared: list[asyncio.Task[str]] = []
+
+        async def alarmed(rows: Sequence[Any], *args: Any) -> list[BaseException | None]:
+            if not cleared:
+                await asyncio.to_thread(rabbit.ctl, "set_vm_memory_high_watermark", "0.000001")
+                loop = asyncio.get_running_loop()
+                loop.call_later(
+                    alarm - 1,
+                    lambda: cleared.append(
+                        asyncio.ensure_future(
+                            asyncio.to_thread(rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+                        )
+                    ),
+                )
+            return await publish_batch(rows, *args)
+
+        relay.publisher.publish_batch = alarmed  # type: ignore[method-assign]
+        started = time.monotonic()
+        left, errors = await _drive(relay, settings.database_url, 8)
+        while not cleared:
+            await asyncio.sleep(0.2)
+        await cleared[0]
+        left, more = await _drive(relay, settings.database_url, 4)
+        took = time.monotonic() - started
+        await asyncio.sleep(1)
+        queued = await queue_ready(rabbit.amqp_url, queue)
+    finally:
+        with contextlib.suppress(Exception):
+            rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+        await relay.close()
+    print(f"[faults] memory alarm {alarm:.0f} s: {queued - 1} messages for 5 jobs, outbox left "
+          f"{left}, relay errors {errors + more}, {took:.1f} s")  # fmt: skip
+    assert left == 0 and queued - 1 >= 5
+    if alarm < 10:
+        assert queued - 1 == 5
