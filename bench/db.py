@@ -54,8 +54,8 @@ WITH j AS (
 INSERT INTO job_outbox (job_id, job_type, priority) SELECT id, job_type, priority FROM j
 """
 
-# The table of a busy install, for the batch step at scale (issue 14: "10 million finished and
-# pending jobs"), rows $1..$2 of $3 (inserted in chunks): created over the six days before now,
+# The table of a busy install, for the batch step at scale (10 million finished and pending
+# jobs), rows $1..$2 of $3 (inserted in chunks): created over the six days before now,
 # inside the default 7-day retention so the sweeper deletes none of them during the run; ids
 # UUIDv7-shaped in creation order, as Conveyor's are, so inserts append to the primary key as
 # production's do; 12 types (``(i + i / 100) % 12``, so every type gets every status), one of

@@ -15,8 +15,7 @@ import psutil
 from . import broker
 from .db import Db
 
-# issue 14's targets (round one's were REST ≥ 600, batch ≥ 1,500 and ≥ 1.0x Celery solo, p50 ≤ 5 ms,
-# p99 ≤ 30 ms, worker ≤ 100 MB)
+# the targets each run is compared with
 TARGETS = {
     "rest": "≥ 1,200",
     "batch": "≥ 4,000",

@@ -150,8 +150,8 @@ class Runner:
         self.details["conveyor_exit_codes"] = exits
 
     async def backfilled(self, batch: dict[str, Any]) -> dict[str, Any] | None:
-        """Issue 14: "with 10 million rows in ``jobs``: batch rate ≥ 90 % of the empty-table
-        rate". The batch workload ``--backfill-repeat`` times on the table as it is (the run's
+        """The target: with 10 million rows in ``jobs``, a batch rate ≥ 90 % of the empty-table
+        rate. The batch workload ``--backfill-repeat`` times on the table as it is (the run's
         own few thousand rows), then ``--backfill-rows`` jobs of a busy install generated in SQL
         (``db.INSERT_BACKFILL``) and ``VACUUM ANALYZE``, then the workload as many times again;
         the medians are compared. Medians of runs on both sides, not the one headline batch

@@ -24,8 +24,8 @@ class Countdown:
     """Waiting for ``count()`` to reach ``n``, paced: the next poll comes after a third of the
     time the rate so far says is left, between ``least`` and ``most`` seconds. The count reads
     every row finished in the run (several ms of PostgreSQL near the end of a run); polled every
-    50 ms it took a tenth of a core from the services measured (2026-11-24: 287 polls, 1.4 s of
-    PostgreSQL in a 17 s REST run). The end is still seen within ``least`` of when the rate holds
+    50 ms it takes a tenth of a core from the services measured (287 polls, 1.4 s of PostgreSQL
+    in a 17 s REST run). The end is still seen within ``least`` of when the rate holds
     to within a factor of three."""
 
     def __init__(self, n: int, count: Any, *, least: float = 0.05, most: float = 0.25) -> None:

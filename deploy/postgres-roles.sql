@@ -4,12 +4,12 @@
 --   CREATE ROLE conveyor_publisher LOGIN PASSWORD '...';
 --   CREATE ROLE conveyor_worker LOGIN PASSWORD '...';
 --   CREATE ROLE conveyor_sweeper LOGIN PASSWORD '...';
--- and, behind PgBouncer, JIT off on them (README, "JIT off for Conveyor's roles"):
+-- and, behind PgBouncer, JIT off on them (docs/scaling.md, "PgBouncer"):
 --   ALTER ROLE conveyor_api SET jit = off;
 --   ALTER ROLE conveyor_publisher SET jit = off;
 --   ALTER ROLE conveyor_worker SET jit = off;
 --   ALTER ROLE conveyor_sweeper SET jit = off;
--- and the session bounds (README, "Configuration"): ALTER ROLE <role> SET
+-- and the session bounds (docs/configuration.md): ALTER ROLE <role> SET
 -- idle_in_transaction_session_timeout, lock_timeout, statement_timeout,
 -- tcp_keepalives_idle/_interval/_count, tcp_user_timeout (`conveyor migrate
 -- --create-roles` sets them and jit).

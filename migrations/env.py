@@ -13,8 +13,7 @@ from typing import Any
 from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from conveyor.store.legacy import prepare
-from conveyor.store.migrate import SCHEMA_OPTION
+from conveyor.store.migrate import SCHEMA_OPTION, prepare
 from conveyor.store.schema import DEFAULT_SCHEMA, VERSION_TABLE, metadata_for
 
 config = context.config
@@ -67,7 +66,7 @@ async def _online() -> None:
         await engine.dispose()
 
 
-if context.is_offline_mode():  # SQL for a DBA; no legacy detection (needs the database)
+if context.is_offline_mode():  # SQL for a DBA: no checks that need the database
     _offline_schema = _schema()
     context.configure(url=_url(), literal_binds=True, **_options(_offline_schema))
     with context.begin_transaction():

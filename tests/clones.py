@@ -1,8 +1,8 @@
 """Per-test databases without waiting: clones of the migrated template made ahead of time and
 dropped behind the tests' backs.
 
-A test used to wait for ``CREATE DATABASE … TEMPLATE`` (0.3-2 s on a busy machine) and for
-``DROP DATABASE`` (which forces an immediate checkpoint of the whole server: 0.3-3 s) around a
+A test would otherwise wait for ``CREATE DATABASE … TEMPLATE`` (0.3-2 s on a busy machine) and
+for ``DROP DATABASE`` (which forces an immediate checkpoint of the whole server: 0.3-3 s) around a
 call that often takes 0.1 s. ``Clones`` runs one thread that keeps ``spare`` clones ready and
 one that drops the clones tests hand back. One ``Clones`` per process (per xdist worker), each
 with its own names, so nothing is shared between workers.

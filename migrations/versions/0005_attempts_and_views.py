@@ -3,7 +3,7 @@
 - ``job_attempts``: written by the statement that finishes an attempt (complete, fail, release,
   lease recovery), never by an extra round trip; the running attempt is read from its ``jobs``
   row. A BRIN index on ``finished_at`` serves the "last hour" views.
-- views ``backlog``, ``stuck_jobs``, ``recent_failures``, ``throughput`` (README, "Operator SQL"),
+- views ``backlog``, ``stuck_jobs``, ``recent_failures``, ``throughput`` (docs/operations.md),
   each served by an index: ``backlog`` walks the distinct types with a skip scan and counts each
   (type, status) range of ``jobs_type_status_id_idx``; ``stuck_jobs`` reads ``jobs_lease_idx``;
   the other two read the last hour of ``job_attempts`` through its BRIN index.

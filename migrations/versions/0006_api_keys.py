@@ -1,4 +1,4 @@
-"""api_keys: API keys with scopes (README "Security", SPEC §11)
+"""api_keys: API keys with scopes (docs/security.md)
 
 - ``key_id``: the key's short public id (``cvk_<key_id>_<secret>``); a request's key is looked
   up by it, then its SHA-256 is compared in constant time with ``key_hash``. The key itself is

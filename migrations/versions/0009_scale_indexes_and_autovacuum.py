@@ -8,7 +8,7 @@
   most, so writes cost what they did.
 - ``jobs_waiting_idx`` (updated_at, job_type) WHERE status IN ('PENDING', 'RETRYING'): the
   reconciler's overdue count was a parallel sequential scan (~110 ms at 1M rows, every pass).
-- Autovacuum for ``jobs`` (README, "Autovacuum"): every status change leaves a dead row version
+- Autovacuum for ``jobs`` (docs/scaling.md): every status change leaves a dead row version
   (status is indexed, so no update is HOT); the default 20 % scale factor lets 2M dead rows
   pile up at 10M rows before a vacuum, bloating the hot indexes and clearing the visibility map
   the index-only counts rely on. Vacuum after 1 % (+1,000), analyze after 2 % (+1,000), an

@@ -1,5 +1,5 @@
 """jobs.trace_context: the W3C ``traceparent`` of the request (or transaction) that submitted the
-job, so every attempt's span joins that trace (README, "Tracing"). Nullable, no index: it is
+job, so every attempt's span joins that trace (docs/monitoring.md). Nullable, no index: it is
 read only with the row (the claim, the relay's traced take).
 
 Revision ID: 0010

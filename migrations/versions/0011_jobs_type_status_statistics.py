@@ -1,5 +1,5 @@
 """Extended statistics on ``jobs`` (job_type, status): the joint frequencies the gauges' estimates
-read (README, "Metrics")
+read (docs/monitoring.md)
 
 The gauges count each (type, status) exactly up to a cap and ask the planner above it
 (``store/stats.py``). Without these statistics the planner multiplies the frequency of the type

@@ -1,4 +1,4 @@
-"""api_rate: the fleet-wide token bucket behind ``CONVEYOR_RATE_LIMIT`` (README "Security").
+"""api_rate: the fleet-wide token bucket behind ``CONVEYOR_RATE_LIMIT`` (docs/security.md).
 
 One row per key that submitted (``anonymous`` with auth disabled): ``tokens`` left at ``at``;
 ``granted`` is what the last take handed out (returned by the same statement). An API process

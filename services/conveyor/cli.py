@@ -34,8 +34,7 @@ def _print(data: Any) -> None:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .store.connect import database_name
-    from .store.legacy import MigrationError
-    from .store.migrate import migrate
+    from .store.migrate import MigrationError, migrate
 
     settings = _settings()
     try:

@@ -17,8 +17,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from .cli_support import CliError
     from .core.metrics import Metrics
     from .lifecycle import listen_socket, start_with_retry
-    from .store.legacy import MigrationError
-    from .store.migrate import migrate
+    from .store.migrate import MigrationError, migrate
     from .worker import Worker
 
     settings, refusal = dev_auth(Settings(), args.host)

@@ -1,4 +1,4 @@
-"""``conveyor keys create|list|revoke``: API keys with scopes (SPEC §11, README "Security").
+"""``conveyor keys create|list|revoke``: API keys with scopes (docs/security.md).
 ``create`` prints the key once, on stdout, and stores only its SHA-256. ``conveyor roles sql``:
 the least-privilege PostgreSQL grants (``store/roles.py``)."""
 

@@ -23,7 +23,7 @@ TERMINAL_NAMES = {s.value for s in TERMINAL}
 
 
 class RetryBoundViolated(AssertionError):
-    """``retry_count`` went over ``max_retries`` (issue 8 item 6)."""
+    """``retry_count`` went over ``max_retries``."""
 
 
 @dataclass

@@ -225,8 +225,8 @@ class JobModel(ModelState):
         queued jobs are fresh (touched just now: published moments ago). Its bound: when no
         ready message can stand for them, every stranded job that is now overdue (PENDING, or
         RETRYING and due for ``reconcile_after``) is re-published by the two passes, not just
-        eventually (issue 8: a RETRYING job whose retry vanished; a lost job behind fresh
-        messages). Only the ready messages beyond the fresh jobs can stand for overdue ones."""
+        eventually (a RETRYING job whose retry vanished; a lost job behind fresh messages).
+        Only the ready messages beyond the fresh jobs can stand for overdue ones."""
         after = self.ops.settings.reconcile_after
         self.run(self.ops.age_all(after + 1))
         stranded = self._stranded()

@@ -37,9 +37,8 @@ FLOOR = 0.8
 
 
 CASES = [
-    # each was a strict xfail until the worker's fix (issue 8.2, 8.3, 8.4 and the harness's own
-    # findings: an exception whose __str__ raises, SystemExit from a handler); huge_result and
-    # blocks_loop were exempt from "during" until the result cap and the loop guard
+    # every case is held to the same bounds, "during" included (huge_result by the result cap,
+    # blocks_loop by the loop guard)
     pytest.param("nul_result"),
     pytest.param("nul_error"),
     pytest.param("not_json"),
@@ -56,7 +55,7 @@ CASES = [
 # it; on its own process it cannot.
 ISOLATED = {"os_exit", "blocks_loop"}
 # Their work never ends, so each attempt keeps its worker slot for good (a slot is busy until its
-# work has really stopped: issue 23); the worker has that many slots fewer afterwards, so the
+# work has really stopped); the worker has that many slots fewer afterwards, so the
 # neighbours' one wave of 7 jobs becomes two ("after" does not apply; "during" does).
 HOLDS_SLOTS = {"endless_sync"}
 # The terminal status each adversary ends in, and a text its last error (and every attempt's
@@ -92,7 +91,7 @@ async def run_case(settings: Settings, log_dir: Path, job_type: str) -> dict[str
         t0 = time.monotonic()
         await r.started(job_id)
         during = await r.neighbour_rates()
-        # a restart takes ~1 s idle and 17-23 s at a load of ~20 (issue 8): as long as the
+        # a restart takes ~1 s idle and 17-23 s at a load of ~20: as long as the
         # rig's own start took, 3 s at least
         restart = max(3.0, r.started_in)
         budget = handlers.budget(

@@ -136,8 +136,8 @@ async def _cancelled_then_redriven(ops: StoreOps, *, scheduled: bool) -> str:
     return jobs[job_id].status
 
 
-# Found by the state model (issue 8.7 follow-up): a redriven cancelled scheduled job is
-# SCHEDULED again, an edge TRANSITIONS lacked.
+# A redriven cancelled scheduled job is SCHEDULED again: that edge must be in TRANSITIONS (found by
+# the state model).
 def test_every_redrive_edge_is_in_transitions(
     store_ops: tuple[asyncio.AbstractEventLoop, StoreOps],
 ) -> None:

@@ -14,7 +14,7 @@ from .metric_names import exposed, promtool, used
 
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "alerts.test.yml"
-# what the issue asks the rules to watch (issue 11.7), by the alerts that do
+# what the rules must watch, by the alerts that do
 WATCHED = {
     "outbox lag": {"ConveyorOutboxLag", "ConveyorOutboxLagCritical"},
     "stuck leases": {"ConveyorLeasesNotRecovered", "ConveyorLeasesExpiring"},

@@ -148,7 +148,7 @@ def _expand(value: str, env: dict[str, str]) -> str:
 def test_each_component_connects_as_its_own_role_and_user(
     compose: dict[str, Any], env: dict[str, str], service: str
 ) -> None:
-    """Least privilege (issue 13.5): the component's own database role and broker user, with
+    """Least privilege: the component's own database role and broker user, with
     only its own password in its environment; never the owner's or the administrator's."""
     own = _env_of(compose, service)
     db = urlsplit(_expand(own["CONVEYOR_DATABASE_URL"], env))

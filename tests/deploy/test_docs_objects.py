@@ -1,7 +1,6 @@
 """The kubectl lines in the docs name objects the manifests create: ``kubectl … deploy/NAME``,
 ``job/NAME`` or ``svc/NAME`` in docs/*.md and the README must be a rendered object of that kind
-(issue 24.10: docs/deploying.md ran ``kubectl exec deploy/conveyor-api``; the Deployment is
-``api``)."""
+(``kubectl exec deploy/conveyor-api`` would fail: the Deployment is ``api``)."""
 
 from __future__ import annotations
 

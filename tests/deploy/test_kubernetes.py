@@ -195,7 +195,7 @@ def test_config_and_secret_keys_are_real_settings(docs: list[Doc]) -> None:
 
 
 def test_each_component_reads_only_its_own_secret(docs: list[Doc]) -> None:
-    """Least privilege (issue 13.5): every pod reads the config and its component's Secret,
+    """Least privilege: every pod reads the config and its component's Secret,
     whose URLs name that component's own role and user; only the migrate Job holds the
     owner's URL and the roles' passwords."""
     secrets = by_kind(docs, "Secret")

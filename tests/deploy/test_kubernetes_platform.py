@@ -1,4 +1,4 @@
-"""What a platform team asks of the manifests before it approves them (issue 24.11), on every
+"""What a platform team asks of the manifests before it approves them, on every
 rendered variant (the schemas of the new kinds are checked by test_kubernetes.py's validation
 of every rendered object): startup probes, topology spread, NetworkPolicies that let in only the
 API's traffic and let out only DNS, PostgreSQL and RabbitMQ (where the Secrets' URLs point), and

@@ -35,7 +35,7 @@ def node_modules() -> Path:
     modules = prefix / "node_modules"
     CACHE.mkdir(parents=True, exist_ok=True)
     # one install at a time across the run's workers and concurrent runs (two npm installs into
-    # one prefix failed with ENOTEMPTY in a clean-clone CI run, 2026-11-24); a failed install is
+    # one prefix can fail with ENOTEMPTY); a failed install is
     # retried once from an empty prefix
     with (CACHE / ".install.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -1,4 +1,4 @@
-"""The REST error contract of SPEC §2 over real HTTP: 422 / 413 / 409 / 404 / 503, never a 500,
+"""The REST error contract over real HTTP: 422 / 413 / 409 / 404 / 503, never a 500,
 never a partial write."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9.6-9.8: one error shape for every non-2xx answer, a true ``Allow``, an OpenAPI document
+"""One error shape for every non-2xx answer, a true ``Allow``, an OpenAPI document
 that declares what is served, and no tracebacks in job resources."""
 
 from __future__ import annotations

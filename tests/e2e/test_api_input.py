@@ -1,4 +1,4 @@
-"""Issue 9, hostile input over real HTTP: no 500s, no silent changes, limits that measure bytes,
+"""Hostile input over real HTTP: no 500s, no silent changes, limits that measure bytes,
 the NUL check that tells a NUL from the text ``\\u0000``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9.1 and 9.4: batch limits enforced before the jobs are built, long statements that are
+"""Batch limits enforced before the jobs are built, long statements that are
 not outages, 503s that say why, and Idempotency-Key on batches."""
 
 from __future__ import annotations

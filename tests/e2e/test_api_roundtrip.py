@@ -1,4 +1,4 @@
-"""Issue 9.10 over the wire: what ``POST /jobs`` accepts comes back identical from
+"""Over the wire: what ``POST /jobs`` accepts comes back identical from
 ``GET /jobs/{id}`` (payload through jsonb, run_at through timestamptz, numbers included)."""
 
 from __future__ import annotations

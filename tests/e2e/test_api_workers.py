@@ -1,4 +1,4 @@
-"""Issue 14.4, SPEC §12: ``conveyor api --workers N``, N processes accepting on one port. Real
+"""``conveyor api --workers N``: N processes accepting on one port. Real
 processes over real HTTP: each worker serves on its own while the others are frozen (SIGSTOP),
 and one SIGTERM to the parent stops every worker and the parent, exit status 0."""
 

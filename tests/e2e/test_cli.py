@@ -1,4 +1,4 @@
-"""The operator commands as a shell user meets them (issue 11.8): a database or broker that
+"""The operator commands as a shell user meets them: a database or broker that
 cannot be used is one line, never a traceback; `conveyor jobs list | head -1` ends quietly;
 pages with `--cursor` and `--all`; `--json` is JSON Lines of what the API answers."""
 

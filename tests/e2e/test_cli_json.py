@@ -1,6 +1,6 @@
 """Every ``conveyor … list`` and ``… show`` takes ``--json`` and prints JSON Lines with the REST
 API's field names and time format (``+00:00``); human output never shows a Python repr; a
-malformed argument is one line in the user's words and exit code 2 (issue 24.6)."""
+malformed argument is one line in the user's words and exit code 2."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The dashboard in a real browser (Debian's Chromium driven by Playwright): each page loads,
 cancel / retry / bulk redrive act on the database, text from jobs is escaped, the overview
-refreshes itself. Screenshots go to $CONVEYOR_UI_SCREENSHOTS (docs/img for the README)."""
+refreshes itself. Screenshots go to $CONVEYOR_UI_SCREENSHOTS (docs/img for docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13.4 and 13.7 over HTTP (the browser test covers the login flow): CSRF tokens with auth
+"""Dashboard security over HTTP (the browser test covers the login flow): CSRF tokens with auth
 disabled too, security headers on every page, payload and error text escaped, tracebacks only
 for admin in the API's job resource and attempt list."""
 

@@ -91,9 +91,9 @@ async def test_a_draining_worker_hands_back_the_jobs_in_its_hand(
 async def test_a_worker_of_concurrency_one_runs_the_jobs_in_its_hand(
     settings: Settings, db: asyncpg.Connection
 ) -> None:
-    # the consumer's step used to take a slot before waiting for a delivery: a worker with one
-    # slot, its hand full (its type's queue no longer consumed), sat on that slot waiting for a
-    # delivery that could not come, and the jobs in its hand never ran
+    # the consumer's step takes no slot before a delivery arrives: otherwise a worker with one
+    # slot, its hand full (its type's queue not consumed), sits on that slot waiting for a
+    # delivery that cannot come, and the jobs in its hand never run
     async with running_stack(settings, None) as stack:
         one = await stack.add_worker(router, concurrency=1)
         # another claimer fills the type's two slots

@@ -1,4 +1,4 @@
-"""Operator SQL against a whole Conveyor (README "Operator SQL"): the supported writes
+"""Operator SQL against a whole Conveyor (docs/operations.md, "Operator SQL"): the supported writes
 (``retry_job``, ``cancel_job``) do the whole transition at once, refuse what would lose a
 result, and the rescuer, ``stuck_jobs`` and the reconciler catch hand-made states. The
 sweeper's loop does not run: its duties are called one step at a time."""

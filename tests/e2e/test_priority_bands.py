@@ -1,4 +1,4 @@
-"""SPEC §6.6 in both queue types: with a backlog of low-priority jobs, a high-priority job starts
+"""Priorities in both queue types: with a backlog of low-priority jobs, a high-priority job starts
 within a few jobs' time. Classic queues carry message priorities (``x-max-priority``); RabbitMQ
 3.10's quorum queues have none, so quorum mode keeps two bands per type (``<ns>.high.<type>``
 consumed with its own prefetch window, the worker's inbox handing out high deliveries first).

@@ -161,13 +161,28 @@ async def test_a_signal_stops_a_command_whose_broker_never_answers(
 ) -> None:
     """A broker port that accepts connections and says nothing: the start hangs in the
     client's connect; a signal ends it there at once, exit 0, no traceback."""
-    with busy_port() as silent:
-        env = _env(settings, CONVEYOR_AMQP_URL=f"amqp://guest:guest@127.0.0.1:{silent}/")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.setblocking(False)
+        port = silent.getsockname()[1]
+        env = _env(settings, CONVEYOR_AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/")
         async with conveyor(_command(name, free_port()), env) as proc:
-            await asyncio.sleep(1.5)  # its connect is waiting for the broker's first frame
+            # its connect is waiting for the broker's first frame once the "broker" accepted it
+            # (a start-up takes seconds on a loaded machine: wait for the connection, not a time)
+            accepted = []
+            for _ in range(600):
+                with contextlib.suppress(BlockingIOError):
+                    accepted.append(silent.accept()[0])
+                    break
+                await asyncio.sleep(0.05)
+            assert accepted, proc.lines
+            await asyncio.sleep(0.3)
             assert proc.proc.returncode is None, proc.lines
             proc.proc.send_signal(sig)
             code = await proc.ends_within(3)
+            for conn in accepted:
+                conn.close()
     assert code == 0, proc.lines
     assert not any("Traceback" in line for line in proc.lines), proc.lines
 

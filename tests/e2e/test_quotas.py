@@ -1,4 +1,4 @@
-"""Issue 13.3: every unbounded input has a limit, tried with a hostile value over real HTTP by a
+"""Every unbounded input has a limit, tried with a hostile value over real HTTP by a
 key that may submit (the per-key rate is in test_security.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9.9: Schemathesis over the served ``/openapi.json`` of a real API on a real PostgreSQL:
+"""Schemathesis over the served ``/openapi.json`` of a real API on a real PostgreSQL:
 every operation, positive and negative data, every check, stateful links. A bounded run in
 ``make test``; a long one behind the ``soak`` marker. Zero failures."""
 
@@ -107,7 +107,7 @@ async def _forbidden_answers_403(client: httpx.AsyncClient, key: str, scopes: li
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "scopes",
-    # admin: test_schemathesis_finds_nothing; every scope runs in CI (issue 13.6; ~15 s each,
+    # admin: test_schemathesis_finds_nothing; every scope runs in CI (~15 s each,
     # mostly startup)
     ["jobs:read", "jobs:write"],
 )

@@ -1,4 +1,4 @@
-"""Issue 13.1-13.3 over real HTTP: every route x {no key, bad key, wrong scope, right scope},
+"""API keys and scopes over real HTTP: every route x {no key, bad key, wrong scope, right scope},
 keys only in the Authorization header, revocation on every replica within 5 s, the per-key
 submit quota, and no key in logs, error bodies, /metrics or OpenAPI."""
 
@@ -155,7 +155,7 @@ async def test_metrics_behind_a_key_when_asked(settings: Settings) -> None:
         c = stack.client
         assert (await c.get("/metrics")).status_code == 401
         assert (await c.get("/metrics", headers=bearer(keys["jobs:read"]))).status_code == 200
-        # every scope includes jobs:read (issue 24.5): any valid key reads the metrics
+        # every scope includes jobs:read: any valid key reads the metrics
         assert (await c.get("/metrics", headers=bearer(keys["jobs:write"]))).status_code == 200
         assert (await c.get("/healthz")).status_code == 200
 
@@ -317,7 +317,7 @@ async def test_a_key_that_submits_reads_its_jobs(
     settings: Settings, db: asyncpg.Connection
 ) -> None:
     """Writing jobs includes reading them: a ``jobs:write`` key submits with the client, waits
-    for the job to finish and reads its attempts and the job list (issue 24.5: wait was a 403)."""
+    for the job to finish and reads its attempts and the job list (``wait`` answers no 403)."""
     from conveyor import Job, JobRouter
     from conveyor.client import Client
     from conveyor.job_types import register_router_types

@@ -1,4 +1,4 @@
-"""Issue 13.1-13.2 with real processes: ``conveyor api`` requires keys by default, a key made by
+"""API keys with real processes: ``conveyor api`` requires keys by default, a key made by
 ``conveyor keys create`` runs a job end to end through the publisher and a worker, ``keys
 revoke`` stops it, no process prints it; ``conveyor dev`` refuses a non-loopback host without
 auth."""

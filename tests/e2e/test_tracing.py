@@ -1,4 +1,4 @@
-"""Tracing (issue 11.4): one trace from the submit request through the commit, the publish and
+"""Tracing: one trace from the submit request through the commit, the publish and
 each attempt of the job, with an in-memory exporter, over the real API, relay, broker and
 worker. With tracing off, an incoming ``traceparent`` is still stored (a tracing worker joins
 it) and a malformed one is ignored."""

@@ -101,7 +101,7 @@ async def test_three_workers_keep_the_limits_over_a_longer_run(
 async def _fleet(settings: Settings, db: asyncpg.Connection, scale: int) -> None:
     # The API fails fast (503 after CONVEYOR_DB_TIMEOUT, 1.5 s) by design; this test measures the
     # limits, and submits while three worker processes start beside the other tests on two
-    # cores, which once starved a submit past 1.5 s (CI, 2026-11-24).
+    # cores, which can starve a submit past 1.5 s.
     settings = settings.model_copy(update={"db_timeout": 10.0})
     await register_router_types(db, apps.limited)
     procs = await _workers(settings, 3)

@@ -29,13 +29,13 @@ from .harness import (
 )
 from .infra import PrivatePostgres, free_port
 
-# Regression test for a bug found and fixed: the API answers 500 when a backend of its pool is
+# The failure this guards against: the API answers 500 when a backend of its pool is
 # terminated: asyncpg raises InternalClientError('cannot switch to state N; another operation (2)
 # is in progress') - from the next statement on a pooled connection killed while idle, or from
 # pool.release() in Api.connection()'s finally, where it replaces the request's own 503-mapped
 # ConnectionDoesNotExistError - and InternalClientError is not in connect.UNAVAILABLE
 
-# Regression test for a bug found and fixed: database errors reach the catch-all Exception handler
+# The failure this guards against: database errors reach the catch-all Exception handler
 # (a 503 for UNAVAILABLE ones), which Starlette runs in ServerErrorMiddleware and then re-raises:
 # uvicorn logs 'Exception in ASGI application' with a traceback and closes the keep-alive
 # connection, so a client reusing it gets a connection error instead of an answer
@@ -193,7 +193,7 @@ async def test_api_answers_503_not_500_when_its_backends_are_killed(
     assert not unhandled, f"{len(unhandled)} requests ended in 'Exception in ASGI application'"
 
 
-# Regression test for a bug found and fixed: Api.connection() bounds only pool.acquire() by
+# The failure this guards against: Api.connection() bounds only pool.acquire() by
 # db_timeout; a query on an idle pooled connection to a server that stopped answering waits for
 # command_timeout = max(5.0, db_timeout) = 5 s, so the API answers 503 after 5 s instead of within
 # 2 s

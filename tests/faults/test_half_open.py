@@ -1,8 +1,8 @@
-"""Half-open database connections (issue 8 item 8): a TCP proxy between a component and
+"""Half-open database connections: a TCP proxy between a component and
 PostgreSQL blackholes — connections stay open and nothing answers. Without a command timeout a
 duty waits for ever while the process looks healthy. With one, the pass fails, liveness says
 so, and the component recovers by itself when the network heals: the sweeper promotes a due
-job again (review finding: the test checked only /healthz, which a sweeper whose duties never
+job again (checked as a promoted job, not only /healthz, which a sweeper whose duties never
 resumed could still pass)."""
 
 from __future__ import annotations

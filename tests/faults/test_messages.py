@@ -92,7 +92,7 @@ async def test_poison_messages_do_not_wedge_the_worker(fsettings: Settings, ledg
     assert rejected == len(malformed)
 
 
-# Regression test for a bug found and fixed: the worker's claim (store.JOB_CLAIM_MANY) does not
+# The failure this guards against: the worker's claim (store.JOB_CLAIM_MANY) does not
 # filter by job type, so a worker claims any job whose id arrives in its queues, even of a type it
 # has no handler for; the attempt fails with LookupError and burns a retry (FAILED at once with
 # max_retries=0) instead of leaving the job to a worker of its type
@@ -158,7 +158,7 @@ class FakeDelivery:
         self.rejects += 1
 
 
-# Regression test for a bug found and fixed: Worker.process_batch drops a duplicate of a job that
+# The failure this guards against: Worker.process_batch drops a duplicate of a job that
 # is claimed in the same batch without a log line or a metric (_explain_dropped only sees ids that
 # did not start), against guarantee 8
 

@@ -92,11 +92,11 @@ async def test_every_component_through_pgbouncer(
         db_pooler="transaction",
         db_timeout=5.0,  # a shared 2-core machine: this test is about pooling, not latency
     )
-    # JIT off on the server side, as README "PgBouncer" asks (a pooler passes no startup
+    # JIT off on the server side, as docs/scaling.md, "PgBouncer", asks (a pooler passes no startup
     # setting; this test connects as postgres, so its database, not a role): with JIT on, each
     # new connection JIT-compiled asyncpg's type introspection for ~1 s of CPU, and under a
     # loaded parallel run 8 of 12 concurrent submits on fresh API connections passed the 5 s
-    # statement timeout (seen once; the probe of issue 14 caught 1-2 s introspections here)
+    # statement timeout (1-2 s introspections are common here)
     direct = await asyncpg.connect(fsettings.database_url)
     try:
         await direct.execute(

@@ -1,5 +1,5 @@
-"""A RabbitMQ cluster loses a node. In ``make test`` since 2026-11-24 (42-67 s there, also beside
-two busy loops); it was a soak while a loaded machine took a minute or more to start the nodes.
+"""A RabbitMQ cluster loses a node. In ``make test`` (42-67 s there, also beside two busy
+loops).
 
 Three private nodes on loopback ports, ``CONVEYOR_QUEUE_TYPE=quorum`` and
 ``CONVEYOR_AMQP_URL`` listing all three. The API, relay, sweeper and two workers run a few hundred

@@ -20,11 +20,11 @@ from .apps import router
 from .checker import Ledger, check
 from .harness import fault_settings, purge, queue_ready, running, topology, wait_until
 
-# Regression test for a bug found and fixed: Sweeper.reconcile counts overdue jobs first and reads
+# The failure this guards against: Sweeper.reconcile counts overdue jobs first and reads
 # the queue's ready count second; a message delivered in between (ready -1, its job still PENDING
 # when counted) looks lost, and JOB_REPUBLISH_OVERDUE then re-publishes some other job still
 # sitting in the queue
-# Regression test for a bug found and fixed: a delivery a worker holds before its claim (waiting
+# The failure this guards against: a delivery a worker holds before its claim (waiting
 # for a slot, possible once running jobs' deliveries were acked early) is not 'ready', yet its job
 # is PENDING and overdue: every reconcile pass re-publishes duplicates of those jobs
 
@@ -160,9 +160,8 @@ async def test_reconciler_and_a_consumed_backlog(
     assert reconciled == 0, f"{reconciled} duplicates of jobs whose message was never lost"
 
 
-# Regression test for a bug found and fixed (issue 8): the reconciler compared a type's overdue
-# jobs with every ready message of the type, so fresh messages (not overdue) stood for a lost one
-# ([0, 0]); now only the ready messages beyond the type's fresh jobs can stand for overdue ones
+# Only the ready messages beyond the type's fresh jobs can stand for overdue ones: compared with
+# every ready message of the type, fresh messages (not overdue) would stand for a lost one
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_a_lost_message_behind_fresh_ones_is_republished(

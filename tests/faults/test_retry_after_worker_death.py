@@ -2,9 +2,8 @@
 step: real ``conveyor worker`` processes, the real relay, RabbitMQ and PostgreSQL; the sweeper's
 one-step methods stand in for its loop and time passes on the database's clock (no sleeping).
 
-Issue 8: ``test_handler_that_kills_its_worker_ends_failed`` once left a job RETRYING with
-attempts=1 through its 60 s settle, with 5 worker deaths of 6, under a parallel load. Where can
-the retry of such a job go?
+Under a parallel load, ``test_handler_that_kills_its_worker_ends_failed`` can see a job RETRYING
+with attempts=1 after 5 worker deaths of 6. Where can the retry of such a job go?
 
 - The delivery a dying worker holds was never acknowledged (acks follow the outcome's commit;
   early acks only after a claim, for jobs running past ``early_ack_after``): the broker requeues

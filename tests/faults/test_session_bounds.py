@@ -1,4 +1,4 @@
-"""Gray failures of the relay and the session bounds (issue 23): a process that *pauses* (frozen
+"""Gray failures of the relay and the session bounds: a process that *pauses* (frozen
 VM, long GC, partition, lost host) keeps its connection open and its locks held, and PostgreSQL
 cannot tell it from a slow client. Conveyor's own sessions carry bounds PostgreSQL enforces
 (``store/bounds.py``), so a paused peer's locks are released within seconds and a healthy peer
@@ -51,7 +51,7 @@ from .harness import Proc, component_env, running
 from .infra import PG_BIN, PrivatePostgres
 from .proxy import Proxy
 
-# the documented defaults (README "Configuration"), in pg_settings' units (ms, or s for the
+# the documented defaults (docs/configuration.md), in pg_settings' units (ms, or s for the
 # keepalives); the API's statement bound stays above its batch insert's own 300 s limit
 BOUNDS = {
     "idle_in_transaction_session_timeout": "5000",

@@ -146,7 +146,7 @@ async def test_sigterm_drains_within_grace(
     assert all(r["attempts"] == 2 for r in rows.values()), rows
 
 
-# Regression test for a bug found and fixed: on SIGTERM the worker cancels the asyncio side of a
+# The failure this guards against: on SIGTERM the worker cancels the asyncio side of a
 # sync handler and releases the job, but the handler keeps running in a ThreadPoolExecutor thread,
 # and the interpreter joins that thread at exit: the process outlives the grace by the handler's
 # whole run time (Kubernetes then SIGKILLs it: exit 137, not 0), while the released job may
@@ -210,8 +210,8 @@ async def test_always_failing_handler_ends_failed_and_dead_lettered(
     assert all("doomed: attempt 3" in (d.get("error") or "") for d in letters.values())
 
 
-# A worker's start, generously: ~1 s on an idle machine, 3-5 s at a load of 6-12 (measured
-# 2026-11-24 on two cores), more under a parallel run that also loads PostgreSQL.
+# A worker's start, generously: ~1 s on an idle machine, 3-5 s at a load of 6-12 on two cores,
+# more under a parallel run that also loads PostgreSQL.
 RESTART_BUDGET = 30.0
 
 
@@ -248,8 +248,8 @@ async def _settle_step_by_step(
 
 
 # Six attempts on one worker of concurrency 1, each killing it: the critical path is five worker
-# restarts in a row. A fixed 60 s settle once ran out under a parallel run (issue 8) with 5
-# deaths and the last job RETRYING, attempts=1: its messages were waiting for the last restart
+# restarts in a row. A fixed settle time (60 s) can run out under a parallel run with 5 deaths
+# and the last job RETRYING, attempts=1: its messages waiting for the last restart
 # (tests/faults/test_retry_after_worker_death.py steps that state and a lost retry's rescue).
 @pytest.mark.serial  # six worker restarts in a row
 @pytest.mark.timeout(300)

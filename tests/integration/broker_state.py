@@ -1,5 +1,5 @@
-"""Reading and staging broker state for tests: pen depths, exchanges, round one's topology, and
-waiting on a metric instead of sleeping."""
+"""Reading and staging broker state for tests: pen depths, pens declared ahead, and waiting on a
+metric instead of sleeping."""
 
 from __future__ import annotations
 
@@ -42,25 +42,6 @@ async def declare_pens(settings: Settings, delays: Iterable[int]) -> None:
         await conn.close()
 
 
-async def declare_legacy_pens(settings: Settings, delays: Iterable[int]) -> None:
-    """Round one's pens: a headers exchange ``<ns>.retry`` bound to each pen on the header
-    ``x-conveyor-pen`` — which RabbitMQ ignores when matching, so every binding matches."""
-    ns = settings.namespace
-    conn = await aio_pika.connect(settings.amqp_url)
-    try:
-        ch = await conn.channel()
-        ex = await ch.declare_exchange(f"{ns}.retry", aio_pika.ExchangeType.HEADERS, durable=True)
-        for d in delays:
-            q = await ch.declare_queue(
-                f"{ns}.retry.{pen_name_suffix(d)}",
-                durable=True,
-                arguments={"x-message-ttl": d * 1000, "x-dead-letter-exchange": f"{ns}.exchange"},
-            )
-            await q.bind(ex, arguments={"x-match": "all", "x-conveyor-pen": pen_name_suffix(d)})
-    finally:
-        await conn.close()
-
-
 async def queue_depth(settings: Settings, name: str) -> int:
     """Ready messages in ``name`` (passive declare); -1 when it does not exist."""
     conn = await aio_pika.connect(settings.amqp_url)
@@ -78,16 +59,3 @@ async def queue_depth(settings: Settings, name: str) -> int:
 async def pen_depths(settings: Settings, delays: Iterable[int]) -> dict[int, int]:
     ns = settings.namespace
     return {d: await queue_depth(settings, f"{ns}.retry.{pen_name_suffix(d)}") for d in delays}
-
-
-async def exchange_exists(settings: Settings, name: str) -> bool:
-    conn = await aio_pika.connect(settings.amqp_url)
-    try:
-        ch = await conn.channel()
-        try:
-            await ch.declare_exchange(name, passive=True)
-        except ChannelClosed:
-            return False
-        return True
-    finally:
-        await conn.close()

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from conveyor.store import for_schema
-from conveyor.store.registry import TEMPLATES
+from conveyor.store.registry import TEMPLATES, bind
 
 # Ids are UUIDv7-shaped (creation time first), as Conveyor's are: inserts append to the primary
 # key like production's, and the time filter of GET /jobs (an id range) means what it says.
@@ -69,7 +69,7 @@ SELECT id, job_type, priority FROM jobs WHERE status = 'PENDING'
 # A quiet install's mix, as ANALYZE may find it at night: nothing waits or runs, the statistics
 # know only finished and SCHEDULED jobs (four statuses), so a statement about PENDING or running
 # jobs is planned from a guess. The generic plan of a count stopped by ``LIMIT`` then took the
-# guess for millions of matching rows and scanned the whole table (issue 14, 2026-11-24).
+# guess for millions of matching rows and scanned the whole table.
 QUIET_STATUSES = """(CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
              WHEN i % 100 = 96 THEN 'CANCELLED' ELSE 'SCHEDULED' END)::job_status"""
 
@@ -146,37 +146,67 @@ _BY_TYPE: dict[str, Any] = {
 }
 
 # Statements whose arguments the defaults above would make implausible.
-_OVERRIDES: dict[str, tuple[Any, ...]] = {
+_OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
     "job_count_overdue": (60.0,),
     "job_overdue_ids": ("type_3", 60.0, 500),
     "job_recount_overdue": ("type_3", 60.0),
     "job_republish_overdue": ("type_3", 60.0, 500, [SOME_ID]),
     "job_delete_expired": (7 * 86400.0, 30 * 86400.0, 500),
-    "job_insert_many": (
-        [uuid.uuid4()],
-        ["type_3"],
-        ["{}"],
-        [5],
-        [None],
-        [None],
-        [None],
-        [None],
-        ["k"],
-        ["h"],
-    ),
-    "outbox_restore": ([1], [SOME_ID], ["type_3"], [5], ["work"], [None], [None], [None]),
-    "job_type_register_many": (["type_3"], [3], [None], [""], [None], [None], [None]),
+    "job_insert_many": {
+        "id": [uuid.uuid4()],
+        "job_type": ["type_3"],
+        "payload": ["{}"],
+        "priority": [5],
+        "max_retries": [None],
+        "timeout_seconds": [None],
+        "run_at": [None],
+        "delay": [None],
+        "idempotency_key": ["k"],
+        "request_hash": ["h"],
+    },
+    "outbox_restore": {
+        "id": [1],
+        "job_id": [SOME_ID],
+        "job_type": ["type_3"],
+        "priority": [5],
+        "destination": ["work"],
+        "delay_seconds": [None],
+        "error": [None],
+        "attempt": [None],
+    },
+    "job_type_register_many": {
+        "name": ["type_3"],
+        "max_retries": [3],
+        "timeout_seconds": [None],
+        "retry_delays": [""],
+        "concurrency": [None],
+        "rate_limit": [None],
+        "rate_period": [None],
+    },
     "job_dead_count": ("type_3", "ValueError: 1"),
-    "job_page": (None, None, None, None, 51),
-    "job_page_filtered": ("type_3", "FAILED", None, None, 51),
+    "job_page": {"job_type": None, "status": None, "before": None, "since": None, "limit": 51},
+    "job_page_filtered": {
+        "job_type": "type_3",
+        "status": "FAILED",
+        "before": None,
+        "since": None,
+        "limit": 51,
+    },
     "job_redrive_dead": ("type_3", "ValueError: 1", 500),
     "job_purge_dead": ("type_3", "ValueError: 1", 500),
-    "job_fail_many": ([SOME_ID], [1], ["x"], [5], [True]),
+    "job_fail_many": {
+        "job_id": [SOME_ID],
+        "attempt": [1],
+        "error": ["x"],
+        "delay": [5],
+        "consume": [True],
+    },
 }
 
 # Statements that read only catalogs or no table at all (``job_count_estimate`` is an EXPLAIN:
 # it plans, it reads no row).
-_SKIP = {"database_exists", "db_ping", "job_count_estimate"}
+_SKIP = {"database_exists", "db_ping", "job_count_estimate", "role_find", "role_login_sql",
+         "role_jit_off_sql", "role_set_sql"}  # fmt: skip
 
 
 async def statement_cases(
@@ -188,7 +218,9 @@ async def statement_cases(
         if name in _SKIP:
             continue
         if name in _OVERRIDES:
-            cases[name] = (sql[name], _OVERRIDES[name])
+            args = _OVERRIDES[name]
+            # a statement with named parameters takes them by name (``registry.bind``)
+            cases[name] = (sql[name], tuple(bind(name, args) if isinstance(args, dict) else args))
             continue
         params = (await conn.prepare(sql[name])).get_parameters()
         cases[name] = (sql[name], tuple(_BY_TYPE[p.name] for p in params))
@@ -196,14 +228,15 @@ async def statement_cases(
     # time window (a UUIDv7 lower bound), each status alone (SCHEDULED without a type was a
     # sequential scan), the operator views
     hour_ago = uuid.UUID(int=(int((dt.datetime.now(dt.UTC).timestamp() - 3600) * 1000) << 80))
-    page, filtered = sql["job_page"], sql["job_page_filtered"]
     for t in (None, "type_3"):
         for st in (None, "FAILED", "SCHEDULED", "PENDING", "COMPLETED"):
             for cursor in (None, MID_CURSOR):
                 for since in (None, hour_ago):
-                    q = page if t is None and st is None else filtered
+                    q = "job_page" if t is None and st is None else "job_page_filtered"
+                    values = {"job_type": t, "status": st, "before": cursor, "since": since,
+                              "limit": 51}  # fmt: skip
                     cases[f"GET /jobs type={t} status={st} cursor={cursor} since={since}"] = (
-                        q, (t, st, cursor, since, 51)
+                        sql[q], tuple(bind(q, values))
                     )  # fmt: skip
     for view in ("backlog", "stuck_jobs", "recent_failures", "throughput"):
         cases[f"view {view}"] = (f"SELECT * FROM {schema}.{view}", ())

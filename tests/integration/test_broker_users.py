@@ -1,4 +1,4 @@
-"""Issue 13.6, RabbitMQ: on the real local broker, in a vhost of this test's own, the publisher,
+"""Least privilege in RabbitMQ: on the local broker, in a vhost of this test's own, the publisher,
 the sweeper and the worker each connect as a user holding only ``broker.permissions``' patterns
 (created with ``rabbitmqctl import_definitions``, removed after). Jobs complete, retry through a
 pen and dead-letter; then each user tries what it must not (the worker publishing work or

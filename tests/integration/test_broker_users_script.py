@@ -1,4 +1,4 @@
-"""Issue 13.5: ``deploy/rabbitmq-users.sh`` (``conveyor roles amqp``), the script
+"""``deploy/rabbitmq-users.sh`` (``conveyor roles amqp``), the script
 docker-compose.yml's ``broker-users`` step runs, executed for real against a RabbitMQ node of
 the test's own (user names are node-global): each component's user can log in with its
 password and holds its permission patterns; a second run with a new password rotates it

@@ -1,5 +1,5 @@
 """The completer's one step against the real store: a batch with one outcome PostgreSQL refuses
-commits the others, and the refused one becomes a recorded failure (issue 8 item 2)."""
+commits the others, and the refused one becomes a recorded failure."""
 
 from __future__ import annotations
 
@@ -86,10 +86,10 @@ def test_data_errors_and_outages_are_told_apart() -> None:
     assert not is_data_error(OSError())
 
 
-# Regression test (found by the adversarial harness: "a 10 MB result stalls every other outcome
-# write of its worker for seconds"): a large result is written in a transaction of its own, so
-# the other outcomes do not wait for PostgreSQL to parse it. Here the large one's write is held
-# by a row lock: before the fix flush_once waited for it, with the small ones uncommitted.
+# A 10 MB result must not stall every other outcome write of its worker for seconds: a large
+# result is written in a transaction of its own, so the other outcomes do not wait for
+# PostgreSQL to parse it. Here the large one's write is held
+# by a row lock: flush_once must not wait for it with the small ones uncommitted.
 
 
 async def test_a_large_result_does_not_hold_back_the_other_outcomes(

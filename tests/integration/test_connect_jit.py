@@ -1,4 +1,4 @@
-"""Conveyor's pools run with JIT off (issue 14, the PgBouncer test's timeouts): asyncpg reads the
+"""Conveyor's pools run with JIT off (else the PgBouncer test times out): asyncpg reads the
 definition of each non-builtin type (``job_status``, arrays) once per connection with a
 catalog query whose estimated cost (~12 million) passes ``jit_above_cost``, so with the default
 ``jit = on`` every new connection's first statement JIT-compiled for 0.7-1 s (EXPLAIN ANALYZE on

@@ -1,4 +1,4 @@
-"""Issue 13.5 end to end: ``conveyor migrate --create-roles`` (what docker-compose.yml's and
+"""End to end: ``conveyor migrate --create-roles`` (what docker-compose.yml's and
 k8s's migrate step runs) on a PostgreSQL cluster of the test's own, where role names are not
 shared with anyone and TCP logins need a password (SCRAM). The real CLI creates the four login
 roles with the passwords it is given (sent as SCRAM verifiers, never in clear), grants them,
@@ -92,9 +92,9 @@ async def test_migrate_creates_grants_and_rotates_the_component_roles(
             # its grants work (every runtime role reads the schema version: readiness)
             assert await conn.fetchval("SELECT count(*) FROM conveyor.alembic_version") == 1
             # JIT off for the role, so also behind PgBouncer, which passes no session setting
-            # (asyncpg's type introspection JIT-compiled for ~0.7-1 s a connection: README)
+            # (asyncpg's type introspection JIT-compiled for ~0.7-1 s a connection: docs/scaling.md)
             assert await conn.fetchval("SHOW jit") == "off"
-            # the session bounds too (README "Configuration"), for the same reason
+            # the session bounds too (docs/configuration.md), for the same reason
             bounds = {n: await conn.fetchval(f"SHOW {n}") for n in (
                 "idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout",
                 "tcp_keepalives_idle", "tcp_user_timeout")}  # fmt: skip

@@ -1,4 +1,4 @@
-"""One concept, two places (issue 24.9): a dead letter is a FAILED job (PostgreSQL, the
+"""One concept, two places: a dead letter is a FAILED job (PostgreSQL, the
 dashboard's page); the dead-letter queue holds a copy per failure (``conveyor dlq``). A redrive
 or purge from either place leaves nothing stale in the other: ``dlq list`` shows only the copies
 whose job is still FAILED at the attempt they recorded, and drops the others from the queue."""

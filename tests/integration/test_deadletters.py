@@ -1,4 +1,4 @@
-"""``conveyor dlq redrive`` against real services (issue 8 item 7, the dead-letter half): a dead
+"""``conveyor dlq redrive`` against real services: a dead
 letter redrives only the failure it recorded — the job's id at the attempt that failed."""
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ async def test_a_dead_letter_redrives_only_the_attempt_it_recorded(
 async def test_a_letter_from_before_the_attempt_field_still_redrives_once(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Round one's letters carry no attempt: fenced by the attempts read during the scan."""
+    """A letter without the attempt field (published by hand or by another tool) is fenced by
+    the attempts read during the scan."""
     async with running_stack(settings, router) as stack:
         job_id = await stack.submit("doomed")
         await wait_for(settings.database_url, [job_id], statuses=["FAILED"])
@@ -105,7 +106,7 @@ async def test_a_letter_from_before_the_attempt_field_still_redrives_once(
         await _stop_workers(stack)
         inspector = Inspector(settings.amqp_url, Topology(settings.namespace), name="test")
         try:
-            async with inspector.dead_letters() as batch:  # replace it by a round-one letter
+            async with inspector.dead_letters() as batch:  # replace it by one without attempt
                 await batch.letters[0].settle()
         finally:
             await inspector.close()
@@ -118,8 +119,8 @@ async def test_a_letter_from_before_the_attempt_field_still_redrives_once(
     assert again == {"scanned": 0}
 
 
-# Review finding: ``conveyor dlq redrive`` ran one transaction (and one NOTIFY inside it) per
-# letter. Failed before: five statements for five letters.
+# ``conveyor dlq redrive`` takes one statement for all letters, not one transaction (and one
+# NOTIFY inside it) per letter (five statements for five letters).
 
 
 async def test_redrive_takes_one_statement_for_every_letter_and_fences_each(

@@ -1,4 +1,4 @@
-"""Duplicate deliveries are routine: logged at debug, never info (issue 11.5); a delivery for a
+"""Duplicate deliveries are routine: logged at debug, never info; a delivery for a
 job PostgreSQL does not know is a warning."""
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ async def test_sqlalchemy_async_session(db_url: str, db: asyncpg.Connection, com
 async def test_enqueue_inside_a_traced_request_stores_the_callers_span(
     db: asyncpg.Connection,
 ) -> None:
-    """Tracing (issue 11.4): an application that traces calls ``enqueue()`` inside its span; the
+    """Tracing: an application that traces calls ``enqueue()`` inside its span; the
     job joins that trace (its attempts become children), even with Conveyor's tracing off."""
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -116,8 +116,8 @@ async def test_enqueue_inside_a_traced_request_stores_the_callers_span(
 
 
 async def test_a_unique_or_meta_job_keeps_the_callers_trace(db: asyncpg.Connection) -> None:
-    """Review finding (tracing with unique jobs and meta): those rows take the full insert,
-    which stored no trace context. Failed before: trace_context NULL for both."""
+    """Unique and meta jobs take the full insert, which stores the trace context too (else
+    trace_context is NULL for both)."""
     from opentelemetry.sdk.trace import TracerProvider
 
     tracer = TracerProvider().get_tracer("app")

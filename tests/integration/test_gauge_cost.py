@@ -1,5 +1,5 @@
 """The gauge refresh's cost is bounded by the number of (type, status) pairs, not by the backlog
-(issue 14: it counted 600,000 rows exactly, ~1 s at 10 million jobs, every 5 s). On a million
+(an exact count reads 600,000 rows, ~1 s at 10 million jobs, every 5 s). On a million
 generated jobs (``plans.generate``: each live status is ~3,300 rows in three of the 12 types)
 every statement of ``Gauges.refresh_once`` is run under EXPLAIN ANALYZE with the arguments it
 was called with: no sequential scan of ``jobs``, no scan of ``jobs`` returning more than the

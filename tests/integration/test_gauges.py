@@ -59,10 +59,9 @@ async def test_jobs_outbox_and_queue_gauges(
     assert _value(metrics, "conveyor_jobs", type="a", status="PENDING") == 0  # not frozen
 
 
-# Review finding: the gauges ran beside the relay in ``conveyor publisher``; with
-# ``--no-maintenance`` plus a separate ``conveyor sweeper`` no process refreshed them. The
-# sweeper refreshes them now, wherever it runs. Failed before: no conveyor_jobs sample on the
-# sweeper's /metrics.
+# The sweeper refreshes the gauges wherever it runs, so ``conveyor publisher --no-maintenance``
+# plus a separate ``conveyor sweeper`` still has them: a conveyor_jobs sample on the sweeper's
+# /metrics.
 
 
 async def test_a_separate_sweeper_refreshes_the_gauges(
@@ -119,9 +118,9 @@ async def test_leases_expired_counts_running_jobs_past_their_lease(
 async def test_every_registered_type_has_its_series_from_the_first_refresh(
     db: asyncpg.Connection, parts: tuple[Metrics, Sweeper, Relay]
 ) -> None:
-    """Issue 24.7: a registered type without a job had no ``conveyor_jobs`` series, so a fresh
-    install's panels said "no data" and ``absent()`` alerts fired. Every registered type has
-    one per counted status, 0 included, from the first refresh."""
+    """Every registered type has a ``conveyor_jobs`` series per counted status, 0 included,
+    from the first refresh: without one, a fresh install's panels say "no data" and
+    ``absent()`` alerts fire."""
     metrics, sweeper, _ = parts
     await db.execute("INSERT INTO job_types (name) VALUES ('quiet_type') ON CONFLICT DO NOTHING")
     await enqueue_many(db, [JobSpec("a")])

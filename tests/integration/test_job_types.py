@@ -1,4 +1,4 @@
-"""Bounded job types (issue 8): a type is known once a worker (or a deploy step) registered it;
+"""Bounded job types: a type is known once a worker (or a deploy step) registered it;
 the API answers 422 naming the known types for any other, and ``enqueue()`` applies the same
 policy, so queues, job rows and metric series stay bounded by what operators deploy — unless
 ``CONVEYOR_ACCEPT_UNKNOWN_TYPES`` says otherwise."""
@@ -40,7 +40,7 @@ def _random_type() -> str:
 async def test_random_types_create_no_job_queue_or_metric_series(
     settings: Settings, db: asyncpg.Connection
 ) -> None:
-    """Issue 9 observation 2 (the API side): 2,000 submits with random types."""
+    """The API side: 2,000 submits with random types."""
     names = [_random_type() for _ in range(2000)]
     async with running_stack(settings, maintenance=False) as stack:
         first = await stack.client.post("/jobs", json={"type": names[0]})

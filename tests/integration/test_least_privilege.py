@@ -1,4 +1,4 @@
-"""Issue 13.6, PostgreSQL: each component runs under a role holding only ``store.roles``'
+"""Least privilege in PostgreSQL: each component runs under a role holding only ``store.roles``'
 grants (on the real server) and a job's whole life works: submit, run, fail to a dead letter,
 schedule and promotion, cancel, redrive, dashboard purge, lease recovery, retention, gauges,
 keys. Then each role tries what it must not do (DDL, TRUNCATE, DROP, another component's

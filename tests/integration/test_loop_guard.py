@@ -19,9 +19,9 @@ from .. import db as tdb
 from ..stack import running_stack, wait_for
 from .worker_apps import router
 
-# Regression test (issue 8 remainder): a handler with ``timeout=1`` that calls ``time.sleep(8)``
-# in an ``async def`` froze its worker for 8 s (asyncio.timeout only fires once the loop turns)
-# and then COMPLETED. Failed before the guard: COMPLETED after 8 s, the neighbour 8 s late.
+# A handler with ``timeout=1`` that calls ``time.sleep(8)`` in an ``async def`` is preempted by
+# the loop guard: asyncio.timeout only fires once the loop turns, so without the guard it freezes
+# its worker for 8 s and then COMPLETES, the neighbour 8 s late.
 
 
 async def test_a_handler_blocking_the_loop_is_failed_at_its_timeout(

@@ -14,8 +14,7 @@ import asyncpg
 import pytest
 from alembic import command
 
-from conveyor.store.legacy import MigrationError
-from conveyor.store.migrate import alembic_config, migrate
+from conveyor.store.migrate import MigrationError, alembic_config, migrate
 from conveyor.store.probes import HEAD
 
 from .. import db as tdb

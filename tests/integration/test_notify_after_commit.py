@@ -3,9 +3,8 @@ inside the transaction: ``pg_notify`` takes a database-wide lock held until the 
 flushed, so a NOTIFY inside a transaction serialises every other notifying commit (see
 ``store/notify.py``).
 
-Review finding: the worker's completer (retries, dead letters, hand-backs) and the sweeper
-(promotions, lease recoveries, re-publishes) notified inside their transactions. Failed before:
-the recorded calls were made in a transaction."""
+Checked for the worker's completer (retries, dead letters, hand-backs) and the sweeper
+(promotions, lease recoveries, re-publishes): no recorded call is made in a transaction."""
 
 from __future__ import annotations
 

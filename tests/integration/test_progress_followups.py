@@ -189,9 +189,8 @@ async def test_a_stale_attempts_completion_is_fenced_and_leaves_no_follow_up(
 
 
 async def test_follow_ups_keep_meta_and_unique_keys(db: asyncpg.Connection, db_url: str) -> None:
-    """Review finding (follow-ups with unique jobs and meta): follow-ups took the plain insert,
-    which has no columns for ``meta`` or a unique key: meta was dropped and ``unique_for`` made
-    duplicates. Failed before: meta NULL, two children."""
+    """Follow-ups with unique jobs and meta take the full insert: the plain one has no columns
+    for ``meta`` or a unique key (meta would be NULL, and ``unique_for`` make two children)."""
     store = for_schema()
     parents = [await enqueue(db, "t", {"p": i}) for i in range(2)]
     rows = await store.job_claim_many(

@@ -1,4 +1,4 @@
-"""Issue 8 item 8: several sweeper replicas reconciling at once. Each computes the same shortfall
+"""Several sweeper replicas reconciling at once. Each computes the same shortfall
 (overdue jobs minus ready messages); without coordination a second replica re-publishes on top
 of what the first just re-published, so duplicates grow with the number of replicas."""
 

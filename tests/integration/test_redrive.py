@@ -1,4 +1,4 @@
-"""Issue 8 item 7 (the store's half): a redrive of a cancelled scheduled job keeps its
+"""The store's half of redrives: a redrive of a cancelled scheduled job keeps its
 ``run_at``; a dead letter's redrive is fenced by the attempt it recorded, so it cannot revive a
 job that was redriven (and then cancelled, or failed again) since."""
 

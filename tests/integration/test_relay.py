@@ -141,8 +141,8 @@ async def test_a_queue_that_cannot_be_declared_holds_back_only_its_own_type(
     amqp: aio_pika.abc.AbstractRobustConnection,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 8 item 5: ``<ns>.queue.broken`` already exists with other arguments (made by hand
-    here, as an older deployment would have). Every other type's rows publish; the broken
+    """``<ns>.queue.broken`` already exists with other arguments (made by hand here, as an
+    operator or another tool might). Every other type's rows publish; the broken
     type's rows stay in the outbox and are retried with backoff; a log line and a metric name
     the queue and the broker's reason."""
     t = Topology(settings.namespace)
@@ -244,9 +244,9 @@ class _HalfBrokenPublisher:
                 *[None] * (len(rows) - 2)]  # fmt: skip
 
 
-# Review finding: ``outbox_publish_failed`` named the first failed row (here: the one whose queue
-# was refused) with the first error of another row. Failed before: the first job's id with the
-# second job's error.
+# ``outbox_publish_failed`` names the first failed row (here: the one whose queue was refused)
+# with that row's own error, not the first error of another row (the first job's id with the
+# second job's error).
 
 
 async def test_a_publish_failure_is_logged_with_its_own_job(

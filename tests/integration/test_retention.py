@@ -1,5 +1,5 @@
 """Retention: finished jobs after ``retention_days``, FAILED jobs after
-``failed_retention_days`` (they used to stay for ever), in small batches, attempts with them.
+``failed_retention_days`` (not kept for ever), in small batches, attempts with them.
 Time is the database's: the test ages rows by rewriting ``finished_at``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8 item 6: ``retry_count`` counts retries performed and never exceeds ``max_retries`` —
+"""``retry_count`` counts retries performed and never exceeds ``max_retries`` —
 a job FAILED after its retries shows ``retry_count == max_retries``, whether its attempts failed
 in the handler or lost their lease."""
 
@@ -74,7 +74,7 @@ async def test_lost_leases_stop_at_max_retries(
 async def test_lease_expiry_retries_wait_an_exponential_backoff_in_the_pens(
     db: asyncpg.Connection, sweeper: Sweeper
 ) -> None:
-    """Issue 8 item 8: a job that crashes its worker must not hit the fleet again at once, every
+    """A job that crashes its worker must not hit the fleet again at once, every
     lease period: its re-publish goes through a holding pen with the default backoff."""
     [job_id] = await enqueue_many(db, [JobSpec("t", max_retries=5)])
     delays = []

@@ -1,6 +1,5 @@
-"""Retry holding pens against the real broker (issue 8 item 1): a retry goes to exactly one pen,
-waits that pen's delay, and an install upgraded from the headers-exchange topology (whose
-``x-conveyor-pen`` bindings matched every message) stops duplicating."""
+"""Retry holding pens against the real broker: a retry goes to exactly one pen and waits that
+pen's delay."""
 
 from __future__ import annotations
 
@@ -11,15 +10,12 @@ import pytest
 
 from conveyor import Job, JobRouter
 from conveyor.core.config import Settings
-from conveyor.publisher.relay import Relay
 
 from .. import db as tdb
 from ..faults.checker import install_audit
 from ..stack import running_stack, wait_for
 from .broker_state import (
-    declare_legacy_pens,
     declare_pens,
-    exchange_exists,
     pen_depths,
     published,
     wait_metric,
@@ -66,8 +62,8 @@ async def _gaps(db_url: str, job_id: str) -> list[float]:
 
 
 async def test_each_retry_waits_its_own_delay(audited: Settings) -> None:
-    """``retry_delays=[1, 2]``: the second retry waits ~2 s. With every pen bound to every
-    message, its copy in the 1 s pen came back after 1 s (observed: 1.0 s and 1.0 s)."""
+    """``retry_delays=[1, 2]``: the second retry waits ~2 s, not the first pen's 1 s (a pen
+    routing every retry would bring a copy back after 1 s)."""
     async with running_stack(audited, router) as stack:
         job_id = await stack.submit("twice")
         assert (await wait_for(audited.database_url, [job_id]))[uuid.UUID(job_id)] == "FAILED"
@@ -89,29 +85,3 @@ async def test_one_retry_leaves_one_message_in_one_pen(
         await wait_metric(lambda: published(stack.relay, "retry") >= 1, what="the retry published")
         depths = await pen_depths(settings, others)
     assert depths == {d: (1 if d == delay else 0) for d in others}
-
-
-async def test_an_upgraded_broker_loses_its_catch_all_bindings(settings: Settings) -> None:
-    """Round one's topology (a headers exchange ``<ns>.retry`` whose pen bindings match on the
-    ignored ``x-conveyor-pen`` header) is on the broker: the relay's declaration removes it, and
-    the next retry lands in its own pen only."""
-    await declare_legacy_pens(settings, [1, 30, 60])
-    assert await exchange_exists(settings, f"{settings.namespace}.retry")
-    relay = Relay(settings)
-    await relay.start()
-    await relay.close()
-    assert not await exchange_exists(settings, f"{settings.namespace}.retry")
-    async with running_stack(settings, router) as stack:
-        await stack.submit("hour")
-        await wait_metric(lambda: published(stack.relay, "retry") >= 1, what="the retry published")
-        depths = await pen_depths(settings, [1, 30, 60])
-    assert depths == {1: 0, 30: 0, 60: 1}
-
-
-async def test_legacy_cleanup_is_idempotent(settings: Settings) -> None:
-    """Declaring twice (two relays, a restart) with nothing left to clean is harmless."""
-    for _ in range(2):
-        relay = Relay(settings)
-        await relay.start()
-        await relay.close()
-    assert not await exchange_exists(settings, f"{settings.namespace}.retry")

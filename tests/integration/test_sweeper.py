@@ -276,10 +276,10 @@ _IN_PEN = _RETRY + "+ interval '1 h'"
 async def test_a_lost_job_behind_fresh_messages_is_republished(
     db: asyncpg.Connection, sweeper: Sweeper
 ) -> None:
-    """Issue 8: one job's message was lost and it is overdue; the type's queue holds five fresh
+    """One job's message was lost and it is overdue; the type's queue holds five fresh
     messages (three new jobs, two retries that came out of their pen) and none for it. Fresh
-    messages do not stand for lost jobs: the two passes re-publish it. (It stayed lost while the
-    queue held at least as many ready messages as the type had overdue jobs.)"""
+    messages do not stand for lost jobs: the two passes re-publish it, though the queue holds at
+    least as many ready messages as the type has overdue jobs."""
     [lost] = await _waiting(db, 1, _OVERDUE)
     await _waiting(db, 3)
     await _waiting(db, 2, _RETRY_DUE)  # due 5 s ago, last touched 100 s ago: fresh, not overdue
@@ -403,7 +403,7 @@ async def test_a_redriven_job_does_not_keep_the_hold_it_had_when_cancelled(
 
 
 async def test_a_redrive_clears_a_hold_left_on_a_cancelled_job(db: asyncpg.Connection) -> None:
-    """A job cancelled while held by a release whose cancel kept the hold (4e9e314) still has
+    """A job cancelled while held by a release whose cancel kept the hold still has
     its lease: the redrive drops it with the rest of the job's past (it would hide the redriven
     job from the reconciler until the lease ran out)."""
     [job_id] = await _waiting(db, 1, "status = 'CANCELLED', attempts = 1, finished_at = now(),"

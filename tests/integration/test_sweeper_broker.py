@@ -1,4 +1,4 @@
-"""The sweeper's broker use and its health (issue 8 item 8): a queue depth that cannot be read is
+"""The sweeper's broker use and its health: a queue depth that cannot be read is
 not 0, and liveness says when a duty stopped completing passes."""
 
 from __future__ import annotations

@@ -145,9 +145,9 @@ async def test_operator_limits_survive_a_worker_registering_the_type(
     assert row["limits_set_at"] is not None
 
 
-# Review finding (merge of limits with the reconciler): a job held for a long rate window sat in
-# a pen longer than reconcile_after while it looked due, untouched and missing from its queue,
-# so every reconcile pass re-published another copy. Failed before: the held job was overdue.
+# A job held for a long rate window sits in a pen longer than reconcile_after while it looks due,
+# untouched and missing from its queue: it must not count as overdue, or every reconcile pass
+# would re-publish another copy.
 async def test_a_job_held_for_its_rate_window_is_not_overdue_while_in_its_pen(
     db: asyncpg.Connection,
 ) -> None:

@@ -1,6 +1,6 @@
-"""A worker's liveness says when it is wedged, so Kubernetes restarts it (issue 8 item 8 and the
-"liveness reflects" deliverable): a blocked event loop, a stuck outcome writer, abandoned handler
-threads. And handlers that raise BaseExceptions do not kill the worker process."""
+"""A worker's liveness says when it is wedged, so Kubernetes restarts it: a blocked event loop,
+a stuck outcome writer, abandoned handler threads. And handlers that raise BaseExceptions do not
+kill the worker process."""
 
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ async def _healthz(port: int) -> tuple[int, dict[str, object]] | None:
         return None
 
 
-# Regression test (issue 8.3): SystemExit, KeyboardInterrupt and GeneratorExit from a handler
-# killed the worker process (or, for GeneratorExit, killed the job's task without an outcome).
-# Failed before the fix: the worker process exited with code 3 on the first job.
+# SystemExit, KeyboardInterrupt and GeneratorExit from a handler are failures of the job: they
+# neither kill the worker process (exit code 3 on the first job) nor, for GeneratorExit, the
+# job's task without an outcome.
 
 
 async def test_base_exceptions_from_handlers_are_failures_not_exits(
@@ -85,9 +85,9 @@ async def test_base_exceptions_from_handlers_are_failures_not_exits(
         assert names[e["job_type"]] in e["last_error"], dict(e)
 
 
-# Regression test (issue 8.8): an async handler that blocks the event loop stopped heartbeats for
-# every job on the worker while /healthz, served on that same loop, could not say so. Failed
-# before the fix: /healthz never answered 503 (no answer at all while blocked, 200 afterwards).
+# An async handler that blocks the event loop stops heartbeats for every job on the worker, and
+# /healthz says so with a 503 (served on that same loop, it would give no answer at all while
+# blocked and 200 afterwards).
 
 
 async def test_a_blocked_event_loop_fails_liveness_until_it_turns_again(
@@ -129,9 +129,8 @@ async def test_a_blocked_event_loop_fails_liveness_until_it_turns_again(
     assert code == 0, (tmp_path / "w.log").read_text()[-3000:]
 
 
-# Regression test (issue 8, "liveness reflects a stuck outcome writer"): outcomes that cannot be
-# written (here: the job's row locked by someone else) left /healthz green. Failed before the fix:
-# /healthz stayed 200 while the outcome waited.
+# Liveness reflects a stuck outcome writer: while outcomes cannot be written (here: the job's
+# row locked by someone else), /healthz answers 503, and 200 again once they are written.
 
 
 async def test_a_stuck_outcome_writer_fails_liveness(settings: Settings, db_url: str) -> None:

@@ -1,4 +1,4 @@
-"""What a misbehaving handler can and cannot do to a worker (issue 8 items 2, 3, 4 and 8).
+"""What a misbehaving handler can and cannot do to a worker.
 
 Each test ends with a well-behaved job completing on the same worker: a misbehaving handler may
 fail its own job, never the worker."""
@@ -33,9 +33,9 @@ async def _row(db_url: str, job_id: str) -> asyncpg.Record:
     return row
 
 
-# Regression test (issue 8.2): a result or an error text PostgreSQL refuses made the outcome
-# write fail for ever; the job stayed IN_PROGRESS (heartbeats kept its lease) and no later job on
-# that worker completed. Failed before the fix: the jobs were still IN_PROGRESS after 20 s.
+# A result or an error text PostgreSQL refuses is a recorded failure, not an outcome write that
+# fails for ever (the job IN_PROGRESS, heartbeats keeping its lease, no later job on that worker
+# completing: the jobs would still be IN_PROGRESS after 20 s).
 
 
 async def test_an_unwritable_outcome_fails_its_job_and_the_worker_goes_on(
@@ -55,9 +55,9 @@ async def test_an_unwritable_outcome_fails_its_job_and_the_worker_goes_on(
     assert "bad byte  here" in e["last_error"], e["last_error"]  # the NUL removed, text kept
 
 
-# Regression test (issue 8.3): CancelledError raised by a handler (nobody cancelled it) was taken
-# for a shutdown: handed back as PENDING without consuming a retry, thousands of attempts a
-# minute. Failed before the fix: still not terminal after 20 s, with hundreds of attempts.
+# CancelledError raised by a handler (nobody cancelled it) is a failure, not a shutdown: a job
+# handed back as PENDING without consuming a retry would loop, thousands of attempts a minute
+# (not terminal after 20 s, with hundreds of attempts).
 
 
 async def test_a_handler_raising_cancelled_error_consumes_its_retries(
@@ -73,9 +73,8 @@ async def test_a_handler_raising_cancelled_error_consumes_its_retries(
     assert "CancelledError" in r["last_error"]
 
 
-# Regression test: an exception whose __str__ raises broke the outcome computation; the handler's
-# task died without an outcome and the job held its slot for ever (found while writing these
-# tests). Failed before the fix: still IN_PROGRESS after 20 s.
+# An exception whose __str__ raises still gets an outcome: otherwise the handler's task dies
+# without one and the job holds its slot for ever (still IN_PROGRESS after 20 s).
 
 
 async def test_an_exception_that_cannot_be_printed_is_still_a_failure(
@@ -87,11 +86,10 @@ async def test_an_exception_that_cannot_be_printed_is_still_a_failure(
     assert "Unprintable" in (await _row(db_url, job))["last_error"]
 
 
-# Regression test (issue 8.4): two sync handlers past their timeout kept both pool threads; every
-# later sync job timed out inside the executor's queue without starting and ended FAILED. Failed
-# before the fix: quick_sync ended FAILED with "TimeoutError". Since the work past a timeout keeps
-# its slot until it ends (issue 23), the stuck jobs stay IN_PROGRESS meanwhile and the later ones
-# run on the slot left.
+# Two sync handlers past their timeout must not starve later sync jobs of pool threads (each
+# would time out inside the executor's queue without starting: quick_sync FAILED with
+# "TimeoutError"). The work past a timeout keeps its slot until it ends, so the stuck jobs stay
+# IN_PROGRESS meanwhile and the later ones run on the slot left.
 
 
 async def test_timed_out_sync_handlers_do_not_starve_later_sync_jobs(
@@ -120,9 +118,8 @@ async def test_timed_out_sync_handlers_do_not_starve_later_sync_jobs(
         assert "TimeoutError" in (r["last_error"] or ""), dict(r)
 
 
-# Regression test (issue 8.8, Retry(delay=0) has no floor): a handler raising Retry(0) went
-# straight back to its queue, a hot loop through the outbox. Failed before the fix: run_at was
-# the time of the failure itself.
+# Retry(delay=0) has a floor: a handler raising Retry(0) must not go straight back to its queue,
+# a hot loop through the outbox (run_at would be the time of the failure itself).
 
 
 async def test_retry_with_no_delay_waits_the_floor(settings: Settings, db_url: str) -> None:

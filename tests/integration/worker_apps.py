@@ -1,5 +1,5 @@
 """Handlers that misbehave the way real handlers do, beside well-behaved ones, for the worker's
-own tests (issue 8 items 2-4 and 8). Importable by a worker subprocess as
+own tests. Importable by a worker subprocess as
 ``tests.integration.worker_apps:router`` (run from the repository root)."""
 
 from __future__ import annotations

@@ -80,9 +80,9 @@ async def test_a_new_channel_starts_over() -> None:
     assert log == [(2, True)]
 
 
-# Regression test (issue 8.8, "the ack bookkeeping grows without bound behind one long-running
-# delivery"): every delivery acked out of order left its tag in the heap until the bottom moved.
-# Failed before the fix: 10,000 deliveries behind one held delivery left 10,001 tags.
+# The ack bookkeeping stays bounded behind one long-running delivery: a delivery acked out of
+# order must not leave its tag in the heap until the bottom moves (10,000 deliveries behind one
+# held delivery would leave 10,001 tags).
 
 
 async def test_the_bookkeeping_stays_bounded_behind_one_long_delivery() -> None:

@@ -1,4 +1,4 @@
-"""Issue 10's layout, enforced: SQL only in ``services/conveyor/store/``, aio-pika (and aiormq,
+"""The code's layout, enforced: SQL only in ``services/conveyor/store/``, aio-pika (and aiormq,
 pamqp) only in ``services/conveyor/broker/``, no source file under ``services/`` over 300 lines.
 
 Each rule is a function of a source tree, so the tests below also plant a violation in a copy

@@ -100,9 +100,9 @@ def test_error_texts_are_cleaned() -> None:
     assert len(outcomes.clean_text("x" * 100_000)) == outcomes.MAX_ERROR_CHARS
 
 
-# Review finding: an error text was cut twice, by two rules (the traceback's tail kept by
-# ``describe``, then the whole text's head by ``clean_text`` at twice the limit), so a long
-# message left up to 8,000 characters and no innermost frame. Failed before: 8,000 characters.
+# An error text is cut once, by one rule: cut twice (the traceback's tail kept by ``describe``,
+# then the whole text's head by ``clean_text`` at twice the limit), a long message would leave up
+# to 8,000 characters and no innermost frame.
 
 
 def test_an_error_text_is_cut_once_keeping_its_message_and_innermost_frame() -> None:
@@ -125,8 +125,8 @@ def test_an_error_text_is_cut_once_keeping_its_message_and_innermost_frame() -> 
     assert outcomes.CUT not in (short.error or "")
 
 
-# Issue 8 remainder: a 10 MB result was stored, and the worker's other outcomes waited while it
-# was encoded, sent and parsed. Over ``CONVEYOR_MAX_RESULT_BYTES`` it is a clear failure.
+# A result over ``CONVEYOR_MAX_RESULT_BYTES`` is a clear failure, not stored: the worker's other
+# outcomes would wait while a 10 MB one is encoded, sent and parsed.
 
 
 def test_a_result_over_the_cap_fails_with_its_size() -> None:

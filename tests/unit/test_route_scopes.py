@@ -72,8 +72,8 @@ def test_an_undeclared_route_needs_admin() -> None:
 
 
 def test_a_router_included_later_is_not_missed() -> None:
-    """Review finding: an ``APIRouter`` included with ``include_router`` shows in ``app.routes``
-    as one object with no path and no methods: the walk above skipped it silently."""
+    """An ``APIRouter`` included with ``include_router`` shows in ``app.routes`` as one object
+    with no path and no methods: the walk above must not skip it silently."""
     from fastapi import APIRouter
 
     app = create_app(Settings(auth="required"))

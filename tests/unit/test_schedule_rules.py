@@ -157,9 +157,9 @@ def test_invalid_rules(kwargs: dict[str, object]) -> None:
 
 @pytest.mark.parametrize("name", ["nightly\n", "nightly\r\n", "\nnightly", "night ly", ""])
 def test_a_schedule_name_is_matched_whole(name: str) -> None:
-    """Review finding: ``re.match`` with ``$`` let a trailing newline through (the CLI and a
-    handler's ``schedule=`` take this path; the API's pattern did not), making a schedule that
-    neither the API nor the dashboard's buttons could address."""
+    """No trailing newline gets through (``re.match`` with ``$`` would let one; the CLI and a
+    handler's ``schedule=`` take this path): it would make a schedule that neither the API nor
+    the dashboard's buttons could address."""
     from conveyor.schedule_ops import build_schedule
 
     with pytest.raises(InvalidSchedule):

@@ -1,4 +1,4 @@
-"""Issue 13, the parts without services: key format and hashing, scopes, the rate limiter and
+"""Security, the parts without services: key format and hashing, scopes, the rate limiter and
 the key cache on injected clocks, URL and key masking, and the deploy files generated from the
 least-privilege tables."""
 
@@ -178,8 +178,8 @@ def test_schedule_horizon() -> None:
 
 
 def test_broker_permissions_cover_dotted_types_and_the_high_band() -> None:
-    """Review finding: ``[^.]+`` refused a job type with a dot (``email.send`` is valid), so
-    under the generated permissions the publisher could not declare its queue."""
+    """A job type with a dot (``email.send`` is valid) is covered: with ``[^.]+`` the publisher
+    could not declare its queue under the generated permissions."""
     import re
 
     from conveyor.broker.permissions import permissions
@@ -193,7 +193,7 @@ def test_broker_permissions_cover_dotted_types_and_the_high_band() -> None:
 
 
 def test_roles_sql_tells_to_turn_jit_off_for_each_login_role() -> None:
-    # README "JIT off for Conveyor's roles": behind PgBouncer the setting must live on the roles;
+    # docs/scaling.md, "JIT off for Conveyor's roles": behind PgBouncer it must live on the roles;
     # roles created by hand from the generated file (deploy/postgres-roles.sql) need it too
     sql = roles_sql("conveyor")
     for role in DEFAULT_ROLES.values():

@@ -1,4 +1,4 @@
-"""Issue 9.10, property-based: the submit validator raises only documented errors, and what it
+"""Property-based: the submit validator raises only documented errors, and what it
 accepts it keeps unchanged."""
 
 from __future__ import annotations

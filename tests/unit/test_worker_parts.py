@@ -215,9 +215,9 @@ async def test_liveness_is_a_function_of_the_status() -> None:
     assert live(dataclasses.replace(base, stopping=True), blocked=30)  # draining is healthy
 
 
-# Review finding: every delivery that arrived while the slots were full re-decoded every delivery
-# waiting in the inbox (read from ``asyncio.Queue._queue``, a private field) and touched all of
-# their jobs: n deliveries cost n(n+1)/2 decodes and touched ids. Failed before: 1,275 ids for 50.
+# A delivery that arrives while the slots are full must not re-decode every delivery waiting in
+# the inbox and touch all of their jobs: n deliveries would cost n(n+1)/2 decodes and touched ids
+# (1,275 ids for 50).
 
 
 class _TouchStore:

@@ -1,4 +1,4 @@
-"""``GET /jobs/{id}/attempts``: every attempt of a job, oldest first (SPEC §9)."""
+"""``GET /jobs/{id}/attempts``: every attempt of a job, oldest first."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Who may call what (SPEC §11, README "Security"). ``ROUTE_SCOPES`` is the one table from
+"""Who may call what (docs/security.md). ``ROUTE_SCOPES`` is the one table from
 (method, path template) to the scope a route needs, or ``OPEN``; ``Auth`` enforces it on every
 route, the dashboard's included. A route missing from the table needs ``admin`` (fail closed)
 and ``tests/unit/test_route_scopes.py`` fails until it is declared: add new routes here.
@@ -51,12 +51,12 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/jobs/{job_id}/attempts"): READ,
     ("POST", "/jobs/{job_id}/cancel"): WRITE,
     ("POST", "/jobs/{job_id}/retry"): ADMIN,
-    # job types (SPEC §10): reading is jobs:read, changing pause/limits is admin
+    # job types: reading is jobs:read, changing pause/limits is admin
     ("GET", "/types"): READ,
     ("POST", "/types/{name}/pause"): ADMIN,
     ("POST", "/types/{name}/resume"): ADMIN,
     ("PUT", "/types/{name}/limits"): ADMIN,
-    # schedules (SPEC §10/§11): reading is jobs:read, every change is admin
+    # schedules: reading is jobs:read, every change is admin
     ("GET", "/schedules"): READ,
     ("GET", "/schedules/{name}"): READ,
     ("POST", "/schedules"): ADMIN,

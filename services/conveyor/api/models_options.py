@@ -1,4 +1,4 @@
-"""Submit fields and resource fields of the job features (SPEC §10): ``meta`` and unique jobs.
+"""Submit fields and resource fields of the job features: ``meta`` and unique jobs.
 ``SubmitJob`` and ``JobResource`` inherit them, so ``models.py`` stays short."""
 
 from __future__ import annotations

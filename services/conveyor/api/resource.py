@@ -1,5 +1,5 @@
 """The job resource as served: built from a decoded row in one pass, with ``last_error`` reduced
-to its last line unless the caller may read tracebacks (see README, "Errors and tracebacks")."""
+to its last line unless the caller may read tracebacks (see docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bodies of ``/schedules`` (SPEC §10)."""
+"""Bodies of ``/schedules``."""
 
 from __future__ import annotations
 

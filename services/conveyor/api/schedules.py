@@ -1,5 +1,5 @@
-"""``/schedules``: create or replace, list, read, delete, pause and resume (SPEC §10). Reads
-need the ``jobs:read`` scope and changes ``admin`` (SPEC §11): the auth layer passes its
+"""``/schedules``: create or replace, list, read, delete, pause and resume. Reads need the
+``jobs:read`` scope and changes ``admin``: the auth layer passes its
 dependencies as ``read`` / ``admin``."""
 
 from __future__ import annotations

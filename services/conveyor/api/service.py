@@ -1,6 +1,6 @@
 """What the routes do, bound to a pool: submit, batch, read, list, cancel, retry, readiness.
 
-Database time limits (SPEC §2: a 503 within 2 s when PostgreSQL is unreachable):
+Database time limits (the API answers 503 within 2 s when PostgreSQL is unreachable):
 - acquiring a connection and every ordinary statement are bounded by ``db_timeout``;
 - a batch insert may legitimately run for seconds (1,000 jobs of 62 KB), so it runs without it
   while ``Liveness`` probes the server on a connection of its own: the batch answers 503 only when
@@ -53,7 +53,7 @@ class Api:
         self.notifier: Notifier | None = None
         # probe timeout: a long statement's first probe may come two PROBE_EVERY late (one wait,
         # one remembered success), and its 503 must still leave time for the response within
-        # 2 s on a loaded machine (1.8 s + overhead was 2.13 s once in make test)
+        # 2 s on a loaded machine (a 1.8 s probe timeout plus the overhead can exceed 2 s)
         self.liveness = Liveness(
             self.store, settings.database_url, max(0.2, settings.db_timeout - 2 * PROBE_EVERY)
         )

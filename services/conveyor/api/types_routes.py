@@ -1,6 +1,6 @@
 """``GET /types``, ``POST /types/{type}/pause|resume``, ``PUT /types/{type}/limits``: the
-known job types, their fleet-wide limits and pause flag (SPEC §10). Scopes (SPEC §11): reading
-is ``jobs:read``, every change is ``admin``. Workers apply a change within
+known job types, their fleet-wide limits and pause flag. Scopes: reading is ``jobs:read``,
+every change is ``admin``. Workers apply a change within
 ``CONVEYOR_TYPE_REFRESH_INTERVAL`` (2 s)."""
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """RabbitMQ: the only package that imports aio-pika, aiormq or pamqp.
 
-- ``topology``: every exchange and queue name, their declarations, and the clean-up of names an
-  older version left behind;
+- ``topology``: every exchange and queue name and their declarations;
 - ``wire``: the message format, one encoder and one decoder;
 - ``publish``: publishing with confirms and ``mandatory`` (a returned message is a failure),
   with per-type declaration failures isolated;

@@ -1,4 +1,4 @@
-"""Least privilege in RabbitMQ (README "Security"): the configure / write / read patterns of
+"""Least privilege in RabbitMQ (docs/security.md): the configure / write / read patterns of
 each component's user, for ``rabbitmqctl set_permissions -p <vhost> <user> <conf> <write>
 <read>``. Every component declares the part of the topology it uses (idempotent), so each may
 configure those names only; the rest follows AMQP's rules:
@@ -38,7 +38,7 @@ def permissions(
     )
     # any type's queue: a job type may contain dots (core.jobs.TYPE_PATTERN)
     anyq = "(queue|high)\\.[A-Za-z0-9][A-Za-z0-9_.-]*"
-    base = "exchange|dead_letter|dead_letter\\.queue|retry"  # declare_base (+ legacy delete)
+    base = "exchange|dead_letter|dead_letter\\.queue"  # declare_base
     if component == "publisher":
         conf = f"^{ns}\\.({base}|retry\\.[^.]+|{anyq})$"
         write = f"^{ns}\\.(exchange|dead_letter|dead_letter\\.queue|retry\\.[^.]+|{anyq})$"

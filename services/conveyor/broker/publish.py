@@ -134,7 +134,7 @@ class Publisher:
         stays). After a cluster node died, RabbitMQ 3.10 went on nacking every publish of the
         relay's long-lived channel to quorum queues the dead node had led (the 4 s pen, a high
         band), while a new connection's publishes to the same queues were confirmed
-        (``tests/faults/test_rabbit_cluster.py``, 2026-11-24)."""
+        (``tests/faults/test_rabbit_cluster.py``)."""
         if self.connection is None:
             return
         # bounded: while the connection is down an open would wait for the reconnection, and

@@ -1,5 +1,4 @@
-"""Every exchange and queue name, their declarations, and the clean-up of what older versions
-declared. Nothing else builds a broker name.
+"""Every exchange and queue name and their declarations. Nothing else builds a broker name.
 
 For namespace ``jobs``:
 
@@ -15,18 +14,13 @@ For namespace ``jobs``:
 Queue types (``CONVEYOR_QUEUE_TYPE``): ``classic`` (the default, above) or ``quorum``: every
 work queue, pen and the dead-letter queue is a replicated quorum queue (``x-queue-type:
 quorum``), whose dead-lettering (pens expiring, poison rejected) is at-least-once. RabbitMQ
-3.10's quorum queues have no message priorities, so SPEC §6.6 keeps two bands per type: a job
-above normal priority is published with the routing key ``!high.<type>`` (``!`` cannot start a
-job type) and lands in ``jobs.high.<type>``; everything else in ``jobs.queue.<type>``. A retry
+3.10's quorum queues have no message priorities, so that a job above normal priority still
+starts before a backlog of normal ones, each type has two bands: such a job is published with
+the routing key ``!high.<type>`` (``!`` cannot start a job type) and lands in
+``jobs.high.<type>``; everything else in ``jobs.queue.<type>``. A retry
 keeps its routing key through the pen, so it comes back to its band. The worker consumes both,
 each with its own prefetch window (a backlog in the normal band never holds a high job back at
 the broker), and its inbox hands out high deliveries first (``worker/consumer.Inbox``).
-
-Round one routed retries through one headers exchange ``jobs.retry`` on an ``x-conveyor-pen``
-header. RabbitMQ ignores ``x-`` headers when matching, so every pen's binding matched every
-retry: each retry was copied into every pen. ``declare_base`` deletes that exchange (and with it
-all of its bindings), so an upgraded install stops duplicating; the pens themselves are kept,
-with their messages, and are re-bound to their own exchanges when next declared.
 """
 
 from __future__ import annotations
@@ -65,11 +59,6 @@ class Topology:
     @property
     def exchange(self) -> str:
         return f"{self.namespace}.exchange"
-
-    @property
-    def legacy_retry_exchange(self) -> str:
-        """Round one's headers exchange: deleted by ``declare_base``, never declared."""
-        return f"{self.namespace}.retry"
 
     @property
     def dead_letter_exchange(self) -> str:
@@ -134,8 +123,7 @@ class Topology:
     # ------------------------------------------------------------------ declarations
 
     async def declare_base(self, channel: AbstractChannel) -> dict[str, AbstractExchange]:
-        """Exchanges and the dead-letter queue, idempotent, done by every component at start;
-        and the removal of round one's catch-all retry exchange."""
+        """Exchanges and the dead-letter queue, idempotent, done by every component at start."""
         ex = await channel.declare_exchange(self.exchange, ExchangeType.DIRECT, durable=True)
         dlx = await channel.declare_exchange(
             self.dead_letter_exchange, ExchangeType.FANOUT, durable=True
@@ -144,14 +132,7 @@ class Topology:
             self.dead_letter_queue, durable=True, arguments=self.dead_letter_arguments() or None
         )
         await dlq.bind(dlx, routing_key="")
-        await self.remove_legacy(channel)
         return {"work": ex, "dead": dlx}
-
-    async def remove_legacy(self, channel: AbstractChannel) -> None:
-        """Delete ``<ns>.retry`` (a no-op when it is gone). A relay of the old version still
-        running during a rolling upgrade declares it again and keeps its own behaviour; every
-        start of the new version removes it again."""
-        await channel.exchange_delete(self.legacy_retry_exchange)
 
     async def declare_work_queue(self, channel: AbstractChannel, job_type: str) -> AbstractQueue:
         """The type's queue (classic), or its two bands (quorum: returns the normal one)."""

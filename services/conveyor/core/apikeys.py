@@ -1,4 +1,4 @@
-"""API keys: format, hashing and scopes (SPEC §11, README "Security").
+"""API keys: format, hashing and scopes (docs/security.md).
 
 A key is ``cvk_<id>_<secret>``: ``id`` is 12 hex characters, public, and finds the key's row;
 ``secret`` is 32 random bytes (256 bits, URL-safe base64). Only SHA-256 of the whole key is

@@ -19,7 +19,7 @@ class Settings(BaseSettings):
     # one URL, or several comma-separated URLs (or hosts) of one RabbitMQ cluster
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     # "quorum": work queues, holding pens and the dead-letter queue are replicated quorum queues
-    # (a high-priority job goes to the type's ``.high`` queue, consumed first; README)
+    # (a high-priority job goes to the type's ``.high`` queue, consumed first; docs/scaling.md)
     queue_type: Literal["classic", "quorum"] = "classic"
     namespace: str = Field(default="jobs", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$")
     visibility_timeout: float = Field(default=30.0, gt=0)
@@ -43,8 +43,8 @@ class Settings(BaseSettings):
     # direct connection), else the publisher polls every relay_poll_interval
     db_pooler: Literal["none", "transaction"] = "none"
     listen_database_url: str | None = None
-    # bounds PostgreSQL enforces on the components' own sessions (``store/bounds.py``; README
-    # "Configuration"), in seconds, 0 = off: a frozen or partitioned process's transaction is
+    # bounds PostgreSQL enforces on the components' own sessions (``store/bounds.py``;
+    # docs/configuration.md), in seconds, 0 = off: a frozen or partitioned process's transaction is
     # rolled back and its locks released after db_idle_in_transaction_timeout; a statement
     # waiting longer than db_lock_timeout for a lock fails (retried as an outage); a vanished
     # peer is detected by TCP keepalives (idle, interval, count) and tcp_user_timeout
@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     # (with auth disabled, this is the only switch)
     api_expose_tracebacks: bool = False
 
-    # security (README "Security"): API keys with scopes on every route but the probes;
+    # security (docs/security.md): API keys with scopes on every route but the probes;
     # `conveyor dev` defaults to disabled and then binds loopback only
     auth: Literal["required", "disabled"] = "required"
     # /metrics: open (the default) or behind a key with jobs:read
@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     relay_batch: int = Field(default=500, gt=0)
     relay_poll_interval: float = Field(default=1.0, gt=0)
 
-    # maintenance (runs inside the publisher process, see README)
+    # maintenance (runs inside the publisher process, see docs/architecture.md)
     schedule_interval: float = Field(default=0.25, gt=0)
     lease_sweep_interval: float = Field(default=2.0, gt=0)
     reconcile_interval: float = Field(default=15.0, gt=0)
@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     # of millions of expired rows never holds back the hot path
     retention_batch: int = Field(default=500, gt=0)
     retention_pause: float = Field(default=0.05, ge=0)
-    # schedules (README "Schedules"): how often a sweeper looks for due ticks, and how old a
+    # schedules (docs/schedules.md): how often a sweeper looks for due ticks, and how old a
     # tick may be and still run (older: missed while no sweeper ran)
     schedules_interval: float = Field(default=0.5, gt=0)
     schedule_grace: float = Field(default=60.0, gt=0)

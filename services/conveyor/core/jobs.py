@@ -70,7 +70,7 @@ def check_type(job_type: str) -> str:
     return job_type
 
 
-# Random bits for job ids, drawn from os.urandom 256 ids at a time (one system call per id was
+# Random bits for job ids, drawn from os.urandom 256 ids at a time (one system call per id would be
 # half of new_job_id's cost); per thread, and dropped in a forked child, which must never hand
 # out its parent's bits.
 _IDS_PER_DRAW = 256

@@ -1,7 +1,7 @@
-"""Prometheus metrics (SPEC §9 names). Each process exposes its own registry (the API on
-/metrics, the worker and the publisher on their health port); ``conveyor dev`` shares one, so its
-/metrics shows all. Type labels come from registered handlers or the database's job types, so
-they stay bounded by what operators deploy."""
+"""Prometheus metrics: every name and label Conveyor exports. Each process exposes its own
+registry (the API on /metrics, the worker and the publisher on their health port); ``conveyor
+dev`` shares one, so its /metrics shows all. Type labels come from registered handlers or the
+database's job types, so they stay bounded by what operators deploy."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ class DeadLetter:
     job_id: uuid.UUID | None
     job_type: str | None
     error: str | None
-    attempt: int | None  # the attempt that failed (None: a letter from before round two)
+    attempt: int | None  # the attempt that failed (None: a letter that carries none)
     status: Status | None  # the job's status in PostgreSQL (None: unknown job or poison)
     attempts: int | None  # the job's attempts in PostgreSQL
     raw: bytes

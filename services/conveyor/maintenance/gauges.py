@@ -7,7 +7,7 @@ Jobs by type and status are counted exactly up to ``exact_up_to`` (1,000) per pa
 index-only scan that stops there; a pair at the cap takes the planner's estimate instead (never
 less than the cap) and ``conveyor_jobs_estimated`` is 1 for it. So a refresh reads at most the
 cap per pair (~18,000 index entries at 10 million jobs instead of the 600,000 live and FAILED
-ones: README, "Scale"), and small counts, where an alert's threshold usually is, stay exact."""
+ones: docs/performance.md), and small counts, where an alert's threshold usually is, stay exact."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 ``Store(schema)`` holds every statement rendered for one schema (``CONVEYOR_DB_SCHEMA``) and
 offers one method per statement, named entity first (``job_claim_many``,
 ``outbox_take_batch``). Each takes a connection and never commits: the caller owns the
-transaction. The statements live in one module per entity (``jobs``, ``attempts``,
-``maintenance``, ``outbox``, ``probes``, ``types``) and are listed by name in
-``registry.TEMPLATES``."""
+transaction. The statements are named blocks of ``sql/*.sql``, one file per entity module
+(``jobs``, ``attempts``, ``maintenance``, ``outbox``, ...), loaded by ``registry`` and listed by
+name in ``registry.TEMPLATES``; the modules add the methods."""
 
 from __future__ import annotations
 

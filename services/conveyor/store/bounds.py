@@ -1,4 +1,4 @@
-"""Server-enforced bounds on Conveyor's own PostgreSQL sessions (README "Configuration").
+"""Server-enforced bounds on Conveyor's own PostgreSQL sessions (docs/configuration.md).
 
 A crashed process closes its connections and PostgreSQL rolls its transaction back; a *paused*
 one (a frozen VM, a long GC pause, a partition, a lost host) leaves the connection open and its
@@ -19,7 +19,7 @@ They are startup parameters of each pooled connection (``connect.create_pool``);
 application's own connection (``enqueue()``) never gets them. PgBouncer refuses unknown startup
 parameters: behind it (``CONVEYOR_DB_POOLER=transaction``) the same values are role settings
 (``conveyor migrate --create-roles`` sets them, ``role_settings``) plus PgBouncer's own
-``idle_transaction_timeout`` and keepalives (README, "PgBouncer")."""
+``idle_transaction_timeout`` and keepalives (docs/scaling.md)."""
 
 from __future__ import annotations
 

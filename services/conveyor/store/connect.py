@@ -11,11 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from .bounds import SessionBounds
-from .registry import statement
+from .registry import named
 
-DATABASE_EXISTS = statement(
-    "database_exists", "SELECT 1 FROM pg_database WHERE datname = $1", catalog=True
-)
+DATABASE_EXISTS = named("database_exists")
 
 # Exceptions that mean "PostgreSQL is not reachable / the connection broke", as opposed to a bug
 # or a constraint violation. Callers map them to 503 or retry with backoff.
@@ -113,7 +111,7 @@ async def create_pool(
     0.7-1 s of CPU a connection (the query itself: milliseconds), and Conveyor's statements are
     index lookups JIT never speeds up. A transaction pooler passes no session setting (PgBouncer
     refuses unknown startup parameters): there ``conveyor migrate --create-roles`` sets it on the
-    component roles (``ALTER ROLE … SET jit = off``; README, "PgBouncer")."""
+    component roles (``ALTER ROLE … SET jit = off``; docs/scaling.md)."""
     settings = {"application_name": application_name}
     if pooler == "none":
         settings["jit"] = "off"

@@ -1,63 +1,18 @@
-"""Attempt history: the fragment every finishing statement appends (one INSERT into
-``job_attempts`` in the same statement, so the hot path takes no extra round trip) and the
-reads of one job's attempts.
-
-A finishing statement's ``upd`` CTE returns ``finished()`` (given the due time it read before
-the update when it rewrites ``run_at``) plus ``error``; ``record`` turns those rows into attempt
-rows. The attempt still running is not in ``job_attempts``: it
-is read from its ``jobs`` row (attempt number, worker, start), which the claim already wrote."""
+"""Attempt history: the reads of one job's attempts. Each finishing statement (``sql/attempts.sql``,
+``sql/maintenance.sql``) writes its attempt rows itself (one INSERT into ``job_attempts`` in the
+same statement, so the hot path takes no extra round trip). The attempt still running is not in
+``job_attempts``: it is read from its ``jobs`` row (attempt number, worker, start), which the
+claim already wrote."""
 
 from __future__ import annotations
 
 import uuid
 
 from .base import Connection, Statements
-from .registry import statement
+from .registry import named
 from .rows import AttemptRow
 
-
-def finished(due: str = "COALESCE(j.run_at, j.created_at)") -> str:
-    """Columns of the updated job (``j``) that an attempt row needs. ``due``: when the attempt
-    could have started (``run_at`` for scheduled and retried jobs, else ``created_at``); a
-    statement that rewrites ``run_at`` passes the due time it read before the update."""
-    return f"j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, {due} AS due"
-
-
-FINISHED = finished()
-
-
-def record(outcome_sql: str) -> str:
-    """The INSERT of one attempt row per row of ``upd``; ``outcome_sql`` maps the job's new
-    ``status`` to the attempt's outcome. No ``ON CONFLICT`` (a speculative insertion costs more):
-    every write after a claim is fenced by (job, attempt) and moves the job out of IN_PROGRESS,
-    so an attempt finishes at most once."""
-    return f"""INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), {outcome_sql}, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd"""
-
-
-# Oldest first. One row with a NULL attempt: the job exists but never ran; no row: no such job.
-JOB_ATTEMPT_LIST = statement(
-    "job_attempt_list",
-    """
-WITH j AS (
-    SELECT id, status, attempts, worker_id, started_at FROM __schema__.jobs WHERE id = $1
-)
-SELECT a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome, a.error,
-       a.duration_seconds
-FROM j LEFT JOIN LATERAL (
-    SELECT attempt, worker_id, started_at, finished_at, outcome, error, duration_seconds
-    FROM __schema__.job_attempts WHERE job_id = j.id
-    UNION ALL
-    SELECT j.attempts, j.worker_id, j.started_at, NULL, NULL, NULL, NULL
-    WHERE j.status = 'IN_PROGRESS'
-) a ON true
-ORDER BY a.attempt
-""",
-)
+JOB_ATTEMPT_LIST = named("job_attempt_list")
 
 
 class HistoryStatements(Statements):

@@ -1,4 +1,4 @@
-"""API keys (README "Security"): only a SHA-256 of each key is stored, found by the key's
+"""API keys (docs/security.md): only a SHA-256 of each key is stored, found by the key's
 short public id. Created, listed and revoked by ``conveyor keys``; read by the API's
 ``api.auth.KeyCache``."""
 
@@ -10,57 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from .base import Connection, Statements, affected
-from .registry import statement
+from .registry import named
 
-API_KEY_INSERT = statement(
-    "api_key_insert",
-    """
-INSERT INTO __schema__.api_keys (key_id, name, key_hash, scopes)
-VALUES ($1, $2, $3, $4::text[])
-ON CONFLICT DO NOTHING
-RETURNING created_at
-""",
-)
-
-API_KEY_GET = statement(
-    "api_key_get",
-    """
-SELECT key_id, name, key_hash, scopes, created_at, revoked_at
-FROM __schema__.api_keys WHERE key_id = $1
-""",
-)
-
-API_KEY_LIST = statement(
-    "api_key_list",
-    """
-SELECT key_id, name, key_hash, scopes, created_at, revoked_at
-FROM __schema__.api_keys ORDER BY revoked_at IS NOT NULL, name, created_at
-""",
-)
-
-API_KEY_REVOKE = statement(
-    "api_key_revoke",
-    "UPDATE __schema__.api_keys SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL",
-)
-
-# The fleet-wide submit quota (``api/ratelimit.py``): refill the key's bucket for the time since
-# its last take ($2 tokens a second, at most $3), hand out up to $4 whole tokens, and return
-# what was handed out and what is left. ON CONFLICT ... DO UPDATE reads the row's old values in
-# every SET expression, so ``refill`` is spelt out in each; one statement, one row lock.
-_REFILL = "least($3::float8, b.tokens + greatest(0, extract(epoch FROM now() - b.at)) * $2::float8)"
-API_RATE_TAKE = statement(
-    "api_rate_take",
-    f"""
-INSERT INTO __schema__.api_rate AS b (key_id, tokens, granted, at)
-VALUES ($1, $3::float8 - least(floor($3::float8), $4::float8),
-        least(floor($3::float8), $4::float8), now())
-ON CONFLICT (key_id) DO UPDATE SET
-    granted = least(floor({_REFILL}), $4::float8),
-    tokens = {_REFILL} - least(floor({_REFILL}), $4::float8),
-    at = now()
-RETURNING granted, tokens
-""",
-)
+API_KEY_INSERT = named("api_key_insert")
+API_KEY_GET = named("api_key_get")
+API_KEY_LIST = named("api_key_list")
+API_KEY_REVOKE = named("api_key_revoke")
+API_RATE_TAKE = named("api_rate_take")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,43 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
 from .connect import ensure_database
-from .legacy import MigrationError
+from .registry import check_schema
 from .schema import DEFAULT_SCHEMA
 
 SCHEMA_OPTION = "conveyor_schema"
+
+
+class MigrationError(Exception):
+    """A migration cannot proceed; the message is one line an operator can act on."""
+
+
+def prepare(conn: Any, schema: str) -> None:
+    """Run by ``migrations/env.py`` inside the migration's transaction, before the revisions:
+    create the schema, refuse one that already holds a ``jobs`` table Conveyor did not create
+    (no version table of Conveyor's beside it), and point ``search_path`` at the schema for this
+    transaction, since revisions name their objects without one."""
+    check_schema(schema)
+    conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {schema}"))
+    if _regclass(conn, f"{schema}.alembic_version") is None and (
+        _regclass(conn, f"{schema}.jobs") is not None
+    ):
+        raise MigrationError(
+            f"schema {schema!r} already has a table 'jobs' that Conveyor did not create; "
+            "set CONVEYOR_DB_SCHEMA to a schema of Conveyor's own"
+        )
+    conn.execute(sa.text(f"SET LOCAL search_path TO {schema}"))
+
+
+def _regclass(conn: Any, name: str) -> str | None:
+    value = conn.execute(sa.text("SELECT to_regclass(:n)::text"), {"n": name}).scalar()
+    return None if value is None else str(value)
 
 
 def migrations_dir() -> Path:

@@ -7,13 +7,10 @@ from typing import Any
 import asyncpg
 
 from .base import Connection, Statements
-from .registry import statement
+from .registry import named
 
-DB_PING = statement("db_ping", "SELECT 1")
-
-SCHEMA_VERSION = statement(
-    "schema_version", "SELECT max(version_num) FROM __schema__.alembic_version"
-)
+DB_PING = named("db_ping")
+SCHEMA_VERSION = named("schema_version")
 
 # Revision of the newest migration in ``migrations/versions`` (a test checks they agree).
 HEAD = "0015"

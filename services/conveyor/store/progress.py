@@ -7,34 +7,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .attempts import RUNNING
 from .base import Connection, Statements
-from .registry import statement
+from .registry import named
 
-# Fenced like every write of an attempt: a stale attempt's report changes nothing.
-JOB_PROGRESS_MANY = statement(
-    "job_progress_many",
-    f"""
-UPDATE __schema__.jobs j SET
-    progress = jsonb_build_object('percent', u.percent, 'message', u.message,
-                                  'updated_at', now())
-FROM unnest($1::uuid[], $2::int4[], $3::float8[], $4::text[])
-    AS u(id, attempt, percent, message)
-WHERE j.id = u.id AND j.attempts = u.attempt AND {RUNNING}
-RETURNING j.id
-""",
-)
-
-# In the completing transaction, after ``job_complete_many``: which of the attempts it wrote
-# ended COMPLETED (not CANCELLED by a cancel requested while they ran).
-JOB_COMPLETED_AMONG = statement(
-    "job_completed_among",
-    """
-SELECT j.id FROM __schema__.jobs j
-JOIN unnest($1::uuid[], $2::int4[]) AS u(id, attempt) ON j.id = u.id
-WHERE j.attempts = u.attempt AND j.status = 'COMPLETED'
-""",
-)
+JOB_PROGRESS_MANY = named("job_progress_many")
+JOB_COMPLETED_AMONG = named("job_completed_among")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Least privilege in PostgreSQL (README "Security"): what each component's role may do.
+"""Least privilege in PostgreSQL (docs/security.md): what each component's role may do.
 
 ``conveyor migrate`` runs as the owner of the schema (the only role that runs DDL); each
 runtime component connects as a role of its own that holds only these grants. None owns an
@@ -26,7 +26,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.saslprep import saslprep
-from .registry import check_schema
+from .registry import TEMPLATES, check_schema, named
+
+# catalog statements (``sql/catalog.sql``): they name no schema, so they need no rendering
+ROLE_FIND = named("role_find")
+ROLE_LOGIN_SQL = named("role_login_sql")
+ROLE_JIT_OFF_SQL = named("role_jit_off_sql")
+ROLE_SET_SQL = named("role_set_sql")
 
 COMPONENTS = ("api", "publisher", "worker", "sweeper")
 DEFAULT_ROLES = {c: f"conveyor_{c}" for c in COMPONENTS}
@@ -100,9 +106,8 @@ def grant_statements(schema: str, roles: dict[str, str] | None = None) -> list[s
 async def grant_existing(conn: Any, schema: str) -> list[str]:
     """Apply the grants, in one transaction, to those of ``DEFAULT_ROLES`` that exist; returns
     their names."""
-    found = {r["rolname"] for r in await conn.fetch(
-        "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[])",
-        list(DEFAULT_ROLES.values()))}  # fmt: skip
+    found = {r["rolname"] for r in await conn.fetch(TEMPLATES[ROLE_FIND],
+                                                    list(DEFAULT_ROLES.values()))}  # fmt: skip
     roles = {c: r for c, r in DEFAULT_ROLES.items() if r in found}
     async with conn.transaction():
         for statement in grant_statements(schema, roles):
@@ -128,18 +133,6 @@ def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int 
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-# CREATE/ALTER ROLE take no parameters: the server quotes the name and the verifier (format).
-_LOGIN_ROLE = """
-SELECT format(CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)
-                   THEN 'ALTER ROLE %I LOGIN PASSWORD %L'
-                   ELSE 'CREATE ROLE %I LOGIN PASSWORD %L' END, $1::text, $2::text)
-"""
-
-_JIT_OFF = "SELECT format('ALTER ROLE %I SET jit = off', $1::text)"
-# the session bounds (``bounds.py``): names from ``SessionBounds.server_settings``, values quoted
-_ROLE_SET = "SELECT format('ALTER ROLE %I SET %s = %L', $1::text, $2::text, $3::text)"
-
-
 async def ensure_login_roles(
     conn: Any,
     passwords: Mapping[str, str],
@@ -156,13 +149,14 @@ async def ensure_login_roles(
             if not password:
                 raise ValueError(f"an empty password for {component}")
             role = DEFAULT_ROLES[component]
-            await conn.execute(await conn.fetchval(_LOGIN_ROLE, role, scram_verifier(password)))
+            login = await conn.fetchval(TEMPLATES[ROLE_LOGIN_SQL], role, scram_verifier(password))
+            await conn.execute(login)
             # for connections through a pooler, which cannot pass it (``connect.create_pool``)
-            await conn.execute(await conn.fetchval(_JIT_OFF, role))
+            await conn.execute(await conn.fetchval(TEMPLATES[ROLE_JIT_OFF_SQL], role))
             for name, value in (role_settings or {}).get(component, {}).items():
                 if not name.replace("_", "").isalpha():
                     raise ValueError(f"not a setting name: {name!r}")
-                await conn.execute(await conn.fetchval(_ROLE_SET, role, name, value))
+                await conn.execute(await conn.fetchval(TEMPLATES[ROLE_SET_SQL], role, name, value))
             names.append(role)
     return names
 
@@ -173,9 +167,9 @@ def roles_sql(schema: str, roles: dict[str, str] | None = None) -> str:
         f"-- Conveyor least-privilege grants for schema {schema} (generated: conveyor roles sql).",
         "-- Create the login roles first (as a superuser or CREATEROLE), with your passwords:",
         *[f"--   CREATE ROLE {r} LOGIN PASSWORD '...';" for r in roles.values()],
-        '-- and, behind PgBouncer, JIT off on them (README, "JIT off for Conveyor\'s roles"):',
+        '-- and, behind PgBouncer, JIT off on them (docs/scaling.md, "PgBouncer"):',
         *[f"--   ALTER ROLE {r} SET jit = off;" for r in roles.values()],
-        '-- and the session bounds (README, "Configuration"): ALTER ROLE <role> SET',
+        "-- and the session bounds (docs/configuration.md): ALTER ROLE <role> SET",
         "-- idle_in_transaction_session_timeout, lock_timeout, statement_timeout,",
         "-- tcp_keepalives_idle/_interval/_count, tcp_user_timeout (`conveyor migrate",
         "-- --create-roles` sets them and jit).",

@@ -19,90 +19,16 @@ from typing import Any
 import orjson
 
 from .base import Connection, Statements
-from .registry import statement
+from .registry import bind, named
 
-_COLUMNS = """name, job_type, payload::text AS payload, cron, every_seconds, timezone, priority,
-    enabled, catch_up, source, next_run_at, last_tick_at, last_job_id, created_at, updated_at"""
-
-# A run-time upsert (source 'api' or 'cli') replaces any schedule of that name; a handler's
-# (source 'code') replaces only a handler's and keeps its paused state. The next tick is kept
-# while the rule is unchanged.
-SCHEDULE_UPSERT = statement(
-    "schedule_upsert",
-    f"""
-INSERT INTO __schema__.schedules AS s (name, job_type, payload, cron, every_seconds, timezone,
-                                       priority, enabled, catch_up, source, next_run_at)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, $9, $10, $11)
-ON CONFLICT (name) DO UPDATE SET
-    job_type = EXCLUDED.job_type, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
-    every_seconds = EXCLUDED.every_seconds, timezone = EXCLUDED.timezone,
-    priority = EXCLUDED.priority, catch_up = EXCLUDED.catch_up, source = EXCLUDED.source,
-    enabled = CASE WHEN EXCLUDED.source = 'code' THEN s.enabled ELSE EXCLUDED.enabled END,
-    next_run_at = CASE
-        WHEN NOT (CASE WHEN EXCLUDED.source = 'code' THEN s.enabled ELSE EXCLUDED.enabled END)
-        THEN NULL
-        WHEN s.cron IS NOT DISTINCT FROM EXCLUDED.cron
-             AND s.every_seconds IS NOT DISTINCT FROM EXCLUDED.every_seconds
-             AND s.timezone = EXCLUDED.timezone AND s.enabled AND s.next_run_at IS NOT NULL
-        THEN s.next_run_at ELSE EXCLUDED.next_run_at END,
-    updated_at = now()
-WHERE EXCLUDED.source <> 'code' OR s.source = 'code'
-RETURNING {_COLUMNS}, (xmax = 0) AS created
-""",
-)
-
-SCHEDULE_GET = statement(
-    "schedule_get", f"SELECT {_COLUMNS} FROM __schema__.schedules WHERE name = $1"
-)
-
-SCHEDULE_LIST = statement(
-    "schedule_list", f"SELECT {_COLUMNS} FROM __schema__.schedules ORDER BY name"
-)
-
-SCHEDULE_DELETE = statement(
-    "schedule_delete", "DELETE FROM __schema__.schedules WHERE name = $1 RETURNING name"
-)
-
-# A paused schedule has no next tick; resume plans from now ($3): ticks that fell while the
-# schedule was paused never run (they were not missed, they were paused).
-SCHEDULE_SET_ENABLED = statement(
-    "schedule_set_enabled",
-    f"""
-UPDATE __schema__.schedules SET
-    enabled = $2,
-    next_run_at = CASE WHEN NOT $2 THEN NULL WHEN NOT enabled THEN $3 ELSE next_run_at END,
-    updated_at = now()
-WHERE name = $1
-RETURNING {_COLUMNS}
-""",
-)
-
-SCHEDULE_TAKE_DUE = statement(
-    "schedule_take_due",
-    f"""
-SELECT {_COLUMNS} FROM __schema__.schedules
-WHERE enabled AND (next_run_at <= $1 OR next_run_at IS NULL)
-ORDER BY next_run_at NULLS FIRST
-LIMIT $2
-FOR UPDATE SKIP LOCKED
-""",
-)
-
-SCHEDULE_ADVANCE = statement(
-    "schedule_advance",
-    """
-UPDATE __schema__.schedules s SET
-    next_run_at = u.next_run_at,
-    last_tick_at = COALESCE(u.last_tick_at, s.last_tick_at),
-    last_job_id = COALESCE(u.last_job_id, s.last_job_id),
-    updated_at = now()
-FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::uuid[])
-    AS u(name, next_run_at, last_tick_at, last_job_id)
-WHERE s.name = u.name
-""",
-)
-
-DB_CLOCK = statement("db_clock", "SELECT clock_timestamp()")
+SCHEDULE_UPSERT = named("schedule_upsert")
+SCHEDULE_GET = named("schedule_get")
+SCHEDULE_LIST = named("schedule_list")
+SCHEDULE_DELETE = named("schedule_delete")
+SCHEDULE_SET_ENABLED = named("schedule_set_enabled")
+SCHEDULE_TAKE_DUE = named("schedule_take_due")
+SCHEDULE_ADVANCE = named("schedule_advance")
+DB_CLOCK = named("db_clock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +98,13 @@ class ScheduleStatements(Statements):
         self, conn: Connection, s: NewSchedule
     ) -> tuple[ScheduleRow, bool] | None:
         """(row, created); None when a handler's schedule met an API schedule of that name."""
-        r = await conn.fetchrow(
-            self.sql[SCHEDULE_UPSERT], s.name, s.job_type, s.payload_json, s.cron,
-            s.every_seconds, s.timezone, s.priority, s.enabled, s.catch_up, s.source,
-            s.next_run_at,
-        )  # fmt: skip
+        values = {
+            "name": s.name, "job_type": s.job_type, "payload": s.payload_json, "cron": s.cron,
+            "every_seconds": s.every_seconds, "timezone": s.timezone, "priority": s.priority,
+            "enabled": s.enabled, "catch_up": s.catch_up, "source": s.source,
+            "next_run_at": s.next_run_at,
+        }  # fmt: skip
+        r = await conn.fetchrow(self.sql[SCHEDULE_UPSERT], *bind(SCHEDULE_UPSERT, values))
         return None if r is None else (ScheduleRow.from_record(r), bool(r["created"]))
 
     async def schedule_get(self, conn: Connection, name: str) -> ScheduleRow | None:

@@ -1,7 +1,7 @@
 """Counts for gauges, the operator views and the dashboard. Each read is served by an index
 (``tests/integration/test_explain.py`` checks the plans on a million generated rows).
 
-The gauges' job counts are exact up to a cap and estimated above it (README, "Metrics"):
+The gauges' job counts are exact up to a cap and estimated above it (docs/monitoring.md):
 ``JOB_COUNTS_CAPPED`` counts each (type, status) with an index-only scan that stops after ``$1``
 rows, so a refresh reads at most the cap per pair however big the backlog;
 ``JOB_COUNT_ESTIMATE`` asks the planner for the rows of one pair (``reltuples`` scaled to the
@@ -17,69 +17,17 @@ import orjson
 
 from ..core.jobs import Status
 from .base import Connection, Statements
-from .registry import statement
+from .registry import named
 
-JOB_BACKLOG = statement(
-    "job_backlog",
-    "SELECT type, status::text AS status, count, oldest FROM __schema__.backlog",
-)
+JOB_BACKLOG = named("job_backlog")
 
-# The backlog view's skip scan over the types, with each count stopped at the cap: one branch
-# per status, the status a constant in each. As a parameter (a loop over the statuses) the
-# planner had to guess a pair's rows, 1/n_distinct of the type's, and when the statistics had
-# seen no PENDING or running job (a quiet install analysed at night: four statuses) or were
-# older than the table (a bulk load), the guess was large enough that "a sequential scan, or a
-# walk of the primary key, stopped after $1 matching rows" looked cheap: it read the whole table
-# for every empty pair, ~8 s a refresh at 10 million rows. A constant is estimated from the
-# statistics (a status they never saw: one row), so the pair's range of the (type, status, id)
-# index is the plan. ``ORDER BY j.id`` does not pin it: the equalities make (type, status)
-# redundant in the ordering, and the primary key supplies ``id`` order.
-# the statuses of the ``backlog`` view: every one but COMPLETED and CANCELLED
-_COUNTED = [s.value for s in Status if s not in (Status.COMPLETED, Status.CANCELLED)]
-COUNTED_STATUSES = tuple(_COUNTED)
-_CAPPED_BRANCH = """SELECT '{status}'::text AS status, count(*) AS n
-        FROM (SELECT FROM __schema__.jobs j
-              WHERE j.job_type = t.job_type AND j.status = '{status}' LIMIT $1) x"""
-_CAPPED_BRANCHES = "\n    UNION ALL ".join(_CAPPED_BRANCH.format(status=s) for s in _COUNTED)
-JOB_COUNTS_CAPPED = statement(
-    "job_counts_capped",
-    f"""
-WITH RECURSIVE t(job_type) AS (
-    SELECT min(job_type) FROM __schema__.jobs
-    UNION ALL
-    SELECT (SELECT min(j.job_type) FROM __schema__.jobs j WHERE j.job_type > t.job_type)
-    FROM t WHERE t.job_type IS NOT NULL
-)
-SELECT t.job_type AS type, c.status, c.n
-FROM t
-CROSS JOIN LATERAL (
-    {_CAPPED_BRANCHES}
-) c
-WHERE t.job_type IS NOT NULL AND c.n > 0
-""",
-)
-
-# Planning only (EXPLAIN without ANALYZE runs nothing): the bound values are planned as
-# constants, so the estimate is the one of this type and status.
-JOB_COUNT_ESTIMATE = statement(
-    "job_count_estimate",
-    """
-EXPLAIN (FORMAT JSON) SELECT FROM __schema__.jobs
-WHERE job_type = $1 AND status = $2::__schema__.job_status
-""",
-)
-
-OUTBOX_STATS = statement(
-    "outbox_stats",
-    """
-SELECT count(*) AS n, COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
-FROM __schema__.job_outbox
-""",
-)
-
-# Running jobs whose lease expired and that maintenance has not put back yet (the ``stuck_jobs``
-# view: a range of ``jobs_lease_idx``); above 0 for minutes means lease recovery is not running.
-JOB_STUCK_COUNT = statement("job_stuck_count", "SELECT count(*) AS n FROM __schema__.stuck_jobs")
+# The statuses the ``backlog`` view counts (every one but COMPLETED and CANCELLED), one branch
+# each in ``job_counts_capped``.
+COUNTED_STATUSES = tuple(s.value for s in Status if s not in (Status.COMPLETED, Status.CANCELLED))
+JOB_COUNTS_CAPPED = named("job_counts_capped")
+JOB_COUNT_ESTIMATE = named("job_count_estimate")
+OUTBOX_STATS = named("outbox_stats")
+JOB_STUCK_COUNT = named("job_stuck_count")
 
 
 @dataclass(frozen=True, slots=True)

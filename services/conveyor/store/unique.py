@@ -20,75 +20,14 @@ from dataclasses import dataclass
 from typing import cast
 
 from .base import Connection, Statements, affected
-from .jobs import JOB_COLUMNS, JobStatements, insert_arrays
-from .registry import statement
+from .jobs import JobStatements, insert_arrays
+from .registry import bind, named
 from .rows import JobRow, NewJob
 
-JOB_INSERT_FULL = statement(
-    "job_insert_full",
-    f"""
-WITH u AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int2[], $5::int4[],
-                         $6::float8[], $7::timestamptz[], $8::float8[], $9::text[], $10::text[],
-                         $11::text[], $12::text[], $13::float8[]) WITH ORDINALITY
-        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
-             ikey, rhash, meta, ukey, ufor, ord)
-), firsts AS (  -- two rows of one statement with the same key: the first one claims it
-    SELECT DISTINCT ON (ukey) id, ukey, ufor FROM u WHERE ukey IS NOT NULL ORDER BY ukey, ord
-), won AS (
-    INSERT INTO __schema__.job_uniques AS k (key, job_id, expires_at)
-    SELECT ukey, id, now() + make_interval(secs => ufor) FROM firsts
-    ON CONFLICT (key) DO UPDATE SET job_id = EXCLUDED.job_id, expires_at = EXCLUDED.expires_at
-    WHERE k.expires_at <= now() OR k.job_id = ANY($14::uuid[])
-    RETURNING job_id
-), v AS (
-    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
-    WHERE u.ukey IS NULL OR u.id IN (SELECT job_id FROM won)
-), ins AS (
-    INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
-                                 timeout_seconds, run_at, idempotency_key, request_hash, meta,
-                                 trace_context)
-    SELECT id, job_type,
-           (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
-           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, meta::jsonb,
-           $15::text
-    FROM v
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING *
-), ob AS (
-    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
-)
-SELECT {JOB_COLUMNS} FROM ins
-""",
-)
-
-# The holders of keys: the job (NULL columns when it no longer exists) by key.
-JOB_UNIQUE_HOLDERS = statement(
-    "job_unique_holders",
-    f"""
-SELECT k.key AS unique_key, k.job_id AS holder, j.*
-FROM __schema__.job_uniques k
-LEFT JOIN LATERAL (SELECT {JOB_COLUMNS} FROM __schema__.jobs WHERE id = k.job_id) j ON true
-WHERE k.key = ANY($1::text[])
-""",
-)
-
-JOB_UNIQUE_DELETE_EXPIRED = statement(
-    "job_unique_delete_expired",
-    """
-DELETE FROM __schema__.job_uniques WHERE key IN (
-    SELECT key FROM __schema__.job_uniques WHERE expires_at < now() ORDER BY expires_at LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-""",
-)
-
-# Inside a transaction: how long a statement may wait for a lock (a key another open
-# transaction is claiming) before it fails with SQLSTATE 55P03; ends with the transaction.
-JOB_UNIQUE_WAIT_BOUND = statement(
-    "job_unique_wait_bound", "SELECT set_config('lock_timeout', $1, true)"
-)
+JOB_INSERT_FULL = named("job_insert_full")
+JOB_UNIQUE_HOLDERS = named("job_unique_holders")
+JOB_UNIQUE_DELETE_EXPIRED = named("job_unique_delete_expired")
+JOB_UNIQUE_WAIT_BOUND = named("job_unique_wait_bound")
 
 # Takeovers of keys whose job vanished, in one call: more would mean keys keep vanishing.
 _TAKEOVER_ROUNDS = 3
@@ -118,15 +57,14 @@ class UniqueStatements(Statements):
     ) -> dict[uuid.UUID, JobRow]:
         """``job_insert_many`` with ``meta`` and unique keys: a row whose key is held (and not
         expired, nor held by one of ``among``) is not inserted. ``trace_context`` as there."""
-        rows = await conn.fetch(
-            self.sql[JOB_INSERT_FULL],
-            *insert_arrays(jobs),
-            [j.meta_json for j in jobs],
-            [j.unique_key for j in jobs],
-            [j.unique_for for j in jobs],
-            list(among),
-            trace_context,
-        )
+        values = insert_arrays(jobs) | {
+            "meta": [j.meta_json for j in jobs],
+            "unique_key": [j.unique_key for j in jobs],
+            "unique_for": [j.unique_for for j in jobs],
+            "among": list(among),
+            "trace_context": trace_context,
+        }
+        rows = await conn.fetch(self.sql[JOB_INSERT_FULL], *bind(JOB_INSERT_FULL, values))
         return {r["id"]: JobRow.from_record(r) for r in rows}
 
     async def job_unique_holders(

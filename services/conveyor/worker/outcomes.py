@@ -46,7 +46,7 @@ class Outcome:
 
     @property
     def label(self) -> str:
-        """The attempt's outcome as SPEC §9 names it (``conveyor_jobs_finished_total``)."""
+        """The attempt's outcome as ``conveyor_jobs_finished_total``'s ``outcome`` label."""
         if self.kind is Kind.FAIL:
             return "failed" if self.delay is None else "retry"
         return "completed" if self.kind is Kind.COMPLETE else "released"

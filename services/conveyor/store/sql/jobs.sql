@@ -1,0 +1,145 @@
+-- name: job_insert_many
+-- A submit: jobs and their outbox rows in one statement. It returns what a submit returns (a
+-- new job has no progress yet and this insert writes no meta: the insert, on the submit hot
+-- path, reads neither; it also runs on schemas from before them, which the round-one upgrade
+-- test enqueues into). The parameters are column arrays (``jobs.insert_arrays``).
+WITH u AS (
+    SELECT * FROM unnest(:id::uuid[], :job_type::text[], :payload::text[], :priority::int2[],
+                         :max_retries::int4[], :timeout_seconds::float8[],
+                         :run_at::timestamptz[], :delay::float8[], :idempotency_key::text[],
+                         :request_hash::text[])
+        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
+             ikey, rhash)
+), v AS (
+    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
+), ins AS (
+    INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
+                                 timeout_seconds, run_at, idempotency_key, request_hash)
+    SELECT id, job_type,
+           (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash
+    FROM v
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
+)
+SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at
+FROM ins
+
+-- name: job_insert_many_traced
+-- job_insert_many that also stores the submit's ``traceparent`` (one for the whole request):
+-- used only when there is one (tracing on, or an incoming header), so the usual insert stays
+-- as it is.
+WITH u AS (
+    SELECT * FROM unnest(:id::uuid[], :job_type::text[], :payload::text[], :priority::int2[],
+                         :max_retries::int4[], :timeout_seconds::float8[],
+                         :run_at::timestamptz[], :delay::float8[], :idempotency_key::text[],
+                         :request_hash::text[])
+        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
+             ikey, rhash)
+), v AS (
+    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
+), ins AS (
+    INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
+                                 timeout_seconds, run_at, idempotency_key, request_hash,
+                                     trace_context)
+    SELECT id, job_type,
+           (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash,
+               :trace_context::text
+    FROM v
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
+)
+SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at
+FROM ins
+
+-- name: job_get
+SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+FROM __schema__.jobs WHERE id = $1
+
+-- name: job_get_by_idempotency_key
+SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+FROM __schema__.jobs WHERE idempotency_key = $1
+
+-- name: job_cancel
+-- A waiting job may be *held* (a lease on a PENDING/RETRYING job: ``store/maintenance.py``'s
+-- ``UNHELD``): cancelling it drops the hold, so a CANCELLED job has no lease and a redrive (which
+-- clears one all the same) does not leave the reconciler blind to the redriven job's lost message
+-- for the rest of a pen's delay (up to hours for a rate window). The hold of a rate window also
+-- moved ``run_at`` to the window's end: only a SCHEDULED job keeps its ``run_at`` (a redrive
+-- brings a cancelled job that never ran back SCHEDULED only while that is ahead).
+UPDATE __schema__.jobs SET
+    status = (CASE WHEN status = 'IN_PROGRESS' THEN 'IN_PROGRESS' ELSE 'CANCELLED' END)
+             ::__schema__.job_status,
+    cancel_requested = true,
+    finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
+    lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
+    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS') THEN run_at END,
+    updated_at = now()
+WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
+RETURNING id
+
+-- name: job_redrive
+-- Redrive: FAILED or CANCELLED → PENDING with fresh retries; a cancelled job whose ``run_at`` is
+-- still ahead (a cancelled scheduled job) goes back to SCHEDULED with it, and the promoter
+-- publishes it when due. ``attempts`` is never reset: it is the fencing token and only grows.
+WITH r AS (
+    UPDATE __schema__.jobs SET
+    status = (CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
+                   THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
+    run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
+                  THEN run_at END,
+    retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
+    lease_expires_at = NULL, updated_at = now()
+    WHERE id = ANY($1::uuid[]) AND status IN ('FAILED', 'CANCELLED')
+    RETURNING id, job_type, priority, status
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
+)
+SELECT id FROM r
+
+-- name: job_redrive_failed
+-- The SET is job_redrive's.
+-- The dead-letter tools' redrive: only a job still in the failure its dead letter recorded
+-- (FAILED at that attempt). A job redriven since — then cancelled, completed or failed again
+-- (a newer dead letter exists) — is left alone, and the caller drops the stale letter.
+WITH r AS (
+    UPDATE __schema__.jobs j SET
+    status = (CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
+                   THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
+    run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
+                  THEN run_at END,
+    retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
+    lease_expires_at = NULL, updated_at = now()
+    FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
+    WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'FAILED'
+    RETURNING j.id, j.job_type, j.priority, j.status
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
+)
+SELECT id FROM r
+
+-- name: job_fence_many
+-- The dead-letter tools compare a letter's attempt with the job's (stale unless FAILED at it);
+-- the worker explains a dropped delivery by its job's status.
+SELECT id, status::text AS status, attempts FROM __schema__.jobs WHERE id = ANY($1::uuid[])
