@@ -55,7 +55,10 @@ def _run(connection: Any) -> None:
 
 
 async def _online() -> None:
-    engine = create_async_engine(_url())
+    # each lock wait bounded (``store/migrate.py``: conveyor migrate tries again)
+    lock_timeout = float(os.environ.get("CONVEYOR_MIGRATE_LOCK_TIMEOUT", "5"))
+    settings = {"lock_timeout": str(round(lock_timeout * 1000))}
+    engine = create_async_engine(_url(), connect_args={"server_settings": settings})
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)

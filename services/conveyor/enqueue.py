@@ -19,6 +19,7 @@ import orjson
 
 from .core import tracing
 from .core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
+from .core.finite import check_finite
 from .core.jobs import check_type, new_job_id, parse_priority
 from .job_options import encode_meta, hash_extras, unique_key_for
 from .job_types import check_for_enqueue
@@ -107,6 +108,8 @@ def build_job(
             payload_json = orjson.dumps(_plain_floats(payload), option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
         raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+    if (where := check_finite(payload, payload_json, "payload")) is not None:
+        raise InvalidJob(where)
     if _NUL.search(payload_json):
         raise InvalidJob("payload must not contain NUL characters (PostgreSQL jsonb rejects them)")
     if len(payload_json) > max_payload_bytes:

@@ -23,6 +23,7 @@ def encode_meta(meta: Mapping[str, Any] | None) -> str | None:
     value that is not a JSON object, holds a NUL, or is over 8 KiB of UTF-8."""
     if meta is None:
         return None
+    from .core.finite import check_finite
     from .enqueue import _NUL, _POSITIVE_EXPONENT, _plain_floats
 
     if not isinstance(meta, Mapping):
@@ -33,6 +34,8 @@ def encode_meta(meta: Mapping[str, Any] | None) -> str | None:
             text = orjson.dumps(_plain_floats(meta), option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
         raise InvalidJob(f"meta is not JSON-serialisable: {exc}") from None
+    if (where := check_finite(meta, text, "meta")) is not None:
+        raise InvalidJob(where)
     if _NUL.search(text):
         raise InvalidJob("meta must not contain NUL characters")
     if len(text) > MAX_META_BYTES:

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from .core.finite import check_finite
 from .core.jobs import check_type, parse_priority
 from .enqueue import _NUL
 from .router import JobRouter
@@ -54,6 +55,8 @@ def build_schedule(
         body = orjson.dumps(payload or {})
     except TypeError as exc:  # an integer over 64 bits
         raise InvalidSchedule(f"payload is not storable JSON: {exc}") from None
+    if (where := check_finite(payload, body, "payload")) is not None:
+        raise InvalidSchedule(where)
     if len(body) > MAX_SCHEDULE_PAYLOAD or _NUL.search(body):
         raise InvalidSchedule("payload must be a JSON object under 64 KiB without NUL characters")
     first = rule.next_after(now or datetime.now(UTC)) if enabled else None

@@ -178,6 +178,8 @@ async def test_every_component_pool_carries_the_session_bounds(fsettings: Settin
                 await closing
     expected = {name: dict(BOUNDS) for name in seen}
     expected["api"]["statement_timeout"] = "330000"
+    # the relay's covers its wait for confirms (10 s) too (``bounds.relay_idle_floor``)
+    expected["publisher"]["idle_in_transaction_session_timeout"] = "15000"
     assert seen == expected
 
     app_conn = await tdb.connect(fsettings.database_url)
@@ -204,16 +206,16 @@ async def test_a_relay_partitioned_mid_batch_loses_its_rows_within_the_bound(
     fsettings: Settings,
 ) -> None:
     """The relay's connection goes silent (blackholed) after it took a batch: its outbox rows
-    stay locked until PostgreSQL ends the session, ``db_idle_in_transaction_timeout`` (2 s
-    here) later; a keepalive cannot see this partition (the proxy's socket answers), the idle
-    bound does."""
-    bound = 2.0
+    stay locked until PostgreSQL ends the session, ``db_idle_in_transaction_timeout`` plus the
+    relay's publish wait (2 + 2 s here) later; a keepalive cannot see this partition (the
+    proxy's socket answers), the idle bound does."""
+    bound = 2.0 + 2.0  # the relay's idle floor: its publish wait (2 s) + the bound (2 s)
     host = urlsplit(fsettings.database_url)
     proxy = Proxy(host.hostname or "127.0.0.1", host.port or 5432)
     port = await proxy.start()
     settings = fsettings.model_copy(update={
         "database_url": _via(fsettings.database_url, port),
-        "db_idle_in_transaction_timeout": bound,
+        "db_idle_in_transaction_timeout": 2.0,
     })  # fmt: skip
     conn = await tdb.connect(fsettings.database_url)
     try:
@@ -223,7 +225,7 @@ async def test_a_relay_partitioned_mid_batch_loses_its_rows_within_the_bound(
     finally:
         await conn.close()
 
-    relay = Relay(settings)
+    relay = Relay(settings, publish_timeout=2.0)
     taken = asyncio.Event()
     publish_batch = relay.publisher.publish_batch
 

@@ -99,8 +99,9 @@ async def test_migrate_creates_grants_and_rotates_the_component_roles(
                 "idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout",
                 "tcp_keepalives_idle", "tcp_user_timeout")}  # fmt: skip
             statement = "330s" if component == "api" else "1min"
+            idle = "15s" if component == "publisher" else "5s"  # + its confirm wait
             assert bounds == {
-                "idle_in_transaction_session_timeout": "5s", "lock_timeout": "10s",
+                "idle_in_transaction_session_timeout": idle, "lock_timeout": "10s",
                 "statement_timeout": statement, "tcp_keepalives_idle": "5",
                 "tcp_user_timeout": "10000",
             }, component  # fmt: skip

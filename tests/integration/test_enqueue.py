@@ -128,3 +128,15 @@ async def test_a_unique_or_meta_job_keeps_the_callers_trace(db: asyncpg.Connecti
     want = f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
     rows = dict(await db.fetch("SELECT id, trace_context FROM jobs"))
     assert rows == {unique: want, with_meta: want}
+
+
+async def test_a_non_finite_number_raises_before_writing(db: asyncpg.Connection) -> None:
+    """``float('nan')`` in a payload would be stored as ``null`` (orjson): refused, like the API
+    refuses it, and nothing of the caller's transaction's jobs is written."""
+    with pytest.raises(InvalidJob, match=r"numbers must be finite \(nan at payload\.score\)"):
+        async with db.transaction():
+            await enqueue(db, "ok", {})
+            await enqueue(db, "echo", {"score": float("nan")})
+    with pytest.raises(InvalidJob, match=r"inf at payload\.xs\[0\]"):
+        await enqueue_many(db, [JobSpec("a", {"xs": [float("inf")]})])
+    assert await _counts(db) == (0, 0)

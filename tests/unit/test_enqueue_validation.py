@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 import pytest
@@ -67,3 +68,32 @@ def test_routers_combine_and_refuse_a_type_twice() -> None:
     assert a.types == ["x", "y"] and a.handlers["y"].defaults() == {"max_retries": 2}
     with pytest.raises(ValueError):
         a.include(b)
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [
+        (JobSpec("t", payload={"x": float("nan")}), "nan at payload.x"),
+        (JobSpec("t", payload={"a": {"b": [1.0, float("inf")]}}), "inf at payload.a.b[1]"),
+        (JobSpec("t", payload={"x": (float("-inf"),)}), "-inf at payload.x[0]"),
+        (JobSpec("t", payload={"x": None}, meta={"m": float("nan")}), "nan at meta.m"),
+    ],
+)
+def test_non_finite_numbers_are_refused_not_stored_as_null(spec: JobSpec, where: str) -> None:
+    """orjson writes NaN and the infinities as ``null``: a job built from Python (``enqueue``,
+    a handler's follow-up) would run with a payload other than the one given. The API refuses
+    them in a body; Python gets the same refusal, saying where the number is."""
+    with pytest.raises(InvalidJob, match=r"numbers must be finite \(" + re.escape(where) + r"\)"):
+        build_job(spec)
+
+
+def test_a_null_that_was_given_is_kept() -> None:
+    row = build_job(JobSpec("t", payload={"x": None, "y": [None, 1.5]}, meta={"m": None}))
+    assert row.payload_json == '{"x":null,"y":[null,1.5]}'
+
+
+def test_a_follow_up_with_a_non_finite_number_is_refused_in_the_handler() -> None:
+    from conveyor.worker.followups import build_followup
+
+    with pytest.raises(InvalidJob, match=r"nan at payload\.x"):
+        build_followup("t", {"x": float("nan")}, {}, max_payload_bytes=1000)

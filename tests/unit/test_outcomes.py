@@ -82,6 +82,14 @@ def test_retry_rejects_negative_delay() -> None:
         Retry(delay=-1)
 
 
+def test_retry_rejects_a_nan_delay() -> None:
+    """``Retry(nan)`` snoozed 1 s (``max(nan, 1)`` is nan, snapped to the shortest pen) without a
+    word: a delay computed from a broken value is a bug the handler's author should see."""
+    with pytest.raises(ValueError, match="a number >= 0"):
+        Retry(delay=float("nan"))
+    assert Retry(delay=float("inf")).delay == float("inf")  # the longest pen
+
+
 def test_error_texts_are_cleaned() -> None:
     o = outcomes.failed(ValueError("bad byte \x00 here \ud800"), retry_count=0, max_retries=0,
                         spec=None)  # fmt: skip

@@ -174,3 +174,14 @@ def test_a_schema_name_is_matched_whole() -> None:
     with pytest.raises(ValueError):
         check_schema("conveyor\n")
     assert check_schema("conveyor") == "conveyor"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_schedule_payload_with_a_non_finite_number_is_refused(value: float) -> None:
+    """Every tick would otherwise enqueue ``null`` where the number was (orjson's encoding)."""
+    from conveyor.schedule_ops import build_schedule
+
+    with pytest.raises(InvalidSchedule, match=r"numbers must be finite \(.* at payload\.x\[0\]\)"):
+        build_schedule("n", job_type="t", every_seconds=60, payload={"x": [value]})
+    row = build_schedule("n", job_type="t", every_seconds=60, payload={"x": [None]})
+    assert row.payload_json == '{"x":[null]}'

@@ -180,3 +180,18 @@ def test_a_failed_publish_ends_its_span_as_an_error() -> None:
     assert span.status.status_code is StatusCode.ERROR and span.parent is not None
     assert span.parent.span_id == int(VALID.split("-")[2], 16)
     assert span.events[0].name == "exception"
+
+
+def test_the_workers_hard_exit_still_exports_the_spans() -> None:
+    """``worker/exiting.hard_exit`` ends the process with ``os._exit``, which skips the SDK's
+    ``atexit`` flush: the spans of the worker's last jobs, still in the batch processor, were
+    lost at every worker exit. The batch delay is a minute here, so only the exit's own flush
+    can print them."""
+    script = SCRIPT.replace("print(", "from conveyor.worker.exiting import hard_exit\nprint(")
+    script += "hard_exit(0)\n"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "60000"}
+    p = subprocess.run([sys.executable, "-c", script], env={**base, **env},
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert '"name": "conveyor.submit"' in p.stdout, p.stdout[-500:]

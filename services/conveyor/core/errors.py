@@ -54,7 +54,7 @@ class Retry(Exception):
 
     def __init__(self, delay: float = 0.0, reason: str = "retry requested") -> None:
         super().__init__(reason)
-        if delay < 0:
-            raise ValueError("Retry delay must be >= 0")
+        if not delay >= 0:  # NaN too
+            raise ValueError(f"Retry delay must be a number >= 0, not {delay!r}")
         self.delay = float(delay)
         self.reason = reason

@@ -40,6 +40,7 @@ HEADER = "traceparent"
 _TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
 _tracer: Any = None  # an opentelemetry Tracer while tracing is on
+_provider: Any = None  # its provider (``flush``)
 
 
 def valid(value: Any) -> str | None:
@@ -59,13 +60,22 @@ def enabled() -> bool:
 def install(provider: Any) -> None:
     """Trace with ``provider`` (an SDK ``TracerProvider``): ``configure`` does it from the
     environment; tests pass one with an in-memory exporter."""
-    global _tracer
+    global _tracer, _provider
     _tracer = provider.get_tracer("conveyor")
+    _provider = provider
 
 
 def uninstall() -> None:
-    global _tracer
-    _tracer = None
+    global _tracer, _provider
+    _tracer = _provider = None
+
+
+def flush(timeout: float = 2.0) -> None:
+    """Export the spans still batched, waiting at most ``timeout``: for an exit that skips
+    ``atexit`` (the SDK's own flush), such as the worker's ``os._exit``."""
+    force = getattr(_provider, "force_flush", None)
+    if force is not None:
+        force(int(timeout * 1000))
 
 
 def _wanted(env: os._Environ[str] | dict[str, str]) -> list[str]:

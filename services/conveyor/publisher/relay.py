@@ -21,7 +21,7 @@ from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import OutboxRow, for_schema
-from ..store.bounds import SessionBounds
+from ..store.bounds import RELAY_PUBLISH_TIMEOUT, SessionBounds, relay_idle_floor
 from ..store.connect import create_pool, listen, listen_url
 
 log = logging.getLogger("conveyor.publisher")
@@ -36,7 +36,7 @@ class Relay:
         metrics: Metrics | None = None,
         *,
         publisher: Publisher | None = None,
-        publish_timeout: float = 10.0,
+        publish_timeout: float = RELAY_PUBLISH_TIMEOUT,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
@@ -60,7 +60,10 @@ class Relay:
             max_size=4,
             command_timeout=self.settings.command_timeout,
             pooler=self.settings.db_pooler,
-            bounds=SessionBounds.of(self.settings),
+            bounds=SessionBounds.of(
+                self.settings,
+                idle_floor=relay_idle_floor(self.settings, self.publisher.publish_timeout),
+            ),
         )
         await self.publisher.connect()
 

@@ -42,14 +42,21 @@ class SessionBounds:
     tcp_user_timeout: float
 
     @classmethod
-    def of(cls, settings: Any, *, statement_floor: float = 0.0) -> SessionBounds:
+    def of(
+        cls, settings: Any, *, statement_floor: float = 0.0, idle_floor: float = 0.0
+    ) -> SessionBounds:
         """The bounds ``settings`` ask for; ``statement_floor``: a component whose own limit
-        for some statements is longer (the API's batch insert) keeps at least that."""
+        for some statements is longer (the API's batch insert) keeps at least that;
+        ``idle_floor``: one that legitimately waits inside a transaction (the relay, for its
+        broker's confirms) keeps at least that."""
         statement = settings.db_statement_timeout
         if statement:
             statement = max(statement, statement_floor)
+        idle = settings.db_idle_in_transaction_timeout
+        if idle:
+            idle = max(idle, idle_floor)
         return cls(
-            idle_in_transaction=settings.db_idle_in_transaction_timeout,
+            idle_in_transaction=idle,
             lock=settings.db_lock_timeout,
             statement=statement,
             keepalives_idle=settings.db_keepalives_idle,
@@ -77,11 +84,24 @@ class SessionBounds:
 API_STATEMENT_FLOOR = LONG_STATEMENT_TIMEOUT + 30
 
 
+# the relay waits for its batch's confirms inside its transaction, up to its publish timeout
+RELAY_PUBLISH_TIMEOUT = 10.0
+
+
+def relay_idle_floor(settings: Any, publish_timeout: float = RELAY_PUBLISH_TIMEOUT) -> float:
+    """The relay's idle bound covers its whole confirm wait plus the bound itself: a session
+    ended while it waits on a slow broker rolls the batch back after the broker took it, and the
+    next batch publishes every message again (a broker confirming in 5-10 s would get each batch
+    again and again). A frozen relay's rows come back this much later instead."""
+    return publish_timeout + float(settings.db_idle_in_transaction_timeout)
+
+
 def component_bounds(settings: Any) -> dict[str, SessionBounds]:
     """Each component's bounds (``roles.COMPONENTS``)."""
     plain = SessionBounds.of(settings)
     api = SessionBounds.of(settings, statement_floor=API_STATEMENT_FLOOR)
-    return {"api": api, "publisher": plain, "worker": plain, "sweeper": plain}
+    publisher = SessionBounds.of(settings, idle_floor=relay_idle_floor(settings))
+    return {"api": api, "publisher": publisher, "worker": plain, "sweeper": plain}
 
 
 def _ms(seconds: float) -> str:

@@ -5,6 +5,8 @@ own Alembic history in ``public`` is never read or written)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +70,45 @@ def upgrade(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEMA) -
     command.upgrade(alembic_config(url, schema), revision)
 
 
+# A migration's ALTER waits for its table's ACCESS EXCLUSIVE lock, and every later statement on
+# the table queues behind it: behind one long transaction, an unbounded wait stopped every
+# component's use of the table. So each try waits at most CONVEYOR_MIGRATE_LOCK_TIMEOUT seconds
+# (migrations/env.py), letting the queue through between tries; CONVEYOR_MIGRATE_TRIES tries.
+LOCK_TIMEOUT_ENV = "CONVEYOR_MIGRATE_LOCK_TIMEOUT"
+TRIES_ENV = "CONVEYOR_MIGRATE_TRIES"
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
 def migrate(url: str, *, schema: str = DEFAULT_SCHEMA) -> bool:
     """Create the database if needed and upgrade it. Returns True when the database was created.
     Raises ``MigrationError`` with one line an operator can act on."""
     created = asyncio.run(ensure_database(url))
-    try:
-        upgrade(url, schema=schema)
-    except MigrationError:
-        raise
-    except Exception as exc:
-        raise MigrationError(_one_line(exc)) from exc
+    tries = max(1, int(os.environ.get(TRIES_ENV, "12")))
+    for attempt in range(1, tries + 1):
+        try:
+            upgrade(url, schema=schema)
+        except MigrationError:
+            raise
+        except Exception as exc:
+            if not _lock_wait(exc):
+                raise MigrationError(_one_line(exc)) from exc
+            if attempt == tries:
+                raise MigrationError(
+                    f"another transaction held a table this migration alters through {tries} "
+                    f"tries of {os.environ.get(LOCK_TIMEOUT_ENV, '5')} s (lock_timeout); find "
+                    "it in pg_stat_activity and run conveyor migrate again once it ends"
+                ) from exc
+            time.sleep(0.5)
     return created
+
+
+def _lock_wait(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False
 
 
 def _one_line(exc: BaseException) -> str:

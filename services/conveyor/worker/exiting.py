@@ -21,6 +21,8 @@ import signal
 import sys
 import time
 
+from ..core import tracing
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -77,10 +79,12 @@ def kill_descendants(wait: float = 2.0) -> int:
 
 
 def hard_exit(code: int) -> None:
-    """Kill the descendants, flush the logs and the standard streams, exit at once (no join of
-    the threads that remain)."""
+    """Kill the descendants, flush the spans, the logs and the standard streams, exit at once
+    (no join of the threads that remain; ``os._exit`` runs no ``atexit`` hook)."""
     with contextlib.suppress(Exception):
         kill_descendants()
+    with contextlib.suppress(Exception):
+        tracing.flush()
     with contextlib.suppress(Exception):
         logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

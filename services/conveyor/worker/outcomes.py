@@ -10,8 +10,6 @@ way: a dead worker's job comes back when its lease expires (the sweeper re-publi
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import random
 import traceback
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from ..core import finite
 from ..core.errors import Retry
 from ..core.jobs import backoff_delay, snap_to_pen
 from ..router import HandlerSpec
@@ -91,20 +90,8 @@ def completed(result: Any, *, max_bytes: int | None = None) -> Outcome:
 
 
 def non_finite(value: Any, path: str = "result") -> str | None:
-    """Where ``value`` holds NaN or an infinity, which orjson writes as ``null`` (the API
-    refuses them in a payload): "numbers must be finite (nan at result.scores[1])". Only looked
-    for when the JSON holds a ``null``, so a clean result pays one ``bytes`` search."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"numbers must be finite ({value} at {path})"
-    if isinstance(value, dict):
-        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
-    elif isinstance(value, list | tuple):
-        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = ((f"{path}.{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value))
-    else:
-        return None
-    return next((w for p, v in items if (w := non_finite(v, p)) is not None), None)
+    """Where a result holds NaN or an infinity (``core.finite``)."""
+    return finite.non_finite(value, path)
 
 
 def too_large(size: int, cap: int) -> str:
