@@ -133,14 +133,14 @@ def _seed() -> int:
 
 @pytest.mark.timeout(240)
 async def test_gray_nemesis_smoke(fsettings: Settings, ledger: Ledger, tmp_path: Path) -> None:
-    """``GRAY_SMOKE_SECONDS`` (default 25) on the shared services: pauses of 2-8 s and
+    """``GRAY_SMOKE_SECONDS`` (default 20) on the shared services: pauses of 2-8 s and
     partitions of 5-15 s that heal, SIGKILLs; no lost host, no broker or database restart."""
     seed = _seed()
     nemesis = GrayNemesis(
         fsettings, tmp_path, ledger, random.Random(seed), adversaries=(), lost_hosts=False,
         pause_s=(2.0, 8.0), partition_s=(5.0, 15.0), chaos_every=(1.0, 3.0),
     )  # fmt: skip
-    seconds = float(os.environ.get("GRAY_SMOKE_SECONDS", "25"))
+    seconds = float(os.environ.get("GRAY_SMOKE_SECONDS", "20"))
     await _run(nemesis, seconds, f"gray-smoke seed={seed}", settle=120)
 
 
