@@ -260,7 +260,7 @@ class GrayNemesis(Nemesis):
 
         self._later(heal())
 
-    async def _lose(self, kind: str, word: str, patience: float = 120.0) -> None:
+    async def _lose(self, kind: str, word: str, patience: float = 60.0) -> None:
         """Freeze a ``kind`` for good once it is caught holding the lock ``word`` names (a
         freeze that misses is resumed at once: a pause of ~0.2 s); a replacement follows."""
         deadline = time.monotonic() + patience

@@ -66,6 +66,10 @@ async def _pause_schedule(db_url: str) -> bool:
         await conn.close()
 
 
+def _slow(r: Any) -> str:
+    return f"{r['n']} (worst {float(r['worst']):.0f}s, submitted {r['first']}-{r['last']})"
+
+
 async def _figures(db_url: str, accepted: list[str]) -> dict[str, Any]:
     conn = await tdb.connect(db_url)
     try:
@@ -74,6 +78,13 @@ async def _figures(db_url: str, accepted: list[str]) -> dict[str, Any]:
             " percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at -"
             " created_at)) AS p99 FROM jobs WHERE id = ANY($1::uuid[])", accepted,
         )  # fmt: skip
+        # jobs that took over a minute from submit to finish, by type: how many, when submitted
+        slow = await conn.fetch(
+            "SELECT job_type, count(*) AS n, max(extract(epoch FROM finished_at - created_at))"
+            " AS worst, to_char(min(created_at), 'HH24:MI:SS') AS first,"
+            " to_char(max(created_at), 'HH24:MI:SS') AS last FROM jobs"
+            " WHERE finished_at - created_at > interval '60 seconds' GROUP BY 1"
+        )
         outbox = await conn.fetchrow(
             "SELECT count(*) AS n, extract(epoch FROM now() - min(o.created_at)) AS age,"
             " string_agg(DISTINCT j.status::text, ',') AS statuses"
@@ -89,6 +100,7 @@ async def _figures(db_url: str, accepted: list[str]) -> dict[str, Any]:
     return {
         "worst_s": round(float(worst["worst"] or 0), 1),
         "p99_s": round(float(worst["p99"] or 0), 1),
+        "over_60s": {r["job_type"]: _slow(r) for r in slow},
         # outbox rows nobody relays (a lost publisher's batch): their age and their jobs' status
         "outbox_stranded": int(outbox["n"]),
         "outbox_oldest_s": round(float(outbox["age"] or 0), 1),
