@@ -1,7 +1,10 @@
 """A small asyncio TCP proxy for partition tests, without root: forwards everything until told
 to ``blackhole`` — then bytes are held in both directions and new connections hang before they
 reach the server, as in a silent network partition (each side's connection stays open: half
-open) — and ``heal`` delivers what was held, as TCP would once the network is back."""
+open) — and ``heal`` delivers what was held, as TCP would once the network is back.
+``upstream_ports`` holds the local port of each open connection to the target (the
+``client_port`` a PostgreSQL server shows in ``pg_stat_activity``), so a test can tell which
+proxied client a server-side session belongs to."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.upstream_ports: set[int] = set()
         self.port = 0
 
     async def start(self) -> int:
@@ -48,10 +52,13 @@ class Proxy:
             writer.close()
             return
         self._writers.add(up_writer)
+        port = int(up_writer.get_extra_info("sockname")[1])
+        self.upstream_ports.add(port)
         for src, dst in ((reader, up_writer), (up_reader, writer)):
             task = asyncio.create_task(self._pump(src, dst))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _t: self.upstream_ports.discard(port))
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
