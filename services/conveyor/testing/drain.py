@@ -90,7 +90,7 @@ class _OneConnection:
 
 
 async def _as_pool(conn_or_pool: Any) -> Any:
-    if hasattr(conn_or_pool, "acquire") and not hasattr(conn_or_pool, "fetch"):
+    if hasattr(conn_or_pool, "acquire") and not hasattr(conn_or_pool, "transaction"):
         return conn_or_pool  # an asyncpg pool
     return _OneConnection(await _raw_connection(conn_or_pool))
 
