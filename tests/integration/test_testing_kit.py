@@ -16,6 +16,7 @@ import pytest
 
 from conveyor import Job, JobRouter, Retry, enqueue
 from conveyor.core.jobs import Status
+from conveyor.store import for_schema
 from conveyor.testing import (
     all_enqueued,
     assert_enqueued,
@@ -48,6 +49,11 @@ def kit_flaky(job: Job) -> str:
 @router.job("kit_forever")
 async def kit_forever(job: Job) -> None:
     job.enqueue("kit_forever", {"n": job.payload["n"] + 1})
+
+
+@router.job("kit_unique_parent")
+async def kit_unique_parent(job: Job) -> None:
+    job.enqueue("kit_ok", {"child": True}, unique_for=60, unique_key="only-one")
 
 
 @router.job("kit_slow", timeout=0.2, max_retries=0)
@@ -178,3 +184,29 @@ async def test_assertions_say_what_is_waiting(pool: Any) -> None:
         with pytest.raises(AssertionError, match="expected no waiting 'kit_ok' with payload"):
             await refute_enqueued(conn, "kit_ok", payload={"n": 1})
         assert [j.job_type for j in await all_enqueued(conn)] == ["kit_ok"]
+
+
+async def test_a_keyed_follow_up_commits_inside_the_callers_transaction(pool: Any) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await enqueue(conn, "kit_unique_parent", {})
+        await enqueue(conn, "kit_unique_parent", {})
+        result = await drain(conn, router, types=["kit_unique_parent"])
+        assert result.completed == 2
+        await assert_enqueued(conn, "kit_ok", unique_key="only-one", count=1)
+        tx_rows = await all_enqueued(conn)
+    assert [j.job_type for j in tx_rows] == ["kit_ok"]
+
+
+async def test_a_job_another_worker_claims_first_is_not_run(
+    pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with pool.acquire() as conn:
+        await enqueue(conn, "kit_ok", {})
+    store = for_schema("conveyor")
+
+    async def claimed_elsewhere(*args: Any, **kwargs: Any) -> list[Any]:
+        return []  # a worker took it between the drain's pick and its claim
+
+    monkeypatch.setattr(store, "job_claim_many", claimed_elsewhere)
+    result = await asyncio.wait_for(drain(pool, router), 10)
+    assert result.attempts == [] and seen == [] and not result.limited

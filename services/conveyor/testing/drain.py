@@ -126,6 +126,7 @@ async def drain(
     store = schema_store(schema)
     run = _Drain(pool, store, router, wanted)
     first: set[uuid.UUID] | None = None
+    missed: set[uuid.UUID] = set()  # due, but the claim did not take it (taken meanwhile)
     result = DrainResult()
     while True:
         async with pool.acquire() as conn:
@@ -134,15 +135,16 @@ async def drain(
             ids = await store.testing_due_ids(conn, wanted, limit=max_jobs + 1)
         if first is None:
             first = set(ids)
-        if not with_follow_ups:
-            ids = [i for i in ids if i in first]
+        ids = [i for i in ids if i not in missed and (with_follow_ups or i in first)]
         if not ids:
             return result
         if len(result.attempts) >= max_jobs:
             result.limited = True
             return result
         attempt = await run.one(ids[0])
-        if attempt is not None:
+        if attempt is None:
+            missed.add(ids[0])
+        else:
             result.attempts.append(attempt)
 
 
