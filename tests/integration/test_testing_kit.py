@@ -23,6 +23,7 @@ from conveyor.testing import (
     drain,
     refute_enqueued,
     register_types,
+    run_job,
 )
 from tests.db import connect
 from tests.stack import free_port
@@ -210,3 +211,13 @@ async def test_a_job_another_worker_claims_first_is_not_run(
     monkeypatch.setattr(store, "job_claim_many", claimed_elsewhere)
     result = await asyncio.wait_for(drain(pool, router), 10)
     assert result.attempts == [] and seen == [] and not result.limited
+
+
+async def test_run_job_calls_a_sync_handler_and_lets_its_error_through() -> None:
+    with pytest.raises(ConnectionError, match="attempt 1 fails"):
+        await run_job(router, "kit_flaky", {})
+    assert (await run_job(router, "kit_flaky", {}, attempt=3)).result == "third time lucky"
+    call = await run_job(router, "kit_forever", {"n": 4})
+    assert [(j.type, j.payload) for j in call.enqueued] == [("kit_forever", {"n": 5})]
+    with pytest.raises(LookupError, match="no handler registered for job type 'nope'"):
+        await run_job(router, "nope")
