@@ -207,6 +207,9 @@ _OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
 # it plans, it reads no row).
 _SKIP = {"database_exists", "db_ping", "job_count_estimate", "role_find", "role_login_sql",
          "role_jit_off_sql", "role_set_sql"}  # fmt: skip
+# ``conveyor.testing``'s statements run only in applications' test suites, on a handful of rows
+# (``tests/integration/test_testing_kit.py`` runs every one of them)
+_TEST_ONLY = "testing_"
 
 
 async def statement_cases(
@@ -215,7 +218,7 @@ async def statement_cases(
     sql = for_schema(schema).sql
     cases: dict[str, tuple[str, tuple[Any, ...]]] = {}
     for name in sorted(TEMPLATES):
-        if name in _SKIP:
+        if name in _SKIP or name.startswith(_TEST_ONLY):
             continue
         if name in _OVERRIDES:
             args = _OVERRIDES[name]

@@ -40,6 +40,7 @@ from .rows import (
 from .schedules import ScheduleStatements
 from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
+from .testing import TestingStatements
 from .types import TypeStatements
 from .unique import Inserted, UniqueStatements
 
@@ -59,6 +60,7 @@ class Store(
     ControlStatements,
     UniqueStatements,
     ScheduleStatements,
+    TestingStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 

@@ -1,0 +1,48 @@
+-- name: testing_make_due
+-- conveyor.testing's drain does not wait for timers: SCHEDULED jobs of the types that are due
+-- (all of them with $2) become PENDING. Nothing is published: the drain claims the rows itself.
+UPDATE __schema__.jobs SET
+    status = 'PENDING'::__schema__.job_status,
+    run_at = least(run_at, now()),
+    updated_at = now()
+WHERE array_position($1::text[], job_type) IS NOT NULL
+  AND status = 'SCHEDULED' AND ($2 OR run_at <= now())
+
+-- name: testing_skip_retry_delay
+-- RETRYING jobs of the types waiting out their retry delay are due now.
+UPDATE __schema__.jobs SET run_at = now(), updated_at = now()
+WHERE array_position($1::text[], job_type) IS NOT NULL
+  AND status = 'RETRYING' AND run_at > now()
+
+-- name: testing_due_ids
+-- The claimable jobs of the types (as job_claim_many tests them), in the order workers favour:
+-- higher priority first, then the oldest.
+SELECT id FROM __schema__.jobs
+WHERE array_position($1::text[], job_type) IS NOT NULL
+  AND CASE status WHEN 'PENDING' THEN true
+                  WHEN 'RETRYING' THEN run_at <= now() + interval '1 second' ELSE false END
+ORDER BY priority DESC, COALESCE(run_at, created_at), id
+LIMIT $2
+
+-- name: testing_waiting
+-- Waiting jobs (PENDING, SCHEDULED, RETRYING) of a type, or of all types; payload and meta
+-- match by containment (the keys given, with those values); unique_key matches the key a
+-- unique job holds (unique_key= of a submit, stored as <type>/key/<key>).
+SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
+       result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+       run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+       created_at, updated_at, started_at, finished_at, progress::text AS progress,
+       meta::text AS meta
+FROM __schema__.jobs j
+WHERE ($1::text IS NULL OR j.job_type = $1)
+  AND j.status IN ('PENDING', 'SCHEDULED', 'RETRYING')
+  AND ($2::jsonb IS NULL OR j.payload @> $2::jsonb)
+  AND ($3::jsonb IS NULL OR COALESCE(j.meta, '{}'::jsonb) @> $3::jsonb)
+  AND ($4::text IS NULL OR EXISTS (SELECT 1 FROM __schema__.job_uniques u
+                                   WHERE u.key = j.job_type || '/key/' || $4
+                                     AND u.job_id = j.id))
+ORDER BY j.created_at, j.id
+
+-- name: testing_drop_schema
+-- The test plugin's per-session schema, and everything in it.
+DROP SCHEMA IF EXISTS __schema__ CASCADE
