@@ -25,6 +25,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
         say(f"conveyor dev: {refusal}", level=logging.ERROR)
         return 2
     router = services.load_router(args.app)
+    if not router.handlers:  # before the port, the database or the broker, as `worker` does
+        say("conveyor dev: the router has no handlers", level=logging.ERROR)
+        return 2
     # the port first: in use, it is one line and exit 2 before anything starts
     sock = listen_socket(args.host, args.port, make=True)
     problem = asyncio.run(services.preflight(settings))

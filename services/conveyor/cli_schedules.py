@@ -48,6 +48,7 @@ def _line(row: Any) -> str:
 def cmd_schedules(args: argparse.Namespace) -> int:
     from .api.schedules import schedule_dict
     from .core.errors import InvalidJob
+    from .job_types import KnownTypes
     from .schedule_ops import build_schedule, resume_at
     from .store import for_schema
     from .store.connect import create_pool
@@ -80,6 +81,8 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                         now=await store.db_clock(conn),
                         source="cli",
                     )  # fmt: skip
+                    if not settings.accept_unknown_types:  # the API's rule: no type no worker runs
+                        await KnownTypes(store).check(conn, [new.job_type])
                     done = await store.schedule_upsert(conn, new)
                     assert done is not None
                     print(("created " if done[1] else "replaced ") + _line(done[0]))

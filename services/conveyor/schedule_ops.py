@@ -51,6 +51,8 @@ def build_schedule(
     check_type(job_type)
     rule = Rule(cron, every_seconds, timezone)
     check_catch_up(catch_up)
+    if payload is not None and not isinstance(payload, Mapping):  # the CLI's parsed --payload
+        raise InvalidSchedule("payload must be a JSON object under 64 KiB without NUL characters")
     try:
         body = orjson.dumps(payload or {})
     except TypeError as exc:  # an integer over 64 bits

@@ -11,6 +11,7 @@ import pytest
 
 from conveyor.core.config import Settings
 
+from ..security import required
 from ..stack import running_stack
 from .test_dashboard import CHROMIUM, FLAGS
 
@@ -57,3 +58,30 @@ async def test_docs_render_every_operation_offline(settings: Settings) -> None:
     assert "Unable to render this definition" not in text
     assert not errors, errors
     assert requested and all(url.startswith(base + "/") for url in requested), requested
+
+
+async def test_the_bare_address_opens_the_dashboard(settings: Settings) -> None:
+    """``conveyor dev`` prints ``API http://127.0.0.1:<port>``: opened in a browser, that address
+    lands on the dashboard, not on a 404 (it answered ``{"detail": "Not Found"}``). With keys
+    required it leads to the dashboard's login form, and it is not an operation of the API."""
+    playwright = pytest.importorskip("playwright.async_api")
+    if not shutil.which(CHROMIUM):
+        pytest.fail("chromium missing: apt-get install chromium chromium-driver (make install)")
+    async with running_stack(settings, None, maintenance=False) as stack:
+        base = str(stack.client.base_url).rstrip("/")
+        assert "/" not in (await stack.client.get("/openapi.json")).json()["paths"]
+        async with playwright.async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            try:
+                page: Any = await browser.new_page()
+                answer = await page.goto(base)
+                landed, title = page.url, await page.title()
+            finally:
+                await browser.close()
+    assert answer.status == 200 and landed == f"{base}/ui", (answer.status, landed)
+    assert title.startswith("Overview"), title
+    async with running_stack(required(settings), None, maintenance=False) as stack:
+        first = await stack.client.get("/", follow_redirects=False)
+        assert first.status_code == 307 and first.headers["location"] == "/ui"
+        login = await stack.client.get("/", follow_redirects=True)
+        assert login.status_code == 401 and "<form" in login.text

@@ -286,3 +286,27 @@ async def test_make_dev_ends_on_a_signal(settings: Settings, to: str) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(make.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.3, 0.5, 0.8])
+async def test_ctrl_c_while_the_command_is_still_starting(settings: Settings, delay: float) -> None:
+    """Ctrl-C a moment after typing ``conveyor dev`` (the installed script, while Python is
+    still importing): the command ends quietly, never with a ``KeyboardInterrupt`` traceback
+    (it printed one of up to 40 lines until the first signal handler was in place)."""
+    script = str(Path(sys.executable).parent / "conveyor")
+    proc = await asyncio.create_subprocess_exec(
+        script, *_command("dev", free_port()), env=_env(settings), cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await asyncio.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    # -SIGINT: ended by the signal before Python was up, as any program is
+    assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err.decode())
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()

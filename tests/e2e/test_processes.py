@@ -106,6 +106,23 @@ async def test_dev_says_in_one_line_when_a_service_is_down(settings: Settings) -
     assert code == 2 and "Cannot reach RabbitMQ" in err and "Traceback" not in err
 
 
+async def test_dev_on_a_router_without_handlers_is_one_line(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A newcomer's first app, before its first handler: ``conveyor dev --app app:router`` says
+    so in one line and exits 2, as ``conveyor worker`` does (it printed a ValueError traceback)."""
+    (tmp_path / "firstapp.py").write_text("from conveyor import JobRouter\nrouter = JobRouter()\n")
+    proc = await asyncio.create_subprocess_exec(
+        *CONVEYOR, "dev", "--app", "firstapp:router", "--port", str(free_port()),
+        env=_env(settings), cwd=tmp_path, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2, (proc.returncode, err.decode())
+    assert err.decode().splitlines() == ["conveyor dev: the router has no handlers"], err.decode()
+    assert out == b""
+
+
 async def _worker(settings: Settings, *extra: str, grace: str = "10") -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         *CONVEYOR, "worker", "--app", "tests.apps:router", "--concurrency", "4",

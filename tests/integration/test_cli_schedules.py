@@ -60,6 +60,48 @@ async def test_schedules_cli(
     assert code == 1 and "no schedule nope" in err
 
 
+async def test_schedules_add_refuses_a_type_no_worker_registered(settings: Settings) -> None:
+    """``conveyor schedules add`` of a type no worker registered is refused like ``POST
+    /schedules`` (422 unknown_job_type): one line, exit 2, no schedule written. (It was
+    accepted, and every tick then enqueued a job no worker would ever run; so was a payload
+    that is not a JSON object.) The real command in its own process;
+    ``CONVEYOR_ACCEPT_UNKNOWN_TYPES=true`` accepts the type, as the API does."""
+    script = Path(sys.executable).parent / "conveyor"
+
+    async def run(*argv: str, **extra: str) -> tuple[int, str, str]:
+        p = await asyncio.create_subprocess_exec(
+            script, "schedules", *argv, env=component_env(settings, **extra), stdout=PIPE,
+            stderr=PIPE,
+        )  # fmt: skip
+        out, err = await p.communicate()
+        assert p.returncode is not None
+        return p.returncode, out.decode(), err.decode()
+
+    conn = await tdb.connect(settings.database_url)
+    try:
+        await conn.execute("INSERT INTO job_types (name) VALUES ('known_one')")
+        code, out, err = await run("add", "typo", "--type", "knwon_one", "--every", "10")
+        assert code == 2 and out == "", (code, out, err)
+        assert err.count("\n") == 1 and "unknown job type 'knwon_one'" in err, err
+        assert "known_one" in err  # names what it would accept
+        assert await conn.fetchval("SELECT count(*) FROM schedules") == 0
+        # a payload that is JSON but no object ("--payload '[1]'") is refused as POST refuses it
+        code, _, err = await run("add", "arr", "--type", "known_one", "--every", "10",
+                                 "--payload", "[1]")  # fmt: skip
+        assert code == 2 and "payload must be a JSON object" in err, (code, err)
+        assert await conn.fetchval("SELECT count(*) FROM schedules") == 0
+        assert (await run("add", "ok", "--type", "known_one", "--every", "10"))[0] == 0
+        code, _, err = await run(
+            "add", "free", "--type", "anything", "--every", "10",
+            CONVEYOR_ACCEPT_UNKNOWN_TYPES="true",
+        )  # fmt: skip
+        assert code == 0, err
+        names = await conn.fetch("SELECT name FROM schedules ORDER BY name")
+        assert [r["name"] for r in names] == ["free", "ok"]
+    finally:
+        await conn.close()
+
+
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 

@@ -43,6 +43,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/docs/oauth2-redirect"): OPEN,
     ("GET", "/metrics"): OPEN,  # READ under CONVEYOR_METRICS_AUTH=required
     ("GET", "/favicon.ico"): OPEN,
+    ("GET", "/"): OPEN,  # a redirect to /ui, which asks for a key itself
     # jobs
     ("POST", "/jobs"): WRITE,
     ("POST", "/jobs/batch"): WRITE,

@@ -72,6 +72,11 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         return FileResponse(STATIC / "favicon.png", media_type="image/png",
                             headers={"Cache-Control": "public, max-age=86400"})  # fmt: skip
 
+    @app.get("/", include_in_schema=False)
+    async def root() -> Response:
+        # the address `conveyor dev` prints: a browser opening it wants the dashboard
+        return RedirectResponse("/ui", status_code=307)
+
     add_login_routes(app, _same_origin)
 
     async def overview_fragment() -> str:
