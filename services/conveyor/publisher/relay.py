@@ -45,6 +45,8 @@ class Relay:
         self.publisher = publisher or Publisher(
             settings.amqp_url, self.topology, self.metrics, publish_timeout=publish_timeout
         )
+        # how long a publish waits for confirms (an injected publisher may not say: the default)
+        self.publish_wait = getattr(self.publisher, "publish_timeout", publish_timeout)
         self.pool: Any = None
         self._wake = asyncio.Event()
         self._restored = False  # the last batch put rows back into the outbox
@@ -62,7 +64,7 @@ class Relay:
             pooler=self.settings.db_pooler,
             bounds=SessionBounds.of(
                 self.settings,
-                idle_floor=relay_idle_floor(self.settings, self.publisher.publish_timeout),
+                idle_floor=relay_idle_floor(self.settings, self.publish_wait),
             ),
         )
         await self.publisher.connect()
