@@ -71,8 +71,9 @@ class TypeControls:
         mine = [r for r in rows if r.name in self.types]
         self.controlled = frozenset(r.name for r in mine if r.controlled)
         paused = frozenset(r.name for r in mine if r.paused)
-        changed = sorted(paused ^ self.paused)
-        self.paused = paused
-        for t in changed:
+        for t in sorted(paused ^ self.paused):
             event(log, "type_paused" if t in paused else "type_resumed", type=t)
             await self.on_pause(t, t in paused)
+            # recorded once done: a switch that fails (the broker's channel closed) is a change
+            # again at the next refresh, instead of a type never consumed again
+            self.paused = self.paused ^ {t}

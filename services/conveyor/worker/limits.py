@@ -45,6 +45,8 @@ class LimitedConsumer(Consumer):
         self.waiting: dict[str, dict[uuid.UUID, None]] = {}  # held in hand, per type
         self.freed = asyncio.Event()  # one of this worker's jobs finished
         self.full: set[str] = set()  # types not consumed while their hand is full
+        self._stopped: set[str] = set()  # of these, the ones whose consumer was stopped
+        self._switching = asyncio.Lock()
         self._claiming: asyncio.Future[int] | None = None
 
     def _cap(self, job_type: str) -> int:
@@ -52,21 +54,30 @@ class LimitedConsumer(Consumer):
         return max(HOLD_IN_HAND, c.concurrency if c and c.concurrency else 0)
 
     async def _regulate(self) -> None:
-        """Stop consuming a type whose hand is full; consume it again once half of it ran."""
+        """Stop consuming a type whose hand is full; consume it again once half of it ran. A
+        switch that fails (the broker's channel closed) stays due and is tried again by the
+        next call: the waiting loop makes one at least every ``RETRY_MAX`` while one is due."""
         for t, hand in self.waiting.items():
-            full = t in self.full
-            if not full and len(hand) >= self._cap(t):
+            if t not in self.full and len(hand) >= self._cap(t):
                 self.full.add(t)
-            elif full and len(hand) <= self._cap(t) // 2:
+            elif t in self.full and len(hand) <= self._cap(t) // 2:
                 self.full.discard(t)
-                if t in self.controls.paused:
-                    continue  # an operator's pause: stays stopped
-            else:
-                continue
-            try:
-                await self.controls.on_pause(t, t in self.full)
-            except Exception as exc:  # the broker: the next change tries again
-                event(log, "hand_switch_failed", logging.WARNING, type=t, error=repr(exc))
+        async with self._switching:  # one switch at a time: two resumes make two consumers
+            for t in sorted(self.full ^ self._stopped):
+                stop = t in self.full
+                if not stop and t in self.controls.paused:
+                    self._stopped.discard(t)  # an operator's pause: stays stopped
+                    continue
+                try:
+                    await self.controls.on_pause(t, stop)
+                except Exception as exc:
+                    event(log, "hand_switch_failed", logging.WARNING, type=t, stop=stop,
+                          error=repr(exc))  # fmt: skip
+                    continue
+                if stop:
+                    self._stopped.add(t)
+                else:
+                    self._stopped.discard(t)
 
     async def run(self) -> None:
         await asyncio.gather(super().run(), self._run_waiting())
@@ -85,6 +96,8 @@ class LimitedConsumer(Consumer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.freed.wait(), delay)
             self.freed.clear()  # a job finishing from here on wakes the next wait at once
+            if self.full != self._stopped:  # a switch failed: try it again
+                await self._regulate()
             if not any(self.waiting.values()):
                 delay = RETRY_MAX
                 continue
