@@ -123,12 +123,22 @@ async def test_a_worker_frozen_in_a_limited_claim_does_not_wedge_the_type(
             procs += [a, b]
             ids = [await stack.submit("g_pair", {"seconds": 0.2}) for _ in range(5)]
             ids += [await stack.submit("g_pair", {"seconds": 0.2}) for _ in range(295)]
-            # both running (A's first job done) before the freeze
+            # the type running, then A frozen in its next limited claim (a delivery's, or one of
+            # its hand's, retried at least every second). Not "A's first job done": a job freed
+            # on B goes to B's hand at once while A's hand waits out its backoff (not FIFO
+            # across workers, DEVELOPERS.md "Held jobs"), so A's first job may start only when
+            # B has drained the queue; frozen then, A held the last jobs (one claimed, the rest
+            # in its hand) and B, with nothing left to run, completed 0 in 1 run in 3
             deadline = time.monotonic() + 60
-            while len(await _done_by(db)) < 2 and time.monotonic() < deadline:
+            while not await _done_by(db) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             state = await _freeze_in_claim(db, a, proxy, within=20)
             frozen_at = await _done_by(db)
+            # jobs left for B: in the queue, neither claimed nor held in a hand
+            queued = await db.fetchval(
+                "SELECT count(*) FROM jobs WHERE job_type = 'g_pair' AND status = 'PENDING' "
+                "AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+            )  # fmt: skip
             await asyncio.sleep(10)
             during = sum((await _done_by(db)).values()) - sum(frozen_at.values())
 
@@ -182,10 +192,12 @@ async def test_a_worker_frozen_in_a_limited_claim_does_not_wedge_the_type(
                 await p.wait()
         await proxy.close()
     print(
-        f"\nfrozen claim: A stopped, its backend {state}; {during} g_pair jobs completed in the "
-        f"10 s after; C registered its types after {c_started} s; types register: {registered}; "
-        f"PUT limits: {put}; A's backends idle in transaction: {locks}"
+        f"\nfrozen claim: A stopped, its backend {state}; {queued} g_pair jobs queued, {during} "
+        f"completed in the 10 s after; C registered its types after {c_started} s; "
+        f"types register: {registered}; PUT limits: {put}; "
+        f"A's backends idle in transaction: {locks}"
     )
+    assert queued >= 100, f"the backlog ran out before the freeze: {queued} left"
     assert during >= 5
     assert c_started is not None
     # a CLI process, imports included: 1.9-3.9 s on a quiet machine, 11 s at a load of 10
