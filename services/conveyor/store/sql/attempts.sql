@@ -29,7 +29,7 @@
 -- The ids lead (``jobs_pkey``); the type test is written so no index can serve it: as
 -- ``job_type = ANY(:types)`` the planner, for a type ANALYZE has not seen yet (new, or grown
 -- since), took the type's whole range of ``jobs_type_status_id_idx`` for one row and filtered
--- the ids out of it (691,500 finished jobs read for 500 ids at 10 million rows; issue 14,
+-- the ids out of it (691,500 finished jobs read for 500 ids at 10 million rows;
 -- ``tests/integration/test_claim_plan.py``).
 UPDATE __schema__.jobs SET
     status = 'IN_PROGRESS',
