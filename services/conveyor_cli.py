@@ -1,6 +1,6 @@
 """The ``conveyor`` script's entry point, outside the ``conveyor`` package: importing the package
 and its commands takes a second or more, and a Ctrl-C in that time must end the command quietly
-(exit 130, as ``cli_support.guarded`` does once a command runs), not print the import's
+(exit 130, as ``conveyor.cli.support.guarded`` does once a command runs), not print the import's
 ``KeyboardInterrupt`` traceback, and never be lost (an import that catches ``BaseException``
 would swallow the exception and the command would start anyway). So while the package imports,
 SIGINT ends the process at once; then the previous handler is back for the command."""
@@ -20,7 +20,7 @@ def _quit(signum: int, frame: FrameType | None) -> None:
 def main() -> int:
     previous = signal.signal(signal.SIGINT, _quit)
     try:
-        from conveyor.cli import main as run
+        from conveyor.cli.main import main as run
     finally:
         signal.signal(signal.SIGINT, previous)
     try:

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from conveyor.cli_keys import create_key
+from conveyor.cli.keys import create_key
 from conveyor.core.config import Settings
 
 from .stack import Stack, running_stack

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 import httpx
 
 from conveyor import JobRouter
+from conveyor.cli.processes import api_server, serve_api
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
-from conveyor.services import api_server, serve_api
 from conveyor.worker import Worker
 
 from . import db as tdb

@@ -218,9 +218,18 @@ async def enqueue(
     Conveyor's PostgreSQL schema (default ``CONVEYOR_DB_SCHEMA``, else ``conveyor``). A unique
     job (``unique_for``) already held by another job returns that job's id."""
     spec = JobSpec(
-        job_type, payload, priority, max_retries, timeout_seconds, run_at, delay_seconds,
-        idempotency_key, meta, unique_for, unique_key,
-    )  # fmt: skip
+        job_type,
+        payload,
+        priority,
+        max_retries,
+        timeout_seconds,
+        run_at,
+        delay_seconds,
+        idempotency_key,
+        meta,
+        unique_for,
+        unique_key,
+    )
     return (await enqueue_many(conn, [spec], schema=schema))[0]
 
 

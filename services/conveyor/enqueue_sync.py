@@ -50,9 +50,18 @@ def enqueue(
 ) -> uuid.UUID:
     """``conveyor.enqueue`` for a synchronous connection (same options, same errors)."""
     spec = JobSpec(
-        job_type, payload, priority, max_retries, timeout_seconds, run_at, delay_seconds,
-        idempotency_key, meta, unique_for, unique_key,
-    )  # fmt: skip
+        job_type,
+        payload,
+        priority,
+        max_retries,
+        timeout_seconds,
+        run_at,
+        delay_seconds,
+        idempotency_key,
+        meta,
+        unique_for,
+        unique_key,
+    )
     return enqueue_many(conn, [spec], schema=schema)[0]
 
 

@@ -63,10 +63,18 @@ def build_schedule(
         raise InvalidSchedule("payload must be a JSON object under 64 KiB without NUL characters")
     first = rule.next_after(now or datetime.now(UTC)) if enabled else None
     return NewSchedule(
-        name=name, job_type=job_type, payload_json=body.decode(), cron=cron,
-        every_seconds=every_seconds, timezone=timezone, priority=parse_priority(priority),
-        enabled=enabled, catch_up=catch_up, source=source, next_run_at=first,
-    )  # fmt: skip
+        name=name,
+        job_type=job_type,
+        payload_json=body.decode(),
+        cron=cron,
+        every_seconds=every_seconds,
+        timezone=timezone,
+        priority=parse_priority(priority),
+        enabled=enabled,
+        catch_up=catch_up,
+        source=source,
+        next_run_at=first,
+    )
 
 
 def resume_at(row: ScheduleRow, now: datetime) -> datetime:
@@ -94,9 +102,15 @@ async def register_router_schedules(
             continue
         rule = timed.rule
         new = build_schedule(
-            job_type, job_type, cron=rule.cron, every_seconds=rule.every,
-            timezone=rule.timezone, catch_up=timed.catch_up, source="code", now=now,
-        )  # fmt: skip
+            job_type,
+            job_type,
+            cron=rule.cron,
+            every_seconds=rule.every,
+            timezone=rule.timezone,
+            catch_up=timed.catch_up,
+            source="code",
+            now=now,
+        )
         if await store.schedule_upsert(conn, new) is not None:
             names.append(job_type)
     return names

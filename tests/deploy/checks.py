@@ -14,9 +14,9 @@ from pathlib import Path
 
 import kubernetes_validate
 
-from conveyor.cli import build_parser
+from conveyor.cli.main import build_parser
+from conveyor.cli.processes import load_router
 from conveyor.core.config import Settings
-from conveyor.services import load_router
 
 from .manifests import KUSTOMIZATION, Doc, containers, pod_spec, referenced_paths
 

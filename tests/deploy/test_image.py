@@ -101,8 +101,8 @@ def test_secrets_caches_and_history_stay_out_of_the_build_context(path: str) -> 
 def test_dockerignore_rules_follow_docker_semantics() -> None:
     rules = "*\n!services/\n**/__pycache__\n!keep/**/*.txt\n"
     assert dockerignore_excludes(rules, "README.md")
-    assert not dockerignore_excludes(rules, "services/conveyor/cli.py")
-    assert dockerignore_excludes(rules, "services/conveyor/__pycache__/cli.pyc")
+    assert not dockerignore_excludes(rules, "services/conveyor/cli/main.py")
+    assert dockerignore_excludes(rules, "services/conveyor/cli/__pycache__/main.pyc")
     assert not dockerignore_excludes(rules, "keep/a/b/c.txt")
 
 

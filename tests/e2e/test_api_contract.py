@@ -207,7 +207,7 @@ def running_stack_api_only(settings: Settings):  # type: ignore[no-untyped-def]
     import asyncio
     import contextlib
 
-    from conveyor.services import api_server, serve_api
+    from conveyor.cli.processes import api_server, serve_api
 
     from ..stack import free_port
 

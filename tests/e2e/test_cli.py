@@ -11,7 +11,7 @@ import uuid
 import orjson
 
 from conveyor import JobSpec, enqueue_many
-from conveyor.cli_support import EXIT_PIPE, CliError, confirm
+from conveyor.cli.support import EXIT_PIPE, CliError, confirm
 from conveyor.core.config import Settings
 
 from .. import db as tdb

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from conveyor import Job, JobRouter
+from conveyor.cli.processes import api_server, serve_api
 from conveyor.client import (
     AsyncClient,
     Client,
@@ -29,7 +30,6 @@ from conveyor.client import (
 )
 from conveyor.core.config import Settings
 from conveyor.job_types import register_router_types
-from conveyor.services import api_server, serve_api
 
 from ..stack import free_port, running_stack
 

@@ -11,7 +11,7 @@ import uuid
 import asyncpg
 import httpx
 
-from conveyor.cli_keys import create_key, revoke_key
+from conveyor.cli.keys import create_key, revoke_key
 from conveyor.core.config import Settings
 
 from ..security import bearer, keyed_stack, required

@@ -16,7 +16,7 @@ import pytest
 from schemathesis.core.warnings import SchemathesisWarning
 
 from conveyor.api.auth import OPEN, ROUTE_SCOPES
-from conveyor.cli_keys import create_key
+from conveyor.cli.keys import create_key
 from conveyor.core.apikeys import effective
 from conveyor.core.config import Settings
 

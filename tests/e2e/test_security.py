@@ -15,9 +15,9 @@ import pytest
 from fastapi import APIRouter
 
 from conveyor.api.auth import OPEN, ROUTE_SCOPES
-from conveyor.cli_keys import create_key, revoke_key
+from conveyor.cli.keys import create_key, revoke_key
+from conveyor.cli.processes import api_server, serve_api
 from conveyor.core.config import Settings
-from conveyor.services import api_server, serve_api
 
 from ..security import BAD_KEYS, IMPLIED_BY, RIGHT, WRONG, bearer, keyed_stack, make_keys, required
 from ..stack import free_port, running_stack

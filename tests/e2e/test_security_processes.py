@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conveyor.cli import build_parser
-from conveyor.cli_dev import cmd_dev
-from conveyor.cli_keys import cmd_keys
+from conveyor.cli.dev import cmd_dev
+from conveyor.cli.keys import cmd_keys
+from conveyor.cli.main import build_parser
+from conveyor.cli.processes import loopback
 from conveyor.core.config import Settings
-from conveyor.services import loopback
 
 from ..stack import free_port, wait_for
 

@@ -8,7 +8,7 @@ import argparse
 import re
 from pathlib import Path
 
-from conveyor.cli import build_parser
+from conveyor.cli.main import build_parser
 from conveyor.core.config import Settings
 from examples.app import router as example_router
 

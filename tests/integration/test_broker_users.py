@@ -24,10 +24,10 @@ import httpx
 import pytest
 
 from conveyor.broker.permissions import COMPONENTS, permissions
+from conveyor.cli.processes import api_server, serve_api
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
-from conveyor.services import api_server, serve_api
 from conveyor.worker import Worker
 
 from .. import apps

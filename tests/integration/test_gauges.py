@@ -71,7 +71,7 @@ async def test_a_separate_sweeper_refreshes_the_gauges(
 
     import httpx
 
-    from conveyor import services
+    from conveyor.cli import processes as services
 
     from ..stack import free_port
 

@@ -16,12 +16,12 @@ import asyncpg
 import httpx
 import pytest
 
-from conveyor.cli_keys import create_key
+from conveyor.cli.keys import create_key
+from conveyor.cli.processes import api_server, serve_api
 from conveyor.core.config import Settings
 from conveyor.maintenance.gauges import Gauges
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
-from conveyor.services import api_server, serve_api
 from conveyor.store.roles import COMPONENTS, grant_statements
 from conveyor.worker import Worker
 

@@ -42,5 +42,11 @@ class AccessLog:
             if path is None:  # once per route: the app's routes bound the cache
                 # "/jobs/{job_id:uuid}" → "/jobs/{job_id}", the path as OpenAPI names it
                 path = _PATHS[template] = _CONVERTER.sub(r"{\1}", template)
-            event(log, "http_request", method=scope["method"], path=path, status=status,
-                  duration_ms=round((time.perf_counter() - started) * 1000, 2))  # fmt: skip
+            event(
+                log,
+                "http_request",
+                method=scope["method"],
+                path=path,
+                status=status,
+                duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            )

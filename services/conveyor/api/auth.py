@@ -140,13 +140,21 @@ def check_horizon(rows: Any, max_days: float) -> None:
     for i, row in enumerate(rows):
         if row.run_at is not None and row.run_at > limit:
             where = f"jobs[{i}]: " if len(rows) > 1 else ""
-            raise InvalidJob(f"{where}run_at is more than {max_days:g} days ahead "
-                             "(CONVEYOR_MAX_SCHEDULE_DAYS)")  # fmt: skip
+            raise InvalidJob(
+                f"{where}run_at is more than {max_days:g} days ahead (CONVEYOR_MAX_SCHEDULE_DAYS)"
+            )
 
 
 class AuthError(Exception):
-    def __init__(self, status: int, error: str, detail: str, *, html: bool = False,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        detail: str,
+        *,
+        html: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status, self.error, self.detail, self.html = status, error, detail, html
         self.headers = headers or {}
@@ -219,8 +227,12 @@ class Auth:
         if (request.method, path) in SUBMITS:
             wait = await self.limiter.take(p.key_id or p.name)
             if wait is not None:
-                raise AuthError(429, "rate_limited", f"over the submit quota; retry in {wait} s",
-                                headers={"Retry-After": str(wait)})  # fmt: skip
+                raise AuthError(
+                    429,
+                    "rate_limited",
+                    f"over the submit quota; retry in {wait} s",
+                    headers={"Retry-After": str(wait)},
+                )
         CURRENT.set(p)
 
     async def authenticate(self, request: Request, ui: bool) -> Principal:

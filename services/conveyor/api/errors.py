@@ -132,8 +132,13 @@ def install(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
         if is_unavailable(exc):
-            event(log, "api_unavailable", logging.WARNING, cause=type(exc).__name__,
-                  error=repr(exc)[:300])  # fmt: skip
+            event(
+                log,
+                "api_unavailable",
+                logging.WARNING,
+                cause=type(exc).__name__,
+                error=repr(exc)[:300],
+            )
             return failure(503, "service_unavailable", "database unavailable")
         event(log, "api_unexpected_error", logging.ERROR, error=repr(exc)[:1000])
         return failure(500, "internal_error", "an unexpected error; it has been logged")

@@ -23,8 +23,13 @@ PROBE_EVERY = 0.3
 
 def unavailable(cause: str, exc: BaseException | None = None) -> ServiceUnavailable:
     """The 503 error, logged with its cause."""
-    event(log, "api_unavailable", logging.WARNING, cause=cause,
-          error=repr(exc)[:300] if exc is not None else None)  # fmt: skip
+    event(
+        log,
+        "api_unavailable",
+        logging.WARNING,
+        cause=cause,
+        error=repr(exc)[:300] if exc is not None else None,
+    )
     return ServiceUnavailable("database unavailable")
 
 
@@ -80,8 +85,9 @@ async def acquire(pool: Any, timeout: float, schema: str) -> AsyncIterator[Any]:
             # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
             raise unavailable("statement", exc) from exc
         if is_unmigrated(exc):
-            event(log, "api_unavailable", logging.WARNING, cause="unmigrated",
-                  error=repr(exc)[:300])  # fmt: skip
+            event(
+                log, "api_unavailable", logging.WARNING, cause="unmigrated", error=repr(exc)[:300]
+            )
             raise ServiceUnavailable(
                 f"database schema {schema!r} is not migrated: run `conveyor migrate`"
             ) from exc

@@ -18,26 +18,54 @@ REF = "#/components/schemas/{model}"
 _EXAMPLES: dict[int, tuple[str, str, Any]] = {
     400: ("The body is not JSON.", "malformed_json", "the body is not JSON: unexpected end"),
     404: ("No such job or route.", "not_found", "no job 0190b1a4-9c2e-7d7e-8000-1f6b2e1c4a01"),
-    405: ("The path exists; the method does not (see `Allow`).", "method_not_allowed",
-          "GET is not allowed here; allowed: OPTIONS, POST"),
-    409: ("The request conflicts with the job's state or an earlier use of its "
-          "Idempotency-Key.", "idempotency_conflict",
-          "this Idempotency-Key was already used with a different request body"),
-    413: ("The body (or one job's payload, in UTF-8 bytes) is over its limit.",
-          "payload_too_large", "payload is 300000 bytes of UTF-8; the limit is 262144"),
-    422: ("Well-formed JSON that is not a valid request (fields, numbers, nesting, batch "
-          "size).", "invalid_request",
-          [{"loc": ["body", "priority"], "msg": "Input should be 'high', 'normal' or 'low'",
-            "type": "literal_error"}]),
-    401: ("No API key, or not a valid one (see `WWW-Authenticate`).", "unauthorized",
-          "an API key is required: Authorization: Bearer <key>"),
-    403: ("The key lacks the scope this operation needs.", "forbidden",
-          "this key lacks the scope jobs:write"),
-    429: ("Over this key's submit quota; retry after `Retry-After` seconds.", "rate_limited",
-          "over the submit quota; retry in 1 s"),
-    503: ("PostgreSQL is unreachable; answered within 2 s. Safe to retry (with the same "
-          "Idempotency-Key for submits).", "service_unavailable", "database unavailable"),
-}  # fmt: skip
+    405: (
+        "The path exists; the method does not (see `Allow`).",
+        "method_not_allowed",
+        "GET is not allowed here; allowed: OPTIONS, POST",
+    ),
+    409: (
+        "The request conflicts with the job's state or an earlier use of its Idempotency-Key.",
+        "idempotency_conflict",
+        "this Idempotency-Key was already used with a different request body",
+    ),
+    413: (
+        "The body (or one job's payload, in UTF-8 bytes) is over its limit.",
+        "payload_too_large",
+        "payload is 300000 bytes of UTF-8; the limit is 262144",
+    ),
+    422: (
+        "Well-formed JSON that is not a valid request (fields, numbers, nesting, batch size).",
+        "invalid_request",
+        [
+            {
+                "loc": ["body", "priority"],
+                "msg": "Input should be 'high', 'normal' or 'low'",
+                "type": "literal_error",
+            }
+        ],
+    ),
+    401: (
+        "No API key, or not a valid one (see `WWW-Authenticate`).",
+        "unauthorized",
+        "an API key is required: Authorization: Bearer <key>",
+    ),
+    403: (
+        "The key lacks the scope this operation needs.",
+        "forbidden",
+        "this key lacks the scope jobs:write",
+    ),
+    429: (
+        "Over this key's submit quota; retry after `Retry-After` seconds.",
+        "rate_limited",
+        "over the submit quota; retry in 1 s",
+    ),
+    503: (
+        "PostgreSQL is unreachable; answered within 2 s. Safe to retry (with the same "
+        "Idempotency-Key for submits).",
+        "service_unavailable",
+        "database unavailable",
+    ),
+}
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -153,9 +181,13 @@ def _security(app: FastAPI, schema: dict[str, Any]) -> None:
     if auth is None or not auth.required:
         return
     schema["components"]["securitySchemes"] = {
-        "bearer": {"type": "http", "scheme": "bearer", "description": "An API key, "
-                   "`conveyor keys create --name N --scopes jobs:read,jobs:write`."}
-    }  # fmt: skip
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key, "
+            "`conveyor keys create --name N --scopes jobs:read,jobs:write`.",
+        }
+    }
     for path, operations in schema["paths"].items():
         for method, op in operations.items():
             need = auth.scope_of(method.upper(), path)
@@ -165,16 +197,25 @@ def _security(app: FastAPI, schema: dict[str, Any]) -> None:
             op["description"] = f"{op.get('description', '')}\n\nNeeds scope `{need}`.".strip()
             codes = (401, 403, 429) if (method.upper(), path) in SUBMITS else (401, 403)
             for code, spec in errors(*codes).items():
-                op["responses"].setdefault(str(code), {
-                    "description": spec["description"],
-                    "content": {"application/json": {
-                        "schema": {"$ref": REF.format(model="ErrorBody")},
-                        "example": spec["content"]["application/json"]["example"],
-                    }},
-                })  # fmt: skip
+                op["responses"].setdefault(
+                    str(code),
+                    {
+                        "description": spec["description"],
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": REF.format(model="ErrorBody")},
+                                "example": spec["content"]["application/json"]["example"],
+                            }
+                        },
+                    },
+                )
                 if code == 401:
-                    op["responses"]["401"]["headers"] = {"WWW-Authenticate": {
-                        "description": "`Bearer`", "schema": {"type": "string"}}}  # fmt: skip
+                    op["responses"]["401"]["headers"] = {
+                        "WWW-Authenticate": {
+                            "description": "`Bearer`",
+                            "schema": {"type": "string"},
+                        }
+                    }
                 if code == 429:
                     wait = {"description": "Seconds to wait.", "schema": {"type": "integer"}}
                     op["responses"]["429"]["headers"] = {"Retry-After": wait}

@@ -43,10 +43,10 @@ def _field(low: int, high: int) -> str:
 # some date). The server accepts more of cron (ranges ``1-5``, names ``MON``/``JAN``, days
 # 29-31) and answers 422 ``invalid_schedule`` for what cronsim refuses.
 CRON_PATTERN = (
-    "^" + r"\s+".join(
-        [_field(0, 59), _field(0, 23), _field(1, 28), _field(1, 12), _field(0, 7)]
-    ) + "$"
-)  # fmt: skip
+    "^"
+    + r"\s+".join([_field(0, 59), _field(0, 23), _field(1, 28), _field(1, 12), _field(0, 7)])
+    + "$"
+)
 ZONES: list[Any] = sorted(z for z in zoneinfo.available_timezones() if z != "localtime")
 _Priority = Literal["high", "normal", "low"] | Annotated[StrictInt, Field(ge=0, le=9)]
 
@@ -58,13 +58,17 @@ class ScheduleIn(BaseModel):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"name": "nightly-report", "type": "report.daily", "cron": "30 2 * * *",
-                 "timezone": "Europe/Berlin"},
+                {
+                    "name": "nightly-report",
+                    "type": "report.daily",
+                    "cron": "30 2 * * *",
+                    "timezone": "Europe/Berlin",
+                },
                 {"name": "poll", "type": "poll_upstream", "every_seconds": 60},
             ],
             "oneOf": [{"required": ["cron"]}, {"required": ["every_seconds"]}],
         },
-    )  # fmt: skip
+    )
 
     name: StrictStr = Field(pattern=NAME_PATTERN, description="Unique name; also in the URL.")
     type: StrictStr = Field(pattern=TYPE_PATTERN, description="The job type each tick enqueues.")

@@ -25,13 +25,22 @@ Name = Annotated[str, Path(pattern=NAME_PATTERN, description="The schedule's nam
 
 def schedule_dict(row: ScheduleRow) -> dict[str, Any]:
     return {
-        "name": row.name, "type": row.job_type, "payload": row.payload, "cron": row.cron,
-        "every_seconds": row.every_seconds, "timezone": row.timezone, "priority": row.priority,
-        "enabled": row.enabled, "catch_up": row.catch_up, "source": row.source,
-        "next_run_at": row.next_run_at, "last_tick_at": row.last_tick_at,
-        "last_job_id": row.last_job_id, "created_at": row.created_at,
+        "name": row.name,
+        "type": row.job_type,
+        "payload": row.payload,
+        "cron": row.cron,
+        "every_seconds": row.every_seconds,
+        "timezone": row.timezone,
+        "priority": row.priority,
+        "enabled": row.enabled,
+        "catch_up": row.catch_up,
+        "source": row.source,
+        "next_run_at": row.next_run_at,
+        "last_tick_at": row.last_tick_at,
+        "last_job_id": row.last_job_id,
+        "created_at": row.created_at,
         "updated_at": row.updated_at,
-    }  # fmt: skip
+    }
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -62,17 +71,26 @@ def add_schedule_routes(
         description="201 when created, 200 when a schedule of that name was replaced (its next "
         "tick is kept while the rule is unchanged). Each tick enqueues exactly one job, however "
         "many sweepers run.",
-        responses={200: {"model": ScheduleResource, "description": "Replaced."},
-                   **errors(422, 503)},
+        responses={
+            200: {"model": ScheduleResource, "description": "Replaced."},
+            **errors(422, 503),
+        },
         dependencies=list(admin),
-    )  # fmt: skip
+    )
     async def put_schedule(body: ScheduleIn) -> Response:
         async with api.connection() as conn:
             new = build_schedule(
-                body.name, body.type, payload=body.payload, cron=body.cron,
-                every_seconds=body.every_seconds, timezone=body.timezone, priority=body.priority,
-                enabled=body.enabled, catch_up=body.catch_up, now=await api.store.db_clock(conn),
-            )  # fmt: skip
+                body.name,
+                body.type,
+                payload=body.payload,
+                cron=body.cron,
+                every_seconds=body.every_seconds,
+                timezone=body.timezone,
+                priority=body.priority,
+                enabled=body.enabled,
+                catch_up=body.catch_up,
+                now=await api.store.db_clock(conn),
+            )
             if api.known_types is not None:
                 await api.known_types.check(conn, [new.job_type])
             done = await api.store.schedule_upsert(conn, new)

@@ -30,10 +30,13 @@ class TypeResource(BaseModel):
     retry_delays: list[int] = Field(description="The handler's retry delays (seconds).")
     paused: bool = Field(description="Paused: jobs are accepted and wait (not started).")
     concurrency: int | None = Field(description="At most this many IN_PROGRESS, all workers.")
-    rate_limit: str | None = Field(description="At most N starts per window, all workers.",
-                                   examples=["100/m"])  # fmt: skip
-    limits_source: str = Field(description="`handler` (declared on the handler) or `operator` "
-                               "(set at run time; registering workers keep it).")  # fmt: skip
+    rate_limit: str | None = Field(
+        description="At most N starts per window, all workers.", examples=["100/m"]
+    )
+    limits_source: str = Field(
+        description="`handler` (declared on the handler) or `operator` "
+        "(set at run time; registering workers keep it)."
+    )
     running: int = Field(description="Jobs IN_PROGRESS now.")
     first_seen: datetime
     last_seen: datetime
@@ -49,8 +52,12 @@ class LimitsBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     concurrency: StrictInt | None = Field(default=None, ge=1, le=1_000_000, examples=[5])
-    rate_limit: StrictStr | None = Field(default=None, examples=["100/m"], pattern=RATE_PATTERN,
-                                         description="N/s, N/m, N/h, N/d or N/<k>s")  # fmt: skip
+    rate_limit: StrictStr | None = Field(
+        default=None,
+        examples=["100/m"],
+        pattern=RATE_PATTERN,
+        description="N/s, N/m, N/h, N/d or N/<k>s",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -110,9 +110,13 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         "the limit. From then on, workers registering the type keep these limits instead of "
         "their handler's.",
         responses=errors(400, 404, 422, 503),
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-            "schema": LimitsBody.model_json_schema()}}}},
-    )  # fmt: skip
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": LimitsBody.model_json_schema()}},
+            }
+        },
+    )
     async def set_limits(name: TypeName, request: Request) -> Response:
         try:
             data = orjson.loads(await request.body())
@@ -132,7 +136,10 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
             if "rate_limit" not in given and current["rate_limit"] is not None:
                 rate = parse_rate(current["rate_limit"])
             await api.store.type_set_limits(
-                conn, name, concurrency=concurrency,
-                rate_limit=rate.limit if rate else None, rate_period=rate.period if rate else None,
-            )  # fmt: skip
+                conn,
+                name,
+                concurrency=concurrency,
+                rate_limit=rate.limit if rate else None,
+                rate_period=rate.period if rate else None,
+            )
             return _json(await _one(api, conn, name))

@@ -203,8 +203,11 @@ class Subscription:
                     await self.queues[name].cancel(tag)
 
     def _consumed_types(self) -> list[str]:
-        return [t for t, names in self.type_queues.items() if any(n in self.consumer_tags
-                                                                   for n in names)]  # fmt: skip
+        return [
+            t
+            for t, names in self.type_queues.items()
+            if any(n in self.consumer_tags for n in names)
+        ]
 
     async def _reapply_shares(self, *_: object) -> None:
         """After a reconnect the consumers come back without their per-consumer prefetch:

@@ -40,9 +40,16 @@ class Outbound(NamedTuple):
 
 
 _NEEDS = (
-    "lock", "delivery_tag", "confirmations", "message_id_delivery_tag", "write_queue",
-    "create_future", "number", "max_content_size", "is_closed",
-)  # fmt: skip
+    "lock",
+    "delivery_tag",
+    "confirmations",
+    "message_id_delivery_tag",
+    "write_queue",
+    "create_future",
+    "number",
+    "max_content_size",
+    "is_closed",
+)
 
 
 def one_write_possible(channel: Any) -> bool:
@@ -124,13 +131,15 @@ def _marshal(channel: Any, message: Outbound) -> bytes:
     body, number, step = message.body, channel.number, channel.max_content_size
     out = [
         amqp_frame.marshal(
-            Basic.Publish(exchange=message.exchange, routing_key=message.routing_key,
-                          mandatory=True),
+            Basic.Publish(
+                exchange=message.exchange, routing_key=message.routing_key, mandatory=True
+            ),
             number,
         ),
-        amqp_frame.marshal(ContentHeader(body_size=len(body), properties=message.properties),
-                           number),
-    ]  # fmt: skip
+        amqp_frame.marshal(
+            ContentHeader(body_size=len(body), properties=message.properties), number
+        ),
+    ]
     out.extend(
         amqp_frame.marshal(ContentBody(body[start : start + step]), number)
         for start in range(0, len(body), step)

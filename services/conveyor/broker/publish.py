@@ -199,9 +199,10 @@ class Publisher:
         tps = traceparents or [None] * len(rows)
         if frames.one_write_possible(channel):
             sent = await frames.publish_together(
-                channel, [self._outbound(rows[i], routes[i], tps[i]) for i in pending],
+                channel,
+                [self._outbound(rows[i], routes[i], tps[i]) for i in pending],
                 self.publish_timeout,
-            )  # fmt: skip
+            )
         else:  # another aiormq: one basic_publish per message
             sent = await asyncio.gather(
                 *(self._publish(channel, rows[i], routes[i], tps[i]) for i in pending)
@@ -290,8 +291,15 @@ class Publisher:
         error = DeclarationFailed(name, reason)
         self._failing[key] = _Failing(name, error, failures, self.clock() + delay)
         self.metrics.declare_failed.labels(name, type(exc).__name__).inc()
-        event(log, "queue_declare_failed", logging.ERROR, queue=name, reason=reason,
-              failures=failures, retry_in=round(delay, 1))  # fmt: skip
+        event(
+            log,
+            "queue_declare_failed",
+            logging.ERROR,
+            queue=name,
+            reason=reason,
+            failures=failures,
+            retry_in=round(delay, 1),
+        )
         if self._declare_channel is not None:
             with contextlib.suppress(Exception):
                 await self._declare_channel.close()

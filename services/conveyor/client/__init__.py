@@ -93,9 +93,13 @@ class Client:
         self.http.close()
 
     def submit(
-        self, job_type: str, payload: Mapping[str, Any] | None = None, *,
-        idempotency_key: str | None = None, **options: Any,
-    ) -> JobInfo:  # fmt: skip
+        self,
+        job_type: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> JobInfo:
         """``options``: priority, max_retries, timeout_seconds, run_at, delay_seconds, meta,
         unique_for, unique_key (see ``job_body``)."""
         body = job_body(job_type, payload, **options)
@@ -115,11 +119,16 @@ class Client:
         return JobInfo.from_json(_check(self.http.get(f"/jobs/{job_id}")))
 
     def list(
-        self, *, type: str | None = None, status: str | None = None, limit: int = 50,
+        self,
+        *,
+        type: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
         cursor: str | None = None,
-    ) -> JobPage:  # fmt: skip
-        return _page(_check(self.http.get("/jobs", params=_list_params(type, status, limit,
-                                                                        cursor))))  # fmt: skip
+    ) -> JobPage:
+        return _page(
+            _check(self.http.get("/jobs", params=_list_params(type, status, limit, cursor)))
+        )
 
     def cancel(self, job_id: uuid.UUID | str) -> JobInfo:
         return JobInfo.from_json(_check(self.http.post(f"/jobs/{job_id}/cancel")))
@@ -165,9 +174,13 @@ class AsyncClient:
         await self.http.aclose()
 
     async def submit(
-        self, job_type: str, payload: Mapping[str, Any] | None = None, *,
-        idempotency_key: str | None = None, **options: Any,
-    ) -> JobInfo:  # fmt: skip
+        self,
+        job_type: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> JobInfo:
         body = job_body(job_type, payload, **options)
         r = await self.http.post("/jobs", json=body, headers=_idem(idempotency_key))
         return JobInfo.from_json(_check(r))
@@ -184,9 +197,13 @@ class AsyncClient:
         return JobInfo.from_json(_check(await self.http.get(f"/jobs/{job_id}")))
 
     async def list(
-        self, *, type: str | None = None, status: str | None = None, limit: int = 50,
+        self,
+        *,
+        type: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
         cursor: str | None = None,
-    ) -> JobPage:  # fmt: skip
+    ) -> JobPage:
         r = await self.http.get("/jobs", params=_list_params(type, status, limit, cursor))
         return _page(_check(r))
 

@@ -42,10 +42,17 @@ class JobInfo:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JobInfo:
         return cls(
-            id=uuid.UUID(d["id"]), type=d["type"], status=d["status"], payload=d["payload"],
-            result=d.get("result"), error=d.get("last_error"), meta=d.get("meta"),
-            attempts=d.get("attempts", 0), duplicate=d.get("duplicate"), raw=d,
-        )  # fmt: skip
+            id=uuid.UUID(d["id"]),
+            type=d["type"],
+            status=d["status"],
+            payload=d["payload"],
+            result=d.get("result"),
+            error=d.get("last_error"),
+            meta=d.get("meta"),
+            attempts=d.get("attempts", 0),
+            duplicate=d.get("duplicate"),
+            raw=d,
+        )
 
 
 @dataclass(frozen=True)
@@ -70,11 +77,15 @@ def job_body(
     """One job as ``POST /jobs`` takes it (also an item of ``submit_batch``)."""
     body: dict[str, Any] = {"type": job_type, "payload": dict(payload or {})}
     options = {
-        "priority": priority, "max_retries": max_retries, "timeout_seconds": timeout_seconds,
+        "priority": priority,
+        "max_retries": max_retries,
+        "timeout_seconds": timeout_seconds,
         "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
-        "delay_seconds": delay_seconds, "meta": dict(meta) if meta is not None else None,
-        "unique_for": unique_for, "unique_key": unique_key,
-    }  # fmt: skip
+        "delay_seconds": delay_seconds,
+        "meta": dict(meta) if meta is not None else None,
+        "unique_for": unique_for,
+        "unique_key": unique_key,
+    }
     body.update({k: v for k, v in options.items() if v is not None})
     return body
 

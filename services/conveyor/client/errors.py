@@ -72,6 +72,13 @@ class WaitTimeout(TimeoutError):
 
 
 _ERRORS: dict[int, type[ApiError]] = {
-    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-    413: PayloadTooLarge, 422: InvalidRequest, 429: RateLimited, 503: Unavailable,
-}  # fmt: skip
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: InvalidRequest,
+    429: RateLimited,
+    503: Unavailable,
+}

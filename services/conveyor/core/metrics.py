@@ -59,17 +59,22 @@ class Metrics:
             "conveyor_api_errors", "API error responses", ["status"], registry=r
         )
         self.outbox_published = Counter(
-            "conveyor_outbox_published", "Outbox rows published and confirmed", ["destination"],
+            "conveyor_outbox_published",
+            "Outbox rows published and confirmed",
+            ["destination"],
             registry=r,
-        )  # fmt: skip
+        )
         self.outbox_failed = Counter(
-            "conveyor_outbox_publish_failed", "Outbox rows whose publish failed (row kept)",
+            "conveyor_outbox_publish_failed",
+            "Outbox rows whose publish failed (row kept)",
             registry=r,
-        )  # fmt: skip
+        )
         self.jobs_finished = Counter(
-            "conveyor_jobs_finished", "Attempts finished, by outcome", ["type", "outcome"],
+            "conveyor_jobs_finished",
+            "Attempts finished, by outcome",
+            ["type", "outcome"],
             registry=r,
-        )  # fmt: skip
+        )
         self.messages_dropped = Counter(
             "conveyor_messages_dropped",
             "Deliveries acknowledged without running (duplicate, finished, unknown job)",
@@ -77,17 +82,22 @@ class Metrics:
             registry=r,
         )
         self.messages_rejected = Counter(
-            "conveyor_messages_rejected", "Deliveries rejected to the dead-letter queue",
-            ["reason"], registry=r,
-        )  # fmt: skip
-        self.jobs_held = Counter(
-            "conveyor_jobs_held", "Jobs of a paused or limited type held back through a pen",
-            ["type"], registry=r,
-        )  # fmt: skip
-        self.fenced_writes = Counter(
-            "conveyor_fenced_writes", "State writes refused because the attempt was superseded",
+            "conveyor_messages_rejected",
+            "Deliveries rejected to the dead-letter queue",
+            ["reason"],
             registry=r,
-        )  # fmt: skip
+        )
+        self.jobs_held = Counter(
+            "conveyor_jobs_held",
+            "Jobs of a paused or limited type held back through a pen",
+            ["type"],
+            registry=r,
+        )
+        self.fenced_writes = Counter(
+            "conveyor_fenced_writes",
+            "State writes refused because the attempt was superseded",
+            registry=r,
+        )
         self.maintenance = Counter(
             "conveyor_maintenance", "Jobs touched by maintenance duties", ["duty"], registry=r
         )
@@ -104,16 +114,21 @@ class Metrics:
             registry=r,
         )
         self.reconciled = Counter(
-            "conveyor_reconciled", "Jobs re-published by the reconciler (message lost)",
-            ["type"], registry=r,
-        )  # fmt: skip
+            "conveyor_reconciled",
+            "Jobs re-published by the reconciler (message lost)",
+            ["type"],
+            registry=r,
+        )
         self.job_duration = Histogram(
             "conveyor_job_duration_seconds", "Handler run time", ["type"], registry=r
         )
         self.job_wait = Histogram(
-            "conveyor_job_wait_seconds", "Queue wait of an attempt: due (run_at or creation) to "
-            "claim", ["type"], buckets=WAIT_BUCKETS, registry=r,
-        )  # fmt: skip
+            "conveyor_job_wait_seconds",
+            "Queue wait of an attempt: due (run_at or creation) to claim",
+            ["type"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         # per job on the worker: children looked up once
         self.job_duration_of = Children(self.job_duration)
         self.job_wait_of = Children(self.job_wait)
@@ -121,18 +136,25 @@ class Metrics:
         # Gauges refreshed from the database and the broker every few seconds
         # (``maintenance.gauges``), never by a query per scrape.
         self.jobs = Gauge(
-            "conveyor_jobs", "Jobs by type and status (COMPLETED and CANCELLED are not counted: "
-            "see conveyor_jobs_finished_total)", ["type", "status"], registry=r,
-        )  # fmt: skip
+            "conveyor_jobs",
+            "Jobs by type and status (COMPLETED and CANCELLED are not counted: "
+            "see conveyor_jobs_finished_total)",
+            ["type", "status"],
+            registry=r,
+        )
         self.jobs_estimated = Gauge(
-            "conveyor_jobs_estimated", "1 where conveyor_jobs{type,status} is the planner's "
+            "conveyor_jobs_estimated",
+            "1 where conveyor_jobs{type,status} is the planner's "
             "estimate (above the exact-count cap), 0 where it is an exact count",
-            ["type", "status"], registry=r,
-        )  # fmt: skip
+            ["type", "status"],
+            registry=r,
+        )
         self.queue_messages = Gauge(
-            "conveyor_queue_messages", "Messages in a queue: ready (from the broker) and unacked "
-            "(held by this worker)", ["queue", "state"], registry=r,
-        )  # fmt: skip
+            "conveyor_queue_messages",
+            "Messages in a queue: ready (from the broker) and unacked (held by this worker)",
+            ["queue", "state"],
+            registry=r,
+        )
         self.outbox_rows = Gauge(
             "conveyor_outbox_rows", "Outbox rows waiting to be published", registry=r
         )
@@ -140,6 +162,8 @@ class Metrics:
             "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row", registry=r
         )
         self.leases_expired = Gauge(
-            "conveyor_leases_expired", "Running jobs whose lease expired and that maintenance "
-            "has not recovered yet (the stuck_jobs view)", registry=r,
-        )  # fmt: skip
+            "conveyor_leases_expired",
+            "Running jobs whose lease expired and that maintenance "
+            "has not recovered yet (the stuck_jobs view)",
+            registry=r,
+        )

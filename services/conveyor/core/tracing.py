@@ -103,8 +103,13 @@ def configure(service_name: str, env: os._Environ[str] | dict[str, str] = os.env
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        event(log, "tracing_unavailable", logging.WARNING, exporters=",".join(names),
-              fix="pip install 'conveyor[otel]'")  # fmt: skip
+        event(
+            log,
+            "tracing_unavailable",
+            logging.WARNING,
+            exporters=",".join(names),
+            fix="pip install 'conveyor[otel]'",
+        )
         return False
     resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
@@ -115,14 +120,23 @@ def configure(service_name: str, env: os._Environ[str] | dict[str, str] = os.env
         # "otlp" is the gRPC exporter's name; the extra brings OTLP over HTTP
         ep = found.get(name) or (found.get("otlp_proto_http") if name == "otlp" else None)
         if ep is None:
-            event(log, "tracing_exporter_unknown", logging.WARNING, exporter=name,
-                  known=",".join(sorted(found)))  # fmt: skip
+            event(
+                log,
+                "tracing_exporter_unknown",
+                logging.WARNING,
+                exporter=name,
+                known=",".join(sorted(found)),
+            )
             continue
         provider.add_span_processor(BatchSpanProcessor(ep.load()()))  # OTEL_BSP_*
     trace.set_tracer_provider(provider)  # the handlers' own spans go there too
     install(trace.get_tracer_provider())
-    event(log, "tracing_configured", exporters=",".join(names),
-          service=str(provider.resource.attributes.get(SERVICE_NAME)))  # fmt: skip
+    event(
+        log,
+        "tracing_configured",
+        exporters=",".join(names),
+        service=str(provider.resource.attributes.get(SERVICE_NAME)),
+    )
     return True
 
 

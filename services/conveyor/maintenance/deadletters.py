@@ -70,10 +70,15 @@ async def scan(
             m = letter.message
             letters.append(
                 DeadLetter(
-                    m.job_id if m else None, m.job_type if m else None, m.error if m else None,
-                    m.attempt if m else None, None, None, letter.body,
+                    m.job_id if m else None,
+                    m.job_type if m else None,
+                    m.error if m else None,
+                    m.attempt if m else None,
+                    None,
+                    None,
+                    letter.body,
                 )
-            )  # fmt: skip
+            )
         ids = [d.job_id for d in letters if d.job_id is not None]
         async with pool.acquire() as conn:
             state = await store.job_fence_many(conn, ids) if ids else {}

@@ -112,24 +112,42 @@ async def enqueue_due(
                 try:
                     rule = Rule(row.cron, row.every_seconds, row.timezone)
                 except InvalidSchedule as exc:
-                    event(log, "schedule_invalid", logging.WARNING, schedule=row.name,
-                          error=str(exc))  # fmt: skip
+                    event(
+                        log, "schedule_invalid", logging.WARNING, schedule=row.name, error=str(exc)
+                    )
                     retry = at.timestamp() + RETRY_INVALID_SECONDS
-                    advances.append(Advance(row.name, datetime.fromtimestamp(retry, at.tzinfo),
-                                            None, None))  # fmt: skip
+                    advances.append(
+                        Advance(row.name, datetime.fromtimestamp(retry, at.tzinfo), None, None)
+                    )
                     continue
-                p = plan(rule, row.next_run_at, at, grace=grace, catch_up=row.catch_up,
-                         watched_since=since)  # fmt: skip
+                p = plan(
+                    rule,
+                    row.next_run_at,
+                    at,
+                    grace=grace,
+                    catch_up=row.catch_up,
+                    watched_since=since,
+                )
                 if p.missed:
                     result.missed += p.missed
-                    event(log, "schedule_ticks_missed", logging.WARNING, schedule=row.name,
-                          missed=p.missed, catch_up=row.catch_up)  # fmt: skip
+                    event(
+                        log,
+                        "schedule_ticks_missed",
+                        logging.WARNING,
+                        schedule=row.name,
+                        missed=p.missed,
+                        catch_up=row.catch_up,
+                    )
                 jobs.extend((row, tick, tick_job(row, tick)) for tick in p.ticks)
                 last = jobs[-1] if p.ticks else None
-                advances.append(Advance(
-                    row.name, p.next_run_at,
-                    last[1] if last else None, last[2].id if last else None,
-                ))  # fmt: skip
+                advances.append(
+                    Advance(
+                        row.name,
+                        p.next_run_at,
+                        last[1] if last else None,
+                        last[2].id if last else None,
+                    )
+                )
             if jobs:
                 done = await store.job_insert_checked(conn, [j for _, _, j in jobs])
                 for row, _, job in jobs:

@@ -43,6 +43,12 @@ class StrandedOutbox:
                 return 0
             n = await self.store.outbox_requeue_held(conn, stranded)
         self._copied.update(stranded)
-        event(log, "outbox_rows_stranded", logging.WARNING, held=len(stranded), copied=n,
-              first=stranded[0])  # fmt: skip
+        event(
+            log,
+            "outbox_rows_stranded",
+            logging.WARNING,
+            held=len(stranded),
+            copied=n,
+            first=stranded[0],
+        )
         return n

@@ -64,9 +64,11 @@ class Sweeper:
         self._suspects: dict[str, list[uuid.UUID]] = {}
         self.stranded = StrandedOutbox(self.store)  # rows a stopped relay holds
         self.inspector = Inspector(
-            settings.amqp_url, self.topology, name="conveyor-sweeper",
+            settings.amqp_url,
+            self.topology,
+            name="conveyor-sweeper",
             timeout=settings.command_timeout,
-        )  # fmt: skip
+        )
         self.pool: Any = None
         self.notifier = Notifier(None, self.store)  # wakes the relay after a commit
         self.clock = clock
@@ -85,13 +87,19 @@ class Sweeper:
     async def start(self) -> None:
         # five duties on 3 connections; promote and schedules pass every 0.25-0.5 s
         s = self.settings
-        self.pool = await create_pool(s.database_url, application_name="conveyor-sweeper",
-                                      max_size=3, command_timeout=s.command_timeout,
-                                      pooler=s.db_pooler, bounds=SessionBounds.of(s))  # fmt: skip
+        self.pool = await create_pool(
+            s.database_url,
+            application_name="conveyor-sweeper",
+            max_size=3,
+            command_timeout=s.command_timeout,
+            pooler=s.db_pooler,
+            bounds=SessionBounds.of(s),
+        )
         self.notifier.pool = self.pool
         self.notifier.start()
-        self.gauges = Gauges(self.metrics, self.store, self.pool, self.topology,
-                             queue_depth=self._queue_depth)  # fmt: skip
+        self.gauges = Gauges(
+            self.metrics, self.store, self.pool, self.topology, queue_depth=self._queue_depth
+        )
         self._passed = dict.fromkeys(self.intervals, self.clock())
 
     async def close(self) -> None:
@@ -132,8 +140,7 @@ class Sweeper:
                 counts[r.status] = counts.get(r.status, 0) + 1
                 outcome = "cancelled" if r.status is Status.CANCELLED else "lease_expired"
                 self.metrics.jobs_finished.labels(r.job_type, outcome).inc()
-                event(log, "job_lease_expired", logging.WARNING, job_id=str(r.id),
-                      now=r.status)  # fmt: skip
+                event(log, "job_lease_expired", logging.WARNING, job_id=str(r.id), now=r.status)
             if len(rows) < BATCH:
                 break
         self._count("lease_recovered", sum(counts.values()))
@@ -162,14 +169,16 @@ class Sweeper:
                 ready = await depth(job_type)
             except Exception as exc:  # a depth not read is not 0: skip the type this pass
                 self.metrics.queue_depth_failed.labels(job_type).inc()
-                event(log, "queue_depth_failed", logging.WARNING, type=job_type,
-                      error=repr(exc)[:300])  # fmt: skip
+                event(
+                    log, "queue_depth_failed", logging.WARNING, type=job_type, error=repr(exc)[:300]
+                )
                 continue
             # recount and re-publish under the type's lock: a replica that finds it taken skips
             # the type (the holder is filling the same shortfall)
             async with self.pool.acquire() as conn, conn.transaction():
-                await self.store.maintenance_bound(conn, idle=HOLD_IDLE_SECONDS,
-                                                   lock_wait=LOCK_WAIT_SECONDS)  # fmt: skip
+                await self.store.maintenance_bound(
+                    conn, idle=HOLD_IDLE_SECONDS, lock_wait=LOCK_WAIT_SECONDS
+                )
                 if not await self.store.job_reconcile_lock(conn, job_type):
                     continue
                 n, fresh = await self.store.job_recount_overdue(conn, job_type, after=after)
@@ -196,8 +205,16 @@ class Sweeper:
             if done:
                 self.notifier.wake()
                 self.metrics.reconciled.labels(job_type).inc(done)
-            event(log, "jobs_reconciled", logging.WARNING, type=job_type, overdue=n,
-                  queued=ready, fresh=fresh, republished=done)  # fmt: skip
+            event(
+                log,
+                "jobs_reconciled",
+                logging.WARNING,
+                type=job_type,
+                overdue=n,
+                queued=ready,
+                fresh=fresh,
+                republished=done,
+            )
         self._count("reconciled", total)
         return total
 
@@ -238,8 +255,9 @@ class Sweeper:
     async def enqueue_due_schedules(self, now: datetime | None = None) -> SchedulePass:
         """Enqueue one job per tick that has come (``maintenance/schedules.py``); ``now``
         defaults to the database's clock (tests pass their own: no sleeping)."""
-        done = await enqueue_due(self.pool, self.store, now=now,
-                                 grace=self.settings.schedule_grace, watch=self.watch)  # fmt: skip
+        done = await enqueue_due(
+            self.pool, self.store, now=now, grace=self.settings.schedule_grace, watch=self.watch
+        )
         self._count("schedule_enqueued", done.enqueued)
         self._count("schedule_missed", done.missed)
         return done

@@ -90,9 +90,12 @@ class Relay:
         async with self.pool.acquire() as conn, conn.transaction():
             traced = tracing.enabled()
             rows = await self.store.outbox_take_batch(
-                conn, limit=self.settings.relay_batch, skip_types=types, skip_pens=pens,
+                conn,
+                limit=self.settings.relay_batch,
+                skip_types=types,
+                skip_pens=pens,
                 traced=traced,
-            )  # fmt: skip
+            )
             if not rows:
                 return 0
             if traced:
@@ -103,15 +106,24 @@ class Relay:
             self._restored = bool(failed)
             # rows whose publish failed for another reason than a refused declaration (those
             # are logged by the publisher), each with its own error
-            broken = [(r, e) for r, e in zip(rows, results, strict=True)
-                      if e is not None and not isinstance(e, DeclarationFailed)]  # fmt: skip
+            broken = [
+                (r, e)
+                for r, e in zip(rows, results, strict=True)
+                if e is not None and not isinstance(e, DeclarationFailed)
+            ]
             if failed:
                 self.metrics.outbox_failed.inc(len(failed))
                 await self.store.outbox_restore(conn, failed)
             if broken:
                 row, error = broken[0]
-                event(log, "outbox_publish_failed", logging.WARNING, count=len(broken),
-                      job_id=str(row.job_id), error=repr(error))  # fmt: skip
+                event(
+                    log,
+                    "outbox_publish_failed",
+                    logging.WARNING,
+                    count=len(broken),
+                    job_id=str(row.job_id),
+                    error=repr(error),
+                )
                 self.publisher.forget_declarations()  # a queue may have been deleted
                 try:  # a channel the broker keeps refusing (see renew_channel)
                     await self.publisher.renew_channel()

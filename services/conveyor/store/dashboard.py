@@ -37,8 +37,13 @@ class DashboardStatements(Statements):
         limit: int,
     ) -> list[JobRow]:
         name = JOB_PAGE if job_type is None and status is None else JOB_PAGE_FILTERED
-        values = {"job_type": job_type, "status": status, "before": before, "since": since,
-                  "limit": limit}  # fmt: skip
+        values = {
+            "job_type": job_type,
+            "status": status,
+            "before": before,
+            "since": since,
+            "limit": limit,
+        }
         rows = await conn.fetch(self.sql[name], *bind(name, values))
         return [JobRow.from_record(r) for r in rows]
 

@@ -30,8 +30,14 @@ class ApiKeyRow:
 
 
 def _row(r: Any) -> ApiKeyRow:
-    return ApiKeyRow(r["key_id"], r["name"], bytes(r["key_hash"]), tuple(r["scopes"]),
-                     r["created_at"], r["revoked_at"])  # fmt: skip
+    return ApiKeyRow(
+        r["key_id"],
+        r["name"],
+        bytes(r["key_hash"]),
+        tuple(r["scopes"]),
+        r["created_at"],
+        r["revoked_at"],
+    )
 
 
 class KeyStatements(Statements):
@@ -39,8 +45,10 @@ class KeyStatements(Statements):
         self, conn: Connection, key_id: str, name: str, key_hash: bytes, scopes: Sequence[str]
     ) -> bool:
         """False when an active key already has this name (or, never in practice, this id)."""
-        return await conn.fetchval(self.sql[API_KEY_INSERT], key_id, name, key_hash,
-                                   list(scopes)) is not None  # fmt: skip
+        return (
+            await conn.fetchval(self.sql[API_KEY_INSERT], key_id, name, key_hash, list(scopes))
+            is not None
+        )
 
     async def api_key_get(self, conn: Connection, key_id: str) -> ApiKeyRow | None:
         r = await conn.fetchrow(self.sql[API_KEY_GET], key_id)

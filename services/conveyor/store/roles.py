@@ -106,8 +106,9 @@ def grant_statements(schema: str, roles: dict[str, str] | None = None) -> list[s
 async def grant_existing(conn: Any, schema: str) -> list[str]:
     """Apply the grants, in one transaction, to those of ``DEFAULT_ROLES`` that exist; returns
     their names."""
-    found = {r["rolname"] for r in await conn.fetch(TEMPLATES[ROLE_FIND],
-                                                    list(DEFAULT_ROLES.values()))}  # fmt: skip
+    found = {
+        r["rolname"] for r in await conn.fetch(TEMPLATES[ROLE_FIND], list(DEFAULT_ROLES.values()))
+    }
     roles = {c: r for c, r in DEFAULT_ROLES.items() if r in found}
     async with conn.transaction():
         for statement in grant_statements(schema, roles):

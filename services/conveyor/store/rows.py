@@ -90,16 +90,35 @@ class JobRow:
     @classmethod
     def from_record(cls, r: Any) -> JobRow:
         result, progress, meta = r["result"], r.get("progress"), r.get("meta")
-        return _build(cls, _JOB_ROW, (
-            r["id"], r["job_type"], _STATUS.get(r["status"]) or Status(r["status"]),
-            r["priority"], orjson.loads(r["payload"]),
-            None if result is None else orjson.loads(result), r["max_retries"],
-            r["timeout_seconds"], r["retry_count"], r["attempts"], r["last_error"], r["run_at"],
-            r["lease_expires_at"], r["worker_id"], r["cancel_requested"], r["idempotency_key"],
-            r["request_hash"], r["created_at"], r["updated_at"], r["started_at"],
-            r["finished_at"], None if progress is None else orjson.loads(progress),
-            None if meta is None else orjson.loads(meta),
-        ))  # fmt: skip
+        return _build(
+            cls,
+            _JOB_ROW,
+            (
+                r["id"],
+                r["job_type"],
+                _STATUS.get(r["status"]) or Status(r["status"]),
+                r["priority"],
+                orjson.loads(r["payload"]),
+                None if result is None else orjson.loads(result),
+                r["max_retries"],
+                r["timeout_seconds"],
+                r["retry_count"],
+                r["attempts"],
+                r["last_error"],
+                r["run_at"],
+                r["lease_expires_at"],
+                r["worker_id"],
+                r["cancel_requested"],
+                r["idempotency_key"],
+                r["request_hash"],
+                r["created_at"],
+                r["updated_at"],
+                r["started_at"],
+                r["finished_at"],
+                None if progress is None else orjson.loads(progress),
+                None if meta is None else orjson.loads(meta),
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +141,23 @@ class ClaimedJob:
     def from_record(cls, r: Any) -> ClaimedJob:
         """A row of a claim statement (``job_claim_many``, ``job_claim_controlled``)."""
         meta = r["meta"]
-        return _build(cls, _CLAIMED_JOB, (
-            r["id"], r["job_type"], orjson.loads(r["payload"]), r["priority"], r["attempts"],
-            r["retry_count"], r["max_retries"], r["timeout_seconds"], r["wait"],
-            r["trace_context"], None if meta is None else orjson.loads(meta),
-        ))  # fmt: skip
+        return _build(
+            cls,
+            _CLAIMED_JOB,
+            (
+                r["id"],
+                r["job_type"],
+                orjson.loads(r["payload"]),
+                r["priority"],
+                r["attempts"],
+                r["retry_count"],
+                r["max_retries"],
+                r["timeout_seconds"],
+                r["wait"],
+                r["trace_context"],
+                None if meta is None else orjson.loads(meta),
+            ),
+        )
 
 
 _NEW_JOB = _setters(NewJob)
@@ -189,10 +220,21 @@ class OutboxRow:
     def from_record(cls, r: Any, *, traced: bool = False) -> OutboxRow:
         """A row of ``outbox_take_batch`` (``traced``: of the traced take), once per relayed
         row: through the slot setters, as ``JobRow.from_record``."""
-        return _build(cls, _OUTBOX_ROW, (
-            r["id"], r["job_id"], r["job_type"], r["priority"], r["destination"],
-            r["delay_seconds"], r["error"], r["attempt"], r["trace_context"] if traced else None,
-        ))  # fmt: skip
+        return _build(
+            cls,
+            _OUTBOX_ROW,
+            (
+                r["id"],
+                r["job_id"],
+                r["job_type"],
+                r["priority"],
+                r["destination"],
+                r["delay_seconds"],
+                r["error"],
+                r["attempt"],
+                r["trace_context"] if traced else None,
+            ),
+        )
 
 
 _OUTBOX_ROW = _setters(OutboxRow)

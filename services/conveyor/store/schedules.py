@@ -99,11 +99,18 @@ class ScheduleStatements(Statements):
     ) -> tuple[ScheduleRow, bool] | None:
         """(row, created); None when a handler's schedule met an API schedule of that name."""
         values = {
-            "name": s.name, "job_type": s.job_type, "payload": s.payload_json, "cron": s.cron,
-            "every_seconds": s.every_seconds, "timezone": s.timezone, "priority": s.priority,
-            "enabled": s.enabled, "catch_up": s.catch_up, "source": s.source,
+            "name": s.name,
+            "job_type": s.job_type,
+            "payload": s.payload_json,
+            "cron": s.cron,
+            "every_seconds": s.every_seconds,
+            "timezone": s.timezone,
+            "priority": s.priority,
+            "enabled": s.enabled,
+            "catch_up": s.catch_up,
+            "source": s.source,
             "next_run_at": s.next_run_at,
-        }  # fmt: skip
+        }
         r = await conn.fetchrow(self.sql[SCHEDULE_UPSERT], *bind(SCHEDULE_UPSERT, values))
         return None if r is None else (ScheduleRow.from_record(r), bool(r["created"]))
 

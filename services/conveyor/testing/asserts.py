@@ -67,14 +67,17 @@ async def assert_enqueued(
     """Fail unless a waiting ``type`` job matches (exactly ``count`` of them, when given).
     Returns the matching jobs. Sees what ``conn`` sees: uncommitted jobs of its own transaction
     too."""
-    found = await all_enqueued(conn, type, payload=payload, meta=meta, unique_key=unique_key,
-                               schema=schema)  # fmt: skip
+    found = await all_enqueued(
+        conn, type, payload=payload, meta=meta, unique_key=unique_key, schema=schema
+    )
     if (count is None and found) or (count is not None and len(found) == count):
         return found
     want = _wanted(type, payload, meta, unique_key)
     times = "at least one" if count is None else f"{count}"
-    raise AssertionError(f"expected {times} waiting {want} job(s), found {len(found)}; "
-                         f"{await _context(conn, type, schema)}")  # fmt: skip
+    raise AssertionError(
+        f"expected {times} waiting {want} job(s), found {len(found)}; "
+        f"{await _context(conn, type, schema)}"
+    )
 
 
 async def refute_enqueued(
@@ -87,8 +90,9 @@ async def refute_enqueued(
     schema: str | None = None,
 ) -> None:
     """Fail if a waiting ``type`` job matches."""
-    found = await all_enqueued(conn, type, payload=payload, meta=meta, unique_key=unique_key,
-                               schema=schema)  # fmt: skip
+    found = await all_enqueued(
+        conn, type, payload=payload, meta=meta, unique_key=unique_key, schema=schema
+    )
     if found:
         want = _wanted(type, payload, meta, unique_key)
         shown = "; ".join(f"payload={j.payload!r} meta={j.meta!r}" for j in found[:10])
@@ -150,8 +154,16 @@ async def run_job(
         return await asyncio.to_thread(func, job)
 
     call = JobCall(None)
-    job = Job(id=uuid.uuid4(), type=type, payload=dict(payload or {}), attempt=attempt,
-              priority=0, retry_count=retry_count, max_retries=max_retries,
-              meta=dict(meta or {}), _hooks=_Hooks(router, call))  # fmt: skip
+    job = Job(
+        id=uuid.uuid4(),
+        type=type,
+        payload=dict(payload or {}),
+        attempt=attempt,
+        priority=0,
+        retry_count=retry_count,
+        max_retries=max_retries,
+        meta=dict(meta or {}),
+        _hooks=_Hooks(router, call),
+    )
     call.result = await chain(router.middlewares, handler)(job)
     return call

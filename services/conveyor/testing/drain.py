@@ -130,8 +130,9 @@ async def drain(
     result = DrainResult()
     while True:
         async with pool.acquire() as conn:
-            await store.testing_make_due(conn, wanted, skip_retry_delay=skip_retry_delay,
-                                         scheduled=with_scheduled)  # fmt: skip
+            await store.testing_make_due(
+                conn, wanted, skip_retry_delay=skip_retry_delay, scheduled=with_scheduled
+            )
             ids = await store.testing_due_ids(conn, wanted, limit=max_jobs + 1)
         if first is None:
             first = set(ids)
@@ -154,10 +155,13 @@ class _Drain:
         metrics = Metrics()
         self.defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
         self.executor = Executor(
-            metrics, concurrency=1, report=self._report, middlewares=router.middlewares,
+            metrics,
+            concurrency=1,
+            report=self._report,
+            middlewares=router.middlewares,
             abandoned_limit=_DEFAULTS["worker_abandoned_thread_limit"].default,
             max_result_bytes=_DEFAULTS["max_result_bytes"].default,
-        )  # fmt: skip
+        )
         self.completer = Completer(pool, store, metrics, done=self._done)
         self.progress = ProgressWriter(pool, store, interval=0.5)
         self.written: list[Pending] = []
@@ -173,21 +177,34 @@ class _Drain:
     async def one(self, job_id: uuid.UUID) -> DrainedAttempt | None:
         async with self.pool.acquire() as conn:
             rows = await self.store.job_claim_many(
-                conn, [job_id], lease_seconds=LEASE_SECONDS, worker_id=self.worker_id,
-                types=self.types, handler_defaults=self.defaults,
+                conn,
+                [job_id],
+                lease_seconds=LEASE_SECONDS,
+                worker_id=self.worker_id,
+                types=self.types,
+                handler_defaults=self.defaults,
                 default_max_retries=_DEFAULTS["default_max_retries"].default,
-            )  # fmt: skip
+            )
             known = await self.store.job_type_names(conn)
         if not rows:
             return None
         row = rows[0]
-        job = Job(id=row.id, type=row.job_type, payload=row.payload, attempt=row.attempts,
-                  priority=row.priority, retry_count=row.retry_count,
-                  max_retries=row.max_retries, meta=row.meta or {})  # fmt: skip
-        running = Running(job, self.router.handlers.get(job.type), row.timeout_seconds,
-                          self.executor.clock())  # fmt: skip
-        job._hooks = AttemptHooks(running, self.progress, known_types=lambda: known,
-                                  max_payload_bytes=MAX_PAYLOAD)  # fmt: skip
+        job = Job(
+            id=row.id,
+            type=row.job_type,
+            payload=row.payload,
+            attempt=row.attempts,
+            priority=row.priority,
+            retry_count=row.retry_count,
+            max_retries=row.max_retries,
+            meta=row.meta or {},
+        )
+        running = Running(
+            job, self.router.handlers.get(job.type), row.timeout_seconds, self.executor.clock()
+        )
+        job._hooks = AttemptHooks(
+            running, self.progress, known_types=lambda: known, max_payload_bytes=MAX_PAYLOAD
+        )
         self.written.clear()
         outcome = await self.executor.run_one(running)
         while not self.completer.idle:  # a keyed follow-up is written by a task of its own

@@ -36,8 +36,11 @@ from . import register_types
 def conveyor_database_url() -> str:
     url = os.environ.get("CONVEYOR_TEST_DATABASE_URL") or os.environ.get("CONVEYOR_DATABASE_URL")
     if not url:
-        pytest.fail("set CONVEYOR_TEST_DATABASE_URL (or CONVEYOR_DATABASE_URL) for Conveyor's "
-                    "test fixtures", pytrace=False)  # fmt: skip
+        pytest.fail(
+            "set CONVEYOR_TEST_DATABASE_URL (or CONVEYOR_DATABASE_URL) for Conveyor's "
+            "test fixtures",
+            pytrace=False,
+        )
     return url
 
 

@@ -191,8 +191,14 @@ class Completer:
         job = p.running.job
         self._c.unwritable += 1
         what = "result" if p.outcome.kind is Kind.COMPLETE else "outcome"
-        event(log, "job_outcome_unwritable", logging.ERROR, job_id=str(job.id),
-              attempt=job.attempt, error=repr(exc)[:300])  # fmt: skip
+        event(
+            log,
+            "job_outcome_unwritable",
+            logging.ERROR,
+            job_id=str(job.id),
+            attempt=job.attempt,
+            error=repr(exc)[:300],
+        )
         texts = (
             f"the attempt's {what} could not be stored: {type(exc).__name__}: {exc}",
             f"the attempt's {what} could not be stored ({type(exc).__name__})",
@@ -205,8 +211,14 @@ class Completer:
                 return await self._commit([p])  # a failure: no follow-up, no key to wait for
             except Exception as again:
                 exc = again
-        event(log, "job_outcome_dropped", logging.ERROR, job_id=str(job.id),
-              attempt=job.attempt, error=repr(exc)[:300])  # fmt: skip
+        event(
+            log,
+            "job_outcome_dropped",
+            logging.ERROR,
+            job_id=str(job.id),
+            attempt=job.attempt,
+            error=repr(exc)[:300],
+        )
         return set()  # the lease expires; the sweeper recovers the job
 
     async def _commit(self, batch: list[Pending], key_wait: float | None = None) -> set[uuid.UUID]:
@@ -223,8 +235,13 @@ class Completer:
                 for p in batch:
                     if p.held_since is None:
                         p.held_since = self.clock()
-                        event(log, "outcome_held_by_key", logging.WARNING,
-                              job_id=str(p.running.job.id), error=str(exc)[:300])  # fmt: skip
+                        event(
+                            log,
+                            "outcome_held_by_key",
+                            logging.WARNING,
+                            job_id=str(p.running.job.id),
+                            error=str(exc)[:300],
+                        )
                 await asyncio.sleep(backoff.next())
             except Exception as exc:
                 if is_data_error(exc):
@@ -234,8 +251,14 @@ class Completer:
                 if self._c.failing_since is None:
                     self._c.failing_since = self.clock()
                 delay = backoff.next()
-                event(log, "outcome_write_failed", logging.WARNING, error=repr(exc),
-                      retry_in=round(delay, 2), count=len(batch))  # fmt: skip
+                event(
+                    log,
+                    "outcome_write_failed",
+                    logging.WARNING,
+                    error=repr(exc),
+                    retry_in=round(delay, 2),
+                    count=len(batch),
+                )
                 await asyncio.sleep(delay)
 
     async def _write(self, batch: list[Pending], key_wait: float | None) -> set[uuid.UUID]:
@@ -261,9 +284,11 @@ class Completer:
             if done:
                 completed = await self.store.job_complete_many(
                     conn,
-                    [Completion(p.running.job.id, p.running.job.attempt, p.outcome.result_json)
-                     for p in done],
-                )  # fmt: skip
+                    [
+                        Completion(p.running.job.id, p.running.job.attempt, p.outcome.result_json)
+                        for p in done
+                    ],
+                )
                 written |= completed
                 runs = [p.running for p in done if p.running.job.id in completed]
                 # job.enqueue, same transaction
@@ -271,9 +296,17 @@ class Completer:
             if fail:
                 failed = await self.store.job_fail_many(
                     conn,
-                    [Failure(p.running.job.id, p.running.job.attempt, p.outcome.error,
-                             p.outcome.delay, p.outcome.consume) for p in fail],
-                )  # fmt: skip
+                    [
+                        Failure(
+                            p.running.job.id,
+                            p.running.job.attempt,
+                            p.outcome.error,
+                            p.outcome.delay,
+                            p.outcome.consume,
+                        )
+                        for p in fail
+                    ],
+                )
                 written.update(failed)
             if release:
                 written |= await self.store.job_release_many(
@@ -290,10 +323,24 @@ class Completer:
                 self._c.written += 1
                 self.metrics.jobs_finished_of(job.type, outcome.label).inc()
                 if outcome.kind is Kind.FAIL:
-                    event(log, "job_attempt_failed", logging.WARNING, job_id=str(job.id),
-                          type=job.type, attempt=job.attempt, outcome=outcome.label,
-                          delay=outcome.delay, error=(outcome.error or "")[:300])  # fmt: skip
+                    event(
+                        log,
+                        "job_attempt_failed",
+                        logging.WARNING,
+                        job_id=str(job.id),
+                        type=job.type,
+                        attempt=job.attempt,
+                        outcome=outcome.label,
+                        delay=outcome.delay,
+                        error=(outcome.error or "")[:300],
+                    )
             else:
                 self.metrics.fenced_writes.inc()
-                event(log, "job_write_fenced", logging.WARNING, job_id=str(job.id),
-                      attempt=job.attempt, outcome=outcome.label)  # fmt: skip
+                event(
+                    log,
+                    "job_write_fenced",
+                    logging.WARNING,
+                    job_id=str(job.id),
+                    attempt=job.attempt,
+                    outcome=outcome.label,
+                )

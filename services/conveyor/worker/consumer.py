@@ -126,8 +126,9 @@ class Consumer:
         self._failing_since: float | None = None
 
     def status(self) -> ConsumerStatus:
-        return ConsumerStatus(len(self.inbox), self._claimed, self._dropped, self._rejected,
-                              self._failing_since)  # fmt: skip
+        return ConsumerStatus(
+            len(self.inbox), self._claimed, self._dropped, self._rejected, self._failing_since
+        )
 
     async def offer(self, d: Delivery) -> None:
         """A delivery arrived (the broker's callback)."""
@@ -195,8 +196,14 @@ class Consumer:
                 continue
             self._rejected += 1
             self.metrics.messages_rejected.labels("malformed").inc()
-            event(log, "message_rejected", logging.WARNING, reason=_why_malformed(d.body),
-                  queue=d.routing_key, message_id=d.message_id)  # fmt: skip
+            event(
+                log,
+                "message_rejected",
+                logging.WARNING,
+                reason=_why_malformed(d.body),
+                queue=d.routing_key,
+                message_id=d.message_id,
+            )
             self.acks.forget(d)
             await d.reject(requeue=False)
             self.slots.release()
@@ -274,8 +281,13 @@ class Consumer:
             reason = "unknown_job" if status is None else f"status_{status.value.lower()}"
             self.metrics.messages_dropped.labels(reason).inc()
             # a duplicate delivery is routine (debug); an unknown job is not
-            event(log, "message_dropped", logging.DEBUG if status else logging.WARNING,
-                  job_id=str(job_id), reason=reason)  # fmt: skip
+            event(
+                log,
+                "message_dropped",
+                logging.DEBUG if status else logging.WARNING,
+                job_id=str(job_id),
+                reason=reason,
+            )
 
     async def hand_back_waiting(self) -> int:
         """The drain: deliveries still waiting for a slot go back to their queue."""

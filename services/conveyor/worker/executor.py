@@ -75,11 +75,19 @@ class Executor:
     def status(self) -> ExecutorStatus:
         t = self.threads.status()
         now = self.clock()
-        overrun = sorted([d for r in list(self.tasks.values())
-                          if (d := r.deadline_at) is not None and d < now]
-                         + list(self.lingering.values()))  # fmt: skip
-        return ExecutorStatus(len(self.tasks), t.alive, t.abandoned, t.waiting, t.waiting_since,
-                              t.limit, tuple(overrun))  # fmt: skip
+        overrun = sorted(
+            [d for r in list(self.tasks.values()) if (d := r.deadline_at) is not None and d < now]
+            + list(self.lingering.values())
+        )
+        return ExecutorStatus(
+            len(self.tasks),
+            t.alive,
+            t.abandoned,
+            t.waiting,
+            t.waiting_since,
+            t.limit,
+            tuple(overrun),
+        )
 
     def start(self, running: Running) -> None:
         """Run ``running``'s handler in a task of its own; its outcome goes to ``report``."""
@@ -163,9 +171,10 @@ class Executor:
         except BaseException as exc:  # computing the outcome failed: still an outcome
             return outcomes.failure(
                 f"{type(exc).__name__} while recording the attempt's outcome",
-                retry_count=running.job.retry_count, max_retries=running.job.max_retries,
+                retry_count=running.job.retry_count,
+                max_retries=running.job.max_retries,
                 spec=running.spec,
-            )  # fmt: skip
+            )
 
     async def _attempt(self, running: Running) -> Outcome:
         job, spec, timeout = running.job, running.spec, running.timeout
@@ -188,10 +197,11 @@ class Executor:
                     running.in_handler = False
             else:  # the timeout counts from the thread's start, inside the chain
                 call = functools.partial(
-                    self.threads.call, on_deadline=job._cancel.set,
+                    self.threads.call,
+                    on_deadline=job._cancel.set,
                     give_up_after=self.overrun_limit,
                     on_give_up=lambda f: self._give_up(running, [f]),
-                )  # fmt: skip
+                )
                 inner = sync_call(call, spec.func, timeout)
                 result = await chain(self.middlewares, inner)(job)
             return outcomes.completed(result, max_bytes=self.max_result_bytes)
@@ -218,8 +228,9 @@ class Executor:
     def _failed(running: Running, exc: BaseException, *, text: str | None = None) -> Outcome:
         job = running.job
         if text is not None:
-            return outcomes.failure(text, retry_count=job.retry_count,
-                                    max_retries=job.max_retries, spec=running.spec)  # fmt: skip
+            return outcomes.failure(
+                text, retry_count=job.retry_count, max_retries=job.max_retries, spec=running.spec
+            )
         return outcomes.failed(
             exc, retry_count=job.retry_count, max_retries=job.max_retries, spec=running.spec
         )

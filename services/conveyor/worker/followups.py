@@ -28,12 +28,12 @@ class KeyHeld(Exception):
 
 
 def keyed(running: Running) -> bool:
-    return any(j.unique_key is not None or j.idempotency_key is not None
-               for j in running.followups)  # fmt: skip
+    return any(j.unique_key is not None or j.idempotency_key is not None for j in running.followups)
 
 
-def build_followup(job_type: str, payload: Any, options: dict[str, Any], *,
-                   max_payload_bytes: int) -> NewJob:  # fmt: skip
+def build_followup(
+    job_type: str, payload: Any, options: dict[str, Any], *, max_payload_bytes: int
+) -> NewJob:
     """The row of a follow-up (``InvalidJob`` / ``PayloadTooLarge`` / ``TypeError`` now, in the
     handler, not at completion)."""
     return build_job(

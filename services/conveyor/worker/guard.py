@@ -97,8 +97,7 @@ class LoopGuard:
         self.loop = loop
         self.enabled = True
         self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, name="conveyor-loop-guard",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._watch, name="conveyor-loop-guard", daemon=True)
         self._thread.start()
         return True
 
@@ -141,12 +140,16 @@ class LoopGuard:
         if fired is not None and fired[:2] == (task, tick) and self.clock() - fired[2] < limit:
             return False  # fired already: once per limit while it goes on blocking
         self._fired = (task, tick, self.clock())
-        self._target = _Target(task, tick, (
-            f"LoopBlocked: the handler blocked the worker's event loop for {blocked:.1f} s "
-            f"(its limit is {limit:g} s); an "
-            "async handler must not call blocking code: make it a sync handler (it runs in a "
-            "thread) or use asyncio.to_thread"
-        ))  # fmt: skip
+        self._target = _Target(
+            task,
+            tick,
+            (
+                f"LoopBlocked: the handler blocked the worker's event loop for {blocked:.1f} s "
+                f"(its limit is {limit:g} s); an "
+                "async handler must not call blocking code: make it a sync handler (it runs in a "
+                "thread) or use asyncio.to_thread"
+            ),
+        )
         return True
 
     def preempt(self) -> None:

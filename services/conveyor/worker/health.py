@@ -67,14 +67,18 @@ def assess(
     if outcome_wait > limits.outcome_deadline:
         reasons.append(f"an outcome has waited {outcome_wait:.0f} s to be written")
     if s.executor.threads_abandoned > limits.abandoned_threads:
-        reasons.append(f"{s.executor.threads_abandoned} handler threads abandoned past their "
-                       f"timeout (limit {limits.abandoned_threads})")  # fmt: skip
+        reasons.append(
+            f"{s.executor.threads_abandoned} handler threads abandoned past their "
+            f"timeout (limit {limits.abandoned_threads})"
+        )
     if thread_wait > limits.outcome_deadline:
         reasons.append(f"a sync handler has waited {thread_wait:.0f} s for a thread")
     overrun = [t for t in s.executor.overrun_since if now - t > limits.overrun]
     if overrun and len(overrun) >= s.concurrency:
-        reasons.append(f"every slot ({s.concurrency}) held by work running past its timeout for "
-                       f"over {limits.overrun:g} s")  # fmt: skip
+        reasons.append(
+            f"every slot ({s.concurrency}) held by work running past its timeout for "
+            f"over {limits.overrun:g} s"
+        )
     healthy = s.stopping or not reasons
     return healthy, {
         "reasons": reasons,
@@ -117,10 +121,12 @@ class WorkerHealth:
     def check(self) -> tuple[bool, dict[str, Any]]:
         s = self._status()
         return assess(
-            s, self.limits, now=self.worker.clock(),
+            s,
+            self.limits,
+            now=self.worker.clock(),
             blocked_for=self.worker.monitor.blocked_for(),
             broker_down_for=self._down.update(s.broker_connected),
-        )  # fmt: skip
+        )
 
     def ready(self) -> bool:
         s = self._status()
@@ -158,9 +164,11 @@ class ProbeServer:
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-            name="conveyor-probes", daemon=True,
-        )  # fmt: skip
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="conveyor-probes",
+            daemon=True,
+        )
         self.thread.start()
         # a handler's forked child must not keep the listening socket (a restarted worker
         # could not bind the port while the child lives): close it in every child

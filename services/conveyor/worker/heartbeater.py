@@ -103,8 +103,13 @@ class Heartbeater:
                 if r.task is not None and not r.task.done() and not r.lease_lost:
                     r.lease_lost = True
                     self._lost += 1
-                    event(log, "job_lease_lost", logging.WARNING, job_id=str(r.job.id),
-                          attempt=r.job.attempt)  # fmt: skip
+                    event(
+                        log,
+                        "job_lease_lost",
+                        logging.WARNING,
+                        job_id=str(r.job.id),
+                        attempt=r.job.attempt,
+                    )
                 r.job._cancel.set()
             elif alive[r.job.id]:
                 r.job._cancel.set()

@@ -71,8 +71,14 @@ class LimitedConsumer(Consumer):
                 try:
                     await self.controls.on_pause(t, stop)
                 except Exception as exc:
-                    event(log, "hand_switch_failed", logging.WARNING, type=t, stop=stop,
-                          error=repr(exc))  # fmt: skip
+                    event(
+                        log,
+                        "hand_switch_failed",
+                        logging.WARNING,
+                        type=t,
+                        stop=stop,
+                        error=repr(exc),
+                    )
                     continue
                 if stop:
                     self._stopped.add(t)
@@ -210,11 +216,15 @@ class LimitedConsumer(Consumer):
                 # one statement, no transaction: the type rows are locked only while it runs
                 async with self.pool.acquire() as conn:
                     rows, held = await self.store.job_claim_controlled(
-                        conn, ids, lease_seconds=self.visibility_timeout,
-                        worker_id=self.worker_id, types=types,
+                        conn,
+                        ids,
+                        lease_seconds=self.visibility_timeout,
+                        worker_id=self.worker_id,
+                        types=types,
                         handler_defaults=self.handler_defaults,
-                        default_max_retries=self.default_max_retries, room=room,
-                    )  # fmt: skip
+                        default_max_retries=self.default_max_retries,
+                        room=room,
+                    )
                     if any(held.values()):
                         await self.store.outbox_notify(conn)
                 self._failing_since = None
@@ -225,8 +235,9 @@ class LimitedConsumer(Consumer):
                 if self._failing_since is None:
                     self._failing_since = self.clock()
                 delay = backoff.next()
-                event(log, "claim_failed", logging.WARNING, error=repr(exc),
-                      retry_in=round(delay, 2))  # fmt: skip
+                event(
+                    log, "claim_failed", logging.WARNING, error=repr(exc), retry_in=round(delay, 2)
+                )
                 await asyncio.sleep(delay)
         for job_id, pen in held.items():
             job_type = type_of.get(job_id, "")
@@ -237,8 +248,7 @@ class LimitedConsumer(Consumer):
                 hand[job_id] = None
             self.held_total += 1
             self.metrics.jobs_held.labels(job_type).inc()
-            event(log, "job_held", logging.DEBUG, job_id=str(job_id), type=job_type,
-                  pen=pen)  # fmt: skip
+            event(log, "job_held", logging.DEBUG, job_id=str(job_id), type=job_type, pen=pen)
         return rows, held
 
     async def _explain_dropped(self, ids: list[uuid.UUID]) -> None:

@@ -41,13 +41,17 @@ class LoopMonitor:
         self.lag = 0.0
         self.max_lag = 0.0
         self.last_tick_at = clock()
-        lag = Gauge("conveyor_worker_loop_lag_seconds",
-                    "How late the worker's event loop woke up last (blocked by a handler?)",
-                    registry=registry)  # fmt: skip
+        lag = Gauge(
+            "conveyor_worker_loop_lag_seconds",
+            "How late the worker's event loop woke up last (blocked by a handler?)",
+            registry=registry,
+        )
         lag.set_function(lambda: max(self.lag, self.blocked_for()))
-        top = Gauge("conveyor_worker_loop_lag_max_seconds",
-                    "The longest the worker's event loop was blocked since start",
-                    registry=registry)  # fmt: skip
+        top = Gauge(
+            "conveyor_worker_loop_lag_max_seconds",
+            "The longest the worker's event loop was blocked since start",
+            registry=registry,
+        )
         top.set_function(lambda: max(self.max_lag, self.blocked_for()))
 
     def status(self) -> LoopStatus:

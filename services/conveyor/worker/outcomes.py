@@ -124,8 +124,9 @@ def failed(
     """
     if isinstance(exc, Retry):
         delay = snap_to_pen(max(exc.delay, RETRY_FLOOR_SECONDS))
-        return Outcome(Kind.FAIL, error=clean_text(f"Retry: {exc.reason}"), delay=delay,
-                       consume=False)  # fmt: skip
+        return Outcome(
+            Kind.FAIL, error=clean_text(f"Retry: {exc.reason}"), delay=delay, consume=False
+        )
     return failure(
         describe(exc), retry_count=retry_count, max_retries=max_retries, spec=spec, rng=rng
     )

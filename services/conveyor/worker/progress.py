@@ -72,8 +72,13 @@ class ProgressWriter:
             async with self.pool.acquire() as conn:
                 written = await self.store.job_progress_many(conn, batch)
         except Exception as exc:
-            event(log, "progress_write_failed", logging.WARNING, error=repr(exc)[:300],
-                  count=len(batch))  # fmt: skip
+            event(
+                log,
+                "progress_write_failed",
+                logging.WARNING,
+                error=repr(exc)[:300],
+                count=len(batch),
+            )
             return 0
         self.written_total += len(written)
         self.fenced_total += len(batch) - len(written)

@@ -88,51 +88,83 @@ class Worker:
         self.slots = asyncio.Semaphore(concurrency)
         self.acks = Acks()
         declared = {t: s.weight for t, s in router.handlers.items() if s.weight is not None}
-        self.shares = shares(concurrency, {**declared, **(weights or {})}, self.types,
-                             given=weights)  # fmt: skip
+        self.shares = shares(
+            concurrency, {**declared, **(weights or {})}, self.types, given=weights
+        )
         self.subscription = Subscription(
-            settings.amqp_url, settings.namespace,
-            name=f"conveyor-worker {self.worker_id}", prefetch=concurrency, shares=self.shares,
+            settings.amqp_url,
+            settings.namespace,
+            name=f"conveyor-worker {self.worker_id}",
+            prefetch=concurrency,
+            shares=self.shares,
             queue_type=settings.queue_type,
-        )  # fmt: skip
+        )
         self.store = for_schema(settings.db_schema)
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
-        self.controls = TypeControls(None, self.store, types=self.types,
-                                     interval=settings.type_refresh_interval,
-                                     on_pause=consumer_switch(self.subscription,
-                                                              lambda: self.stopping))  # fmt: skip
+        self.controls = TypeControls(
+            None,
+            self.store,
+            types=self.types,
+            interval=settings.type_refresh_interval,
+            on_pause=consumer_switch(self.subscription, lambda: self.stopping),
+        )
         self.progress = ProgressWriter(None, self.store, interval=settings.progress_interval)
         self.consumer = LimitedConsumer(
-            None, self.store, self.metrics, controls=self.controls, slots=self.slots,
-            acks=self.acks, start=self._start,
-            worker_id=self.worker_id, types=self.types,
+            None,
+            self.store,
+            self.metrics,
+            controls=self.controls,
+            slots=self.slots,
+            acks=self.acks,
+            start=self._start,
+            worker_id=self.worker_id,
+            types=self.types,
             handler_defaults=defaults,
             visibility_timeout=settings.visibility_timeout,
             default_max_retries=settings.default_max_retries,
-            early_acked=lambda: bool(self.heartbeater.acked_early), clock=clock,
-        )  # fmt: skip
+            early_acked=lambda: bool(self.heartbeater.acked_early),
+            clock=clock,
+        )
         self.executor = Executor(
-            self.metrics, concurrency=concurrency,
+            self.metrics,
+            concurrency=concurrency,
             abandoned_limit=settings.worker_abandoned_thread_limit,
-            max_result_bytes=settings.max_result_bytes, report=self._report,
+            max_result_bytes=settings.max_result_bytes,
+            report=self._report,
             overrun_limit=settings.worker_overrun_limit,
-            middlewares=router.middlewares, clock=clock,
-        )  # fmt: skip
+            middlewares=router.middlewares,
+            clock=clock,
+        )
         self.notifier = Notifier(None, self.store)
-        self.completer = Completer(None, self.store, self.metrics, done=self._done,
-                                   wake_relay=self.notifier.wake, clock=clock)  # fmt: skip
+        self.completer = Completer(
+            None,
+            self.store,
+            self.metrics,
+            done=self._done,
+            wake_relay=self.notifier.wake,
+            clock=clock,
+        )
         self.heartbeater = Heartbeater(
-            None, self.store, running=self.running, acks=self.acks,
+            None,
+            self.store,
+            running=self.running,
+            acks=self.acks,
             touch_waiting=self.consumer.touch_waiting,
             visibility_timeout=settings.visibility_timeout,
-            early_ack_after=settings.early_ack_after, clock=clock,
-        )  # fmt: skip
+            early_ack_after=settings.early_ack_after,
+            clock=clock,
+        )
         self.drain = Drain(self, clock=clock)
         block = settings.worker_loop_block_limit  # a short one needs quicker ticks and checks
-        self.monitor = LoopMonitor(self.metrics.registry, on_tick=self._snapshot, clock=clock,
-                                   interval=min(0.25, block / 2) if block else 0.25)  # fmt: skip
-        self.guard = LoopGuard(self.monitor, self._preempt_limit,
-                               interval=min(0.1, block / 4) if block else 0.1)  # fmt: skip
+        self.monitor = LoopMonitor(
+            self.metrics.registry,
+            on_tick=self._snapshot,
+            clock=clock,
+            interval=min(0.25, block / 2) if block else 0.25,
+        )
+        self.guard = LoopGuard(
+            self.monitor, self._preempt_limit, interval=min(0.1, block / 4) if block else 0.1
+        )
         self.loops: dict[str, asyncio.Task[None]] = {}
         self.snapshot: WorkerStatus | None = None  # refreshed on every loop tick
         self.stopping = False
@@ -179,8 +211,13 @@ class Worker:
             why = "the event loop is not in the main thread, or SIGURG has a handler"
             event(log, "loop_guard_off", logging.WARNING, reason=why)
         self._snapshot()
-        event(log, "worker_started", worker_id=self.worker_id, types=self.types,
-              concurrency=self.concurrency)  # fmt: skip
+        event(
+            log,
+            "worker_started",
+            worker_id=self.worker_id,
+            types=self.types,
+            concurrency=self.concurrency,
+        )
 
     @staticmethod
     def _loop(name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -208,8 +245,13 @@ class Worker:
         if self.pool is not None:
             await _quietly(self.pool.close())
         self._snapshot()
-        event(log, "worker_stopped", worker_id=self.worker_id, abandoned=len(self.running),
-              threads_alive=self.executor.threads.status().alive)  # fmt: skip
+        event(
+            log,
+            "worker_stopped",
+            worker_id=self.worker_id,
+            abandoned=len(self.running),
+            threads_alive=self.executor.threads.status().alive,
+        )
 
     # ------------------------------------------------------------------ one-step methods
 
@@ -243,8 +285,12 @@ class Worker:
         spec = self.router.handlers.get(job.type)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
         known = None if self.settings.accept_unknown_types else (lambda: self.controls.known)
-        job._hooks = AttemptHooks(running, self.progress, known_types=known,
-                                  max_payload_bytes=self.settings.max_payload_bytes)  # fmt: skip
+        job._hooks = AttemptHooks(
+            running,
+            self.progress,
+            known_types=known,
+            max_payload_bytes=self.settings.max_payload_bytes,
+        )
         if tracing.enabled():  # the attempt's span: child of the message's, else the job's
             header = tracing.valid(getattr(delivery, "traceparent", None))
             running.trace_parent = header or row.trace_context
@@ -264,9 +310,10 @@ class Worker:
     def _unacked(self, job_type: str) -> int:
         """Deliveries of ``job_type`` this worker holds unacknowledged (the broker's unacked)."""
         return sum(
-            1 for r in list(self.running.values())
+            1
+            for r in list(self.running.values())
             if r.job.type == job_type and r.delivery is not None
-        )  # fmt: skip
+        )
 
     def _report(self, running: Running, outcome: Any) -> None:
         running.last_progress = self.progress.take(running.job.id)

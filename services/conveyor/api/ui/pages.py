@@ -69,8 +69,11 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
     @app.get("/favicon.ico", include_in_schema=False)
     async def favicon() -> Response:
         # a PNG: every browser takes one at this path, and it spares an .ico encoder
-        return FileResponse(STATIC / "favicon.png", media_type="image/png",
-                            headers={"Cache-Control": "public, max-age=86400"})  # fmt: skip
+        return FileResponse(
+            STATIC / "favicon.png",
+            media_type="image/png",
+            headers={"Cache-Control": "public, max-age=86400"},
+        )
 
     @app.get("/", include_in_schema=False)
     async def root() -> Response:

@@ -35,8 +35,18 @@ def schedules_table(rows: list[ScheduleRow], *, csrf: str, admin: bool) -> str:
             '<p id="schedules-empty">No schedules: <code>POST /schedules</code>, <code>conveyor '
             "schedules add</code>, or a handler's <code>schedule=</code>/<code>every=</code>.</p>"
         )
-    headers = ["name", "type", "rule", "time zone", "state", "next tick", "last tick",
-               "last job", "source", "payload"]  # fmt: skip
+    headers = [
+        "name",
+        "type",
+        "rule",
+        "time zone",
+        "state",
+        "next tick",
+        "last tick",
+        "last job",
+        "source",
+        "payload",
+    ]
     if admin:
         headers.append("actions")
     out = []
@@ -45,12 +55,17 @@ def schedules_table(rows: list[ScheduleRow], *, csrf: str, admin: bool) -> str:
         if len(payload) > PAYLOAD_CHARS:
             payload = payload[:PAYLOAD_CHARS] + "…"
         cells = [
-            r.e(s.name), r.link("/ui/jobs", s.job_type, type=s.job_type), r.e(_rule(s)),
-            r.e(s.timezone), r.e("active" if s.enabled else "paused"),
-            r.e(r.when(s.next_run_at) if s.enabled else "—"), r.e(r.when(s.last_tick_at)),
+            r.e(s.name),
+            r.link("/ui/jobs", s.job_type, type=s.job_type),
+            r.e(_rule(s)),
+            r.e(s.timezone),
+            r.e("active" if s.enabled else "paused"),
+            r.e(r.when(s.next_run_at) if s.enabled else "—"),
+            r.e(r.when(s.last_tick_at)),
             r.link(f"/ui/jobs/{s.last_job_id}", s.last_job_id) if s.last_job_id else "—",
-            r.e(s.source), f"<code>{r.e(payload)}</code>",
-        ]  # fmt: skip
+            r.e(s.source),
+            f"<code>{r.e(payload)}</code>",
+        ]
         if admin:
             toggle = "resume" if not s.enabled else "pause"
             cells.append(

@@ -54,8 +54,15 @@ def _https(request: Request) -> bool:
 
 
 def _cookie(response: Response, request: Request, name: str, value: str, max_age: int) -> None:
-    response.set_cookie(name, value, max_age=max_age, path="/ui", httponly=True,
-                        samesite="strict", secure=_https(request))  # fmt: skip
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=_https(request),
+    )
 
 
 async def from_cookie(auth: Auth, request: Request) -> Principal | None:
@@ -97,8 +104,9 @@ async def check_csrf(request: Request, p: Principal) -> None:
     else:
         expected = request.cookies.get(CSRF, "")
     if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
-        raise AuthError(403, "csrf_failed", "missing or wrong CSRF token: reload the page",
-                        html=True)  # fmt: skip
+        raise AuthError(
+            403, "csrf_failed", "missing or wrong CSRF token: reload the page", html=True
+        )
 
 
 def html(request: Request, body: str, status: int = 200) -> HTMLResponse:
@@ -115,13 +123,17 @@ def _login_form(request: Request, message: str = "") -> str:
         request.url.path if request.method == "GET" and request.url.path != "/ui/login" else "/ui"
     )
     notice = f'<p class="notice" id="login-error">{r.e(message)}</p>' if message else ""
-    return r.page("Log in", notice + (
-        '<form method="post" action="/ui/login" id="login">'
-        f'<input type="hidden" name="next" value="{r.e(_safe_next(nxt))}">'
-        '<label>API key <input type="password" name="key" size="70" autocomplete="off" '
-        'required></label> <button type="submit">Log in</button></form>'
-        '<p class="muted">Any key works; pages and actions follow its scopes.</p>'
-    ))  # fmt: skip
+    return r.page(
+        "Log in",
+        notice
+        + (
+            '<form method="post" action="/ui/login" id="login">'
+            f'<input type="hidden" name="next" value="{r.e(_safe_next(nxt))}">'
+            '<label>API key <input type="password" name="key" size="70" autocomplete="off" '
+            'required></label> <button type="submit">Log in</button></form>'
+            '<p class="muted">Any key works; pages and actions follow its scopes.</p>'
+        ),
+    )
 
 
 def refused_page(request: Request, exc: AuthError) -> Response:
@@ -149,8 +161,9 @@ def add_login_routes(app: FastAPI, same_origin: Any) -> None:
 
     @app.post("/ui/login", include_in_schema=False)
     async def ui_login_post(request: Request) -> Response:
-        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"))
-                .items()}  # fmt: skip
+        form = {
+            k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()
+        }
         auth: Auth = app.state.auth
         if not same_origin(request):
             return html(request, r.page("Refused", "<p>Refused.</p>"), 403)

@@ -12,11 +12,11 @@ from typing import Any
 
 import orjson
 
-from .cli_support import CliError, guarded
-from .core import tracing
-from .core.config import Settings
-from .core.logging import configure, say
+from ..core import tracing
+from ..core.config import Settings
+from ..core.logging import configure, say
 from .lifecycle import check_port, listen_socket, start_with_retry
+from .support import CliError, guarded
 
 SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
 
@@ -33,8 +33,8 @@ def _print(data: Any) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from .store.connect import database_name
-    from .store.migrate import MigrationError, migrate
+    from ..store.connect import database_name
+    from ..store.migrate import MigrationError, migrate
 
     settings = _settings()
     try:
@@ -51,7 +51,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         f"(schema {settings.db_schema!r})"
     )
     if args.grant_roles or args.create_roles:
-        from .cli_keys import grant_roles, role_passwords
+        from .keys import grant_roles, role_passwords
 
         try:
             passwords = role_passwords(os.environ) if args.create_roles else None
@@ -64,34 +64,39 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    from . import services
-    from .cli_keys import auth_banner
+    from . import processes
+    from .keys import auth_banner
 
     settings = _settings()
     if args.workers < 1:
         print("conveyor api: --workers must be at least 1", file=sys.stderr)
         return 2
     sock = listen_socket(args.host, args.port)  # a port in use: one line, before anything runs
-    processes = f" ({args.workers} processes)" if args.workers > 1 else ""
-    say(f"conveyor api listening on http://{args.host}:{args.port}{processes}; "
-        f"{auth_banner(settings)}", "api_listening", url=f"http://{args.host}:{args.port}",
-        processes=args.workers, security=auth_banner(settings))  # fmt: skip
+    several = f" ({args.workers} processes)" if args.workers > 1 else ""
+    say(
+        f"conveyor api listening on http://{args.host}:{args.port}{several}; "
+        f"{auth_banner(settings)}",
+        "api_listening",
+        url=f"http://{args.host}:{args.port}",
+        processes=args.workers,
+        security=auth_banner(settings),
+    )
     if args.workers > 1:
-        services.serve_api_workers(sock, args.workers)
+        processes.serve_api_workers(sock, args.workers)
         return 0
-    server = services.api_server(settings, args.host, args.port)
-    services.run(lambda stop: services.serve_api(server, stop, [sock]))
+    server = processes.api_server(settings, args.host, args.port)
+    processes.run(lambda stop: processes.serve_api(server, stop, [sock]))
     return 0
 
 
 def cmd_publisher(args: argparse.Namespace) -> int:
-    from . import services
+    from . import processes
 
     settings = _settings()
     if args.health_port is not None:
         check_port("0.0.0.0", args.health_port, flag="--health-port")
-    services.run(
-        lambda stop: services.run_publisher(
+    processes.run(
+        lambda stop: processes.run_publisher(
             settings, stop, maintenance=not args.no_maintenance, health_port=args.health_port
         )
     )
@@ -99,12 +104,12 @@ def cmd_publisher(args: argparse.Namespace) -> int:
 
 
 def cmd_sweeper(args: argparse.Namespace) -> int:
-    from . import services
+    from . import processes
 
     settings = _settings()
     if args.health_port is not None:
         check_port("0.0.0.0", args.health_port, flag="--health-port")
-    services.run(lambda stop: services.run_sweeper(settings, stop, health_port=args.health_port))
+    processes.run(lambda stop: processes.run_sweeper(settings, stop, health_port=args.health_port))
     return 0
 
 
@@ -113,18 +118,23 @@ def _types(value: str | None) -> list[str] | None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from . import services
-    from .core.limits import parse_weights
-    from .worker import Worker
-    from .worker.health import serve_health
+    from ..core.limits import parse_weights
+    from ..worker import Worker
+    from ..worker.health import serve_health
+    from . import processes
 
     settings = _settings()
     if args.shutdown_grace is not None:
         settings = settings.model_copy(update={"shutdown_grace": args.shutdown_grace})
-    router = services.load_router(args.app)
+    router = processes.load_router(args.app)
     try:
-        worker = Worker(settings, router, types=_types(args.types), concurrency=args.concurrency,
-                        weights=parse_weights(args.weights))  # fmt: skip
+        worker = Worker(
+            settings,
+            router,
+            types=_types(args.types),
+            concurrency=args.concurrency,
+            weights=parse_weights(args.weights),
+        )
     except ValueError as exc:
         print(f"conveyor worker: {exc}", file=sys.stderr)
         return 2
@@ -133,7 +143,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if port is not None:
         check_port("0.0.0.0", port, flag="--health-port")
 
-    from .worker.exiting import adopt_orphans, hard_exit
+    from ..worker.exiting import adopt_orphans, hard_exit
 
     adopt_orphans()  # a handler's double-forked process stays ours to kill at exit
 
@@ -149,7 +159,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     code = 0
     try:
-        services.run(main)
+        processes.run(main)
     except (CliError, SystemExit):
         raise  # it never started: one line (``guarded``), nothing of the handlers' to abandon
     except BaseException:
@@ -176,22 +186,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("migrate", help="create the database if missing, then alembic upgrade head")
-    s.add_argument("--grant-roles", action="store_true",
-                   help="then grant each existing role conveyor_api, conveyor_publisher, "
-                   "conveyor_worker, conveyor_sweeper only what it uses "
-                   "(see conveyor roles sql)")  # fmt: skip
-    s.add_argument("--create-roles", action="store_true",
-                   help="first create those four login roles (or set their passwords) from "
-                   "CONVEYOR_<API|PUBLISHER|WORKER|SWEEPER>_DB_PASSWORD, then grant; needs "
-                   "CREATEROLE (docker-compose.yml and k8s/base/migrate-job.yaml use it)",
-                   )  # fmt: skip
+    s.add_argument(
+        "--grant-roles",
+        action="store_true",
+        help="then grant each existing role conveyor_api, conveyor_publisher, "
+        "conveyor_worker, conveyor_sweeper only what it uses "
+        "(see conveyor roles sql)",
+    )
+    s.add_argument(
+        "--create-roles",
+        action="store_true",
+        help="first create those four login roles (or set their passwords) from "
+        "CONVEYOR_<API|PUBLISHER|WORKER|SWEEPER>_DB_PASSWORD, then grant; needs "
+        "CREATEROLE (docker-compose.yml and k8s/base/migrate-job.yaml use it)",
+    )
     s.set_defaults(func=cmd_migrate)
 
     s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--workers", type=int, default=1,
-                   help="API processes sharing the port (default 1)")  # fmt: skip
+    s.add_argument(
+        "--workers", type=int, default=1, help="API processes sharing the port (default 1)"
+    )
     s.set_defaults(func=cmd_api)
 
     s = sub.add_parser(
@@ -199,10 +215,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="relay the outbox to RabbitMQ; also runs the maintenance duties (scheduled jobs, "
         "lease recovery, reconciler, retention) unless --no-maintenance",
     )
-    s.add_argument("--no-maintenance", action="store_true",
-                   help="relay only; run `conveyor sweeper` separately")  # fmt: skip
-    s.add_argument("--health-port", type=int, default=None,
-                   help="serve /healthz, /readyz and /metrics on this port")  # fmt: skip
+    s.add_argument(
+        "--no-maintenance",
+        action="store_true",
+        help="relay only; run `conveyor sweeper` separately",
+    )
+    s.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /healthz, /readyz and /metrics on this port",
+    )
     s.set_defaults(func=cmd_publisher)
 
     s = sub.add_parser("sweeper", help="run only the maintenance duties")
@@ -218,15 +241,30 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("worker", help="run the handlers registered on a JobRouter")
     s.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
     s.add_argument("--types", help="comma-separated job types to consume (default: all handlers)")
-    s.add_argument("--concurrency", type=int, default=16,
-                   help="jobs run at once; also the prefetch bound (default 16)")  # fmt: skip
-    s.add_argument("--weights", help="shares of --concurrency per type, e.g. emails=3,reports=1 "
-                   "(default: the handlers' weight=, else shared freely)")  # fmt: skip
-    s.add_argument("--shutdown-grace", type=float, default=None,
-                   help="seconds in-flight jobs get to finish on SIGTERM (default "
-                   "CONVEYOR_SHUTDOWN_GRACE or 25)")  # fmt: skip
-    s.add_argument("--health-port", type=int, default=None,
-                   help="serve /healthz, /readyz and /metrics on this port")  # fmt: skip
+    s.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="jobs run at once; also the prefetch bound (default 16)",
+    )
+    s.add_argument(
+        "--weights",
+        help="shares of --concurrency per type, e.g. emails=3,reports=1 "
+        "(default: the handlers' weight=, else shared freely)",
+    )
+    s.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=None,
+        help="seconds in-flight jobs get to finish on SIGTERM (default "
+        "CONVEYOR_SHUTDOWN_GRACE or 25)",
+    )
+    s.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /healthz, /readyz and /metrics on this port",
+    )
     s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("dev", help="API + publisher + maintenance + worker in one process")
@@ -234,26 +272,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--concurrency", type=int, default=16)
-    from .cli_dev import cmd_dev
+    from .dev import cmd_dev
 
     s.set_defaults(func=cmd_dev)
 
-    from .cli_jobs import add_parser as add_jobs
+    from .jobs import add_parser as add_jobs
 
     add_jobs(sub)
 
-    from .cli_dlq import add_parser as add_dlq
+    from .dlq import add_parser as add_dlq
 
     add_dlq(sub)
 
-    from .cli_types import add_parser as add_types
+    from .types import add_parser as add_types
 
     add_types(sub)
 
-    from .cli_keys import add_parser as add_keys
+    from .keys import add_parser as add_keys
 
     add_keys(sub)
-    from .cli_schedules import add_parser as add_schedules
+    from .schedules import add_parser as add_schedules
 
     add_schedules(sub)
     return p
@@ -262,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from pydantic import ValidationError
 
-    from .broker import LIBRARY_LOGGERS
-    from .core.secrets import MaskedStream
+    from ..broker import LIBRARY_LOGGERS
+    from ..core.secrets import MaskedStream
 
     if not isinstance(sys.stderr, MaskedStream):  # no credential in any message or traceback
         sys.stderr = MaskedStream(sys.stderr)
@@ -283,7 +321,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(first["msg"]).removeprefix("Value error, ")
         say(f"conveyor: invalid {name}: {message}", level=logging.ERROR)
         return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

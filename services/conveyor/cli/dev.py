@@ -1,5 +1,5 @@
 """``conveyor dev``: API, publisher (with the maintenance duties) and a worker in one process,
-on one metrics registry, migrating first; without keys on loopback only (``cli_keys.dev_auth``)."""
+on one metrics registry, migrating first; without keys on loopback only (``keys.dev_auth``)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,30 @@ import argparse
 import asyncio
 import logging
 
-from .core.config import Settings
-from .core.logging import say
+from ..core.config import Settings
+from ..core.logging import say
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from . import services
-    from .cli_keys import auth_banner, dev_auth
-    from .cli_support import CliError
-    from .core.metrics import Metrics
+    from ..core.metrics import Metrics
+    from ..store.migrate import MigrationError, migrate
+    from ..worker import Worker
+    from . import processes
+    from .keys import auth_banner, dev_auth
     from .lifecycle import listen_socket, start_with_retry
-    from .store.migrate import MigrationError, migrate
-    from .worker import Worker
+    from .support import CliError
 
     settings, refusal = dev_auth(Settings(), args.host)
     if refusal:
         say(f"conveyor dev: {refusal}", level=logging.ERROR)
         return 2
-    router = services.load_router(args.app)
+    router = processes.load_router(args.app)
     if not router.handlers:  # before the port, the database or the broker, as `worker` does
         say("conveyor dev: the router has no handlers", level=logging.ERROR)
         return 2
     # the port first: in use, it is one line and exit 2 before anything starts
     sock = listen_socket(args.host, args.port, make=True)
-    problem = asyncio.run(services.preflight(settings))
+    problem = asyncio.run(processes.preflight(settings))
     if problem:
         say(f"conveyor dev: {problem}", level=logging.ERROR)
         return 2
@@ -40,15 +40,15 @@ def cmd_dev(args: argparse.Namespace) -> int:
         say(f"conveyor dev: {exc}", level=logging.ERROR)
         return 1
     metrics = Metrics()  # one registry: the API's /metrics shows the worker and publisher too
-    server = services.api_server(settings, args.host, args.port, metrics=metrics)
+    server = processes.api_server(settings, args.host, args.port, metrics=metrics)
     worker = Worker(settings, router, concurrency=args.concurrency, metrics=metrics)
     url = f"http://{args.host}:{args.port}"
 
     async def main(stop: asyncio.Event) -> None:
         await start_with_retry(worker.start, stop, "worker", settings)
         parts = {
-            asyncio.create_task(services.serve_api(server, stop, [sock])): "API",
-            asyncio.create_task(services.run_publisher(settings, stop, metrics=metrics)): (
+            asyncio.create_task(processes.serve_api(server, stop, [sock])): "API",
+            asyncio.create_task(processes.run_publisher(settings, stop, metrics=metrics)): (
                 "publisher"
             ),
         }
@@ -70,7 +70,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             if isinstance(result, BaseException):
                 raise CliError(f"the {parts[task]} stopped: {type(result).__name__}: {result}")
 
-    services.run(main)
+    processes.run(main)
     return 0
 
 
@@ -86,5 +86,12 @@ def banner(url: str, security: str, types: list[str]) -> None:
         f"\nConveyor is running: API {url}  (docs {url}/docs)\nSecurity: {security}\n"
         f"Handlers: {', '.join(types)}\nTry:\n  {submit}\n  {show}\nCtrl-C stops it.\n"
     )
-    say(text, "dev_running", url=url, docs=f"{url}/docs", security=security, handlers=types,
-        examples=[submit, show])  # fmt: skip
+    say(
+        text,
+        "dev_running",
+        url=url,
+        docs=f"{url}/docs",
+        security=security,
+        handlers=types,
+        examples=[submit, show],
+    )

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .core.config import Settings
+from ..core.config import Settings
 
 
 def add_parser(sub: Any) -> None:
@@ -22,8 +22,10 @@ def add_parser(sub: Any) -> None:
     ls = actions.add_parser("list", help="every key: name, id, scopes, created, revoked")
     ls.add_argument("--json", action="store_true", help="one JSON object per key (JSON Lines)")
     cached = Settings.model_fields["auth_cache_seconds"].default
-    revoke = (f"revoke the active key of this name (refused everywhere within {cached:g} s: "
-              "CONVEYOR_AUTH_CACHE_SECONDS)")  # fmt: skip
+    revoke = (
+        f"revoke the active key of this name (refused everywhere within {cached:g} s: "
+        "CONVEYOR_AUTH_CACHE_SECONDS)"
+    )
     r = actions.add_parser("revoke", help=revoke, description=revoke)
     r.add_argument("name")
     s.set_defaults(func=cmd_keys)
@@ -32,8 +34,11 @@ def add_parser(sub: Any) -> None:
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = actions.add_parser("sql", help="print the GRANT statements (deploy/postgres-roles.sql)")
     for component in ("api", "publisher", "worker", "sweeper"):
-        q.add_argument(f"--{component}", default=f"conveyor_{component}",
-                       help=f"the {component}'s role (default conveyor_{component})")  # fmt: skip
+        q.add_argument(
+            f"--{component}",
+            default=f"conveyor_{component}",
+            help=f"the {component}'s role (default conveyor_{component})",
+        )
     q = actions.add_parser("amqp", help="print rabbitmqctl commands for the broker users")
     q.add_argument("--vhost", default="/")
     q.add_argument("--types", help="comma-separated job types the worker may consume")
@@ -45,7 +50,7 @@ def dev_auth(settings: Settings, host: str) -> tuple[Settings, str | None]:
     only. Returns the settings, or a refusal."""
     import os
 
-    from .services import loopback
+    from .processes import loopback
 
     if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
         settings = settings.model_copy(update={"auth": "disabled"})
@@ -59,7 +64,7 @@ def dev_auth(settings: Settings, host: str) -> tuple[Settings, str | None]:
 
 def auth_banner(settings: Settings, *, dev: bool = False) -> str:
     """What a starting API says about auth (and, for dev, where its services are, masked)."""
-    from .core.secrets import mask_url
+    from ..core.secrets import mask_url
 
     if settings.auth == "disabled":
         text = (
@@ -68,14 +73,15 @@ def auth_banner(settings: Settings, *, dev: bool = False) -> str:
     else:
         text = "API keys required (conveyor keys create --name N --scopes jobs:read,jobs:write)"
     if dev:
-        text += (f"\nDatabase {mask_url(settings.database_url)}, "
-                 f"broker {mask_url(settings.amqp_url)}")  # fmt: skip
+        text += (
+            f"\nDatabase {mask_url(settings.database_url)}, broker {mask_url(settings.amqp_url)}"
+        )
     return text
 
 
 def cmd_roles(args: argparse.Namespace) -> int:
-    from .broker.permissions import rabbitmqctl_commands
-    from .store.roles import COMPONENTS, roles_sql
+    from ..broker.permissions import rabbitmqctl_commands
+    from ..store.roles import COMPONENTS, roles_sql
 
     try:
         settings = Settings()
@@ -94,7 +100,7 @@ def cmd_roles(args: argparse.Namespace) -> int:
 def role_passwords(environ: Mapping[str, str]) -> dict[str, str]:
     """``conveyor migrate --create-roles``: each component's password from
     ``CONVEYOR_<COMPONENT>_DB_PASSWORD``; raises ValueError naming the missing ones."""
-    from .store.roles import COMPONENTS
+    from ..store.roles import COMPONENTS
 
     names = {c: f"CONVEYOR_{c.upper()}_DB_PASSWORD" for c in COMPONENTS}
     missing = [n for n in names.values() if not environ.get(n)]
@@ -108,9 +114,9 @@ async def grant_roles(settings: Settings, passwords: Mapping[str, str] | None = 
     ``passwords`` (``--create-roles``), first create those roles or set their passwords."""
     import asyncpg
 
-    from .store.bounds import component_bounds
-    from .store.connect import connect_options
-    from .store.roles import ensure_login_roles, grant_existing
+    from ..store.bounds import component_bounds
+    from ..store.connect import connect_options
+    from ..store.roles import ensure_login_roles, grant_existing
 
     conn = await asyncpg.connect(settings.database_url, **connect_options(settings.db_pooler))
     try:
@@ -124,18 +130,20 @@ async def grant_roles(settings: Settings, passwords: Mapping[str, str] | None = 
 
 async def create_key(settings: Settings, name: str, scopes: str) -> str:
     """The new key (raises ValueError for bad scopes or a name in use)."""
-    from .core.apikeys import new_key, parse_scopes
-    from .store import for_schema
-    from .store.connect import create_pool
+    from ..core.apikeys import new_key, parse_scopes
+    from ..store import for_schema
+    from ..store.connect import create_pool
 
     wanted = parse_scopes(scopes)
     if not name.strip() or len(name) > 100:
         raise ValueError("a key name is 1 to 100 characters")
     key, key_id, key_hash = new_key()
     pool = await create_pool(
-        settings.database_url, application_name="conveyor-cli", max_size=1,
+        settings.database_url,
+        application_name="conveyor-cli",
+        max_size=1,
         pooler=settings.db_pooler,
-    )  # fmt: skip
+    )
     try:
         async with pool.acquire() as conn:
             ok = await for_schema(settings.db_schema).api_key_insert(
@@ -149,13 +157,15 @@ async def create_key(settings: Settings, name: str, scopes: str) -> str:
 
 
 async def revoke_key(settings: Settings, name: str) -> int:
-    from .store import for_schema
-    from .store.connect import create_pool
+    from ..store import for_schema
+    from ..store.connect import create_pool
 
     pool = await create_pool(
-        settings.database_url, application_name="conveyor-cli", max_size=1,
+        settings.database_url,
+        application_name="conveyor-cli",
+        max_size=1,
         pooler=settings.db_pooler,
-    )  # fmt: skip
+    )
     try:
         async with pool.acquire() as conn:
             return await for_schema(settings.db_schema).api_key_revoke(conn, name)
@@ -164,14 +174,16 @@ async def revoke_key(settings: Settings, name: str) -> int:
 
 
 async def _list(settings: Settings, as_json: bool = False) -> int:
-    from .cli_support import json_line, when
-    from .store import for_schema
-    from .store.connect import create_pool
+    from ..store import for_schema
+    from ..store.connect import create_pool
+    from .support import json_line, when
 
     pool = await create_pool(
-        settings.database_url, application_name="conveyor-cli", max_size=1,
+        settings.database_url,
+        application_name="conveyor-cli",
+        max_size=1,
         pooler=settings.db_pooler,
-    )  # fmt: skip
+    )
     try:
         async with pool.acquire() as conn:
             rows = await for_schema(settings.db_schema).api_key_list(conn)
@@ -179,12 +191,21 @@ async def _list(settings: Settings, as_json: bool = False) -> int:
         await pool.close()
     for k in rows:
         if as_json:  # no REST route lists keys: the row's own names (never the key)
-            json_line({"name": k.name, "key_id": k.key_id, "scopes": list(k.scopes),
-                       "created_at": k.created_at, "revoked_at": k.revoked_at})  # fmt: skip
+            json_line(
+                {
+                    "name": k.name,
+                    "key_id": k.key_id,
+                    "scopes": list(k.scopes),
+                    "created_at": k.created_at,
+                    "revoked_at": k.revoked_at,
+                }
+            )
             continue
         revoked = f"revoked {when(k.revoked_at)}" if k.revoked_at else "active"
-        print(f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
-              f"created {when(k.created_at)}  {revoked}")  # fmt: skip
+        print(
+            f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
+            f"created {when(k.created_at)}  {revoked}"
+        )
     if not rows and not as_json:
         print("no keys: conveyor keys create --name NAME --scopes jobs:read,jobs:write")
     return 0
@@ -196,15 +217,21 @@ def cmd_keys(args: argparse.Namespace) -> int:
         if args.action == "create":
             key = asyncio.run(create_key(settings, args.name, args.scopes))
             print(key)
-            print(f"key {args.name!r} created: this is the only time it is shown; send it as "
-                  "'Authorization: Bearer <key>'", file=sys.stderr)  # fmt: skip
+            print(
+                f"key {args.name!r} created: this is the only time it is shown; send it as "
+                "'Authorization: Bearer <key>'",
+                file=sys.stderr,
+            )
             return 0
         if args.action == "revoke":
             if asyncio.run(revoke_key(settings, args.name)) == 0:
                 print(f"conveyor keys: no active key named {args.name!r}", file=sys.stderr)
                 return 1
-            print(f"key {args.name!r} revoked (refused by every API within "
-                  f"{settings.auth_cache_seconds:g} s)", file=sys.stderr)  # fmt: skip
+            print(
+                f"key {args.name!r} revoked (refused by every API within "
+                f"{settings.auth_cache_seconds:g} s)",
+                file=sys.stderr,
+            )
             return 0
         return asyncio.run(_list(settings, args.json))
     except ValueError as exc:

@@ -14,9 +14,9 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from .cli_support import CliError
-from .core.config import Settings
-from .core.logging import event
+from ..core.config import Settings
+from ..core.logging import event
+from .support import CliError
 
 log = logging.getLogger("conveyor")
 
@@ -99,8 +99,8 @@ async def start_with_retry(
     (one line, exit 2) rather than a retry loop that never ends. ``stop`` (a signal) ends the
     wait at once, even during an attempt that hangs (a broker that accepts and never answers):
     the process exits 0, without a traceback."""
-    from .core.backoff import Backoff
-    from .store.connect import check_database, is_misconfigured
+    from ..core.backoff import Backoff
+    from ..store.connect import check_database, is_misconfigured
 
     async def attempt() -> None:
         await check_database(settings.database_url)
@@ -127,8 +127,9 @@ async def start_with_retry(
         if not isinstance(exc, Exception):
             raise exc
         delay = backoff.next()
-        event(log, f"{name}_start_failed", logging.WARNING, error=repr(exc),
-              retry_in=round(delay, 1))  # fmt: skip
+        event(
+            log, f"{name}_start_failed", logging.WARNING, error=repr(exc), retry_in=round(delay, 1)
+        )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
         if stop.is_set():

@@ -10,16 +10,15 @@ from typing import Any
 
 import orjson
 
-from .cli_support import json_line, when
-from .core.config import Settings
+from ..core.config import Settings
+from .support import json_line, when
 
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("schedules", help="list, add, pause, resume or delete schedules")
     acts = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = acts.add_parser("list", help="every schedule with its next tick")
-    ls.add_argument("--json", action="store_true",
-                    help="one JSON object per schedule (JSON Lines)")  # fmt: skip
+    ls.add_argument("--json", action="store_true", help="one JSON object per schedule (JSON Lines)")
     a = acts.add_parser("add", help="create or replace a schedule")
     a.add_argument("name")
     a.add_argument("--type", required=True, help="the job type each tick enqueues")
@@ -31,9 +30,11 @@ def add_parser(sub: Any) -> None:
     a.add_argument("--priority", default="normal")
     a.add_argument("--catch-up", choices=["skip", "last"], default="skip")
     a.add_argument("--paused", action="store_true", help="create it paused")
-    for name, help_ in (("pause", "stop enqueueing until resumed"),
-                        ("resume", "enqueue again from the next tick"),
-                        ("delete", "remove the schedule (its jobs stay)")):  # fmt: skip
+    for name, help_ in (
+        ("pause", "stop enqueueing until resumed"),
+        ("resume", "enqueue again from the next tick"),
+        ("delete", "remove the schedule (its jobs stay)"),
+    ):
         acts.add_parser(name, help=help_).add_argument("name")
     s.set_defaults(func=cmd_schedules)
 
@@ -46,12 +47,12 @@ def _line(row: Any) -> str:
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
-    from .api.schedules import schedule_dict
-    from .core.errors import InvalidJob
-    from .job_types import KnownTypes
-    from .schedule_ops import build_schedule, resume_at
-    from .store import for_schema
-    from .store.connect import create_pool
+    from ..api.schedules import schedule_dict
+    from ..core.errors import InvalidJob
+    from ..job_types import KnownTypes
+    from ..schedule_ops import build_schedule, resume_at
+    from ..store import for_schema
+    from ..store.connect import create_pool
 
     settings = Settings()
     store = for_schema(settings.db_schema)
@@ -75,12 +76,18 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                     if isinstance(priority, str) and priority.isdigit():
                         priority = int(priority)
                     new = build_schedule(
-                        args.name, args.type, payload=orjson.loads(args.payload),
-                        cron=args.cron, every_seconds=args.every, timezone=args.timezone,
-                        priority=priority, enabled=not args.paused, catch_up=args.catch_up,
+                        args.name,
+                        args.type,
+                        payload=orjson.loads(args.payload),
+                        cron=args.cron,
+                        every_seconds=args.every,
+                        timezone=args.timezone,
+                        priority=priority,
+                        enabled=not args.paused,
+                        catch_up=args.catch_up,
                         now=await store.db_clock(conn),
                         source="cli",
-                    )  # fmt: skip
+                    )
                     if not settings.accept_unknown_types:  # the API's rule: no type no worker runs
                         await KnownTypes(store).check(conn, [new.job_type])
                     done = await store.schedule_upsert(conn, new)

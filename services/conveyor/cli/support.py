@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 import orjson
 
-from .core.config import Settings
-from .core.logging import say
+from ..core.config import Settings
+from ..core.logging import say
 
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a process killed by it (`set -o pipefail` sees this)
 
@@ -65,15 +65,17 @@ def database_error(exc: BaseException, settings: Settings) -> CliError | None:
     """The one line for an error that means the database cannot be used (None: another error)."""
     import asyncpg
 
-    from .store.connect import database_name, is_unavailable, is_unmigrated
+    from ..store.connect import database_name, is_unavailable, is_unmigrated
 
     url = safe_url(settings.database_url)
     if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
         name = database_name(settings.database_url)
         return CliError(f"database {name!r} does not exist ({url}): run `conveyor migrate`")
     if is_unmigrated(exc):
-        return CliError(f"database schema {settings.db_schema!r} is not migrated ({url}): "
-                        "run `conveyor migrate`")  # fmt: skip
+        return CliError(
+            f"database schema {settings.db_schema!r} is not migrated ({url}): "
+            "run `conveyor migrate`"
+        )
     if is_unavailable(exc) or isinstance(
         exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError
     ):
@@ -85,7 +87,7 @@ def database_error(exc: BaseException, settings: Settings) -> CliError | None:
 async def database(settings: Settings, name: str = "conveyor-cli") -> AsyncIterator[Any]:
     """One connection for an operator command; a database that cannot be reached, does not
     exist or is not migrated becomes a ``CliError``."""
-    from .store.connect import create_pool
+    from ..store.connect import create_pool
 
     try:
         pool = await create_pool(
@@ -107,8 +109,8 @@ async def database(settings: Settings, name: str = "conveyor-cli") -> AsyncItera
 
 async def check_broker(settings: Settings) -> None:
     """``CliError`` when RabbitMQ cannot be reached."""
-    from .broker import LIBRARY_LOGGERS
-    from .broker.topology import reachable
+    from ..broker import LIBRARY_LOGGERS
+    from ..broker.topology import reachable
 
     loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]

@@ -8,23 +8,26 @@ import asyncio
 import sys
 from typing import Any
 
-from .cli_support import CliError, database, json_line, shown, when
-from .core.config import Settings
+from ..core.config import Settings
+from .support import CliError, database, json_line, shown, when
 
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("types", help="list the known job types, or register a router's types")
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = actions.add_parser("list", help="the types workers registered, with their defaults")
-    ls.add_argument("--json", action="store_true",
-                    help="one JSON object per type, as GET /types (JSON Lines)")  # fmt: skip
+    ls.add_argument(
+        "--json", action="store_true", help="one JSON object per type, as GET /types (JSON Lines)"
+    )
     r = actions.add_parser(
         "register", help="register a router's types without running a worker (a deploy step)"
     )
     r.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
     r.add_argument("--types", help="comma-separated subset (default: every handler)")
-    for name, help_ in (("pause", "pause a type fleet-wide: its jobs are accepted and wait"),
-                        ("resume", "resume a paused type")):  # fmt: skip
+    for name, help_ in (
+        ("pause", "pause a type fleet-wide: its jobs are accepted and wait"),
+        ("resume", "resume a paused type"),
+    ):
         actions.add_parser(name, help=help_).add_argument("type")
     lim = actions.add_parser("limit", help="change a type's fleet-wide limits at run time")
     lim.add_argument("type")
@@ -38,16 +41,16 @@ def _limit_value(text: str | None, parse: Any) -> Any:
 
 
 def cmd_types(args: argparse.Namespace) -> int:
-    from . import services
-    from .api.types_routes import type_dict
-    from .core.limits import check_concurrency, parse_rate
-    from .job_types import router_types
-    from .schedule_ops import register_router_schedules
-    from .store import for_schema
+    from ..api.types_routes import type_dict
+    from ..core.limits import check_concurrency, parse_rate
+    from ..job_types import router_types
+    from ..schedule_ops import register_router_schedules
+    from ..store import for_schema
+    from . import processes
 
     settings = Settings()
     store = for_schema(settings.db_schema)
-    router = services.load_router(args.app) if args.action == "register" else None
+    router = processes.load_router(args.app) if args.action == "register" else None
 
     async def change(conn: Any) -> int:
         name = args.type
@@ -73,10 +76,12 @@ def cmd_types(args: argparse.Namespace) -> int:
             return 1
         t = {t.name: t for t in await store.job_type_list(conn)}[name]
         d = type_dict(t)
-        print(f"{name}: {'paused' if d['paused'] else 'active'}, concurrency "
-              f"{shown(d['concurrency'])}, rate limit {shown(d['rate_limit'])} (limits set by "
-              f"the {d['limits_source']}); workers apply it within "
-              f"{settings.type_refresh_interval:g} s")  # fmt: skip
+        print(
+            f"{name}: {'paused' if d['paused'] else 'active'}, concurrency "
+            f"{shown(d['concurrency'])}, rate limit {shown(d['rate_limit'])} (limits set by "
+            f"the {d['limits_source']}); workers apply it within "
+            f"{settings.type_refresh_interval:g} s"
+        )
         return 0
 
     async def go() -> int:
@@ -98,10 +103,12 @@ def cmd_types(args: argparse.Namespace) -> int:
                 delays = ",".join(map(str, t.retry_delays)) or "-"
                 timeout = "-" if t.timeout_seconds is None else f"{t.timeout_seconds:g}s"
                 state = "PAUSED" if t.paused else "active"
-                print(f"{t.name:<32} {state:<6} concurrency={shown(t.concurrency)}"
-                      f" rate_limit={shown(d['rate_limit'])} running={t.running}"
-                      f" max_retries={shown(t.max_retries)} timeout={timeout}"
-                      f" retry_delays={delays} last_seen={when(t.last_seen)}")  # fmt: skip
+                print(
+                    f"{t.name:<32} {state:<6} concurrency={shown(t.concurrency)}"
+                    f" rate_limit={shown(d['rate_limit'])} running={t.running}"
+                    f" max_retries={shown(t.max_retries)} timeout={timeout}"
+                    f" retry_delays={delays} last_seen={when(t.last_seen)}"
+                )
             return 0
 
     try:

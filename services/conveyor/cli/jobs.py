@@ -11,9 +11,9 @@ import sys
 import uuid
 from typing import Any
 
-from .cli_support import CliError, database, json_doc, json_line, when
-from .cli_support import job_id as parse_job_id
-from .core.config import Settings
+from ..core.config import Settings
+from .support import CliError, database, json_doc, json_line, when
+from .support import job_id as parse_job_id
 
 STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED"]
 
@@ -21,8 +21,11 @@ STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAI
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("jobs", help="show, list, cancel or retry jobs")
     jobs = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, help_ in (("show", "print one job and its attempts"), ("cancel", "cancel a job"),
-                        ("retry", "re-queue a FAILED or CANCELLED job")):  # fmt: skip
+    for name, help_ in (
+        ("show", "print one job and its attempts"),
+        ("cancel", "cancel a job"),
+        ("retry", "re-queue a FAILED or CANCELLED job"),
+    ):
         j = jobs.add_parser(name, help=help_)
         j.add_argument("id")
         if name == "show":
@@ -44,14 +47,19 @@ def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
 
     retries = f"{row.retry_count} of {row.max_retries if row.max_retries is not None else '?'}"
     fields = [
-        ("id", row.id), ("type", row.job_type), ("status", row.status),
-        ("priority", row.priority), ("attempts", f"{row.attempts} (retries used: {retries})"),
-        ("created", when(row.created_at)), ("run at", when(row.run_at)),
-        ("started", when(row.started_at)), ("finished", when(row.finished_at)),
+        ("id", row.id),
+        ("type", row.job_type),
+        ("status", row.status),
+        ("priority", row.priority),
+        ("attempts", f"{row.attempts} (retries used: {retries})"),
+        ("created", when(row.created_at)),
+        ("run at", when(row.run_at)),
+        ("started", when(row.started_at)),
+        ("finished", when(row.finished_at)),
         ("worker", row.worker_id or "-"),
         ("payload", orjson.dumps(row.payload).decode()),
         ("result", orjson.dumps(row.result).decode() if row.result is not None else "-"),
-    ]  # fmt: skip
+    ]
     lines = [f"{k:<10} {v}" for k, v in fields]
     if row.last_error:
         lines.append("last error:")
@@ -69,15 +77,17 @@ def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
 
 
 def _list_line(r: Any) -> str:
-    return (f"{r.id}  {r.job_type:<24} {r.status:<12} attempts={r.attempts}"
-            f"  created {when(r.created_at)}")  # fmt: skip
+    return (
+        f"{r.id}  {r.job_type:<24} {r.status:<12} attempts={r.attempts}"
+        f"  created {when(r.created_at)}"
+    )
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from .api.attempts import attempt_dict
-    from .api.resource import decode_cursor, encode_cursor
-    from .api.resource import resource as job_resource
-    from .store import JobRow, for_schema
+    from ..api.attempts import attempt_dict
+    from ..api.resource import decode_cursor, encode_cursor
+    from ..api.resource import resource as job_resource
+    from ..store import JobRow, for_schema
 
     settings = Settings()
     store = for_schema(settings.db_schema)
@@ -91,8 +101,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             raise CliError("--limit must be at least 1")
         after = decode_cursor(args.cursor) if args.cursor else None
         while True:
-            rows = await store.job_list(conn, job_type=args.type, status=args.status,
-                                        after=after, limit=args.limit + 1)  # fmt: skip
+            rows = await store.job_list(
+                conn, job_type=args.type, status=args.status, after=after, limit=args.limit + 1
+            )
             more = len(rows) > args.limit
             rows = rows[: args.limit]
             for r in rows:
@@ -132,8 +143,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 await store.outbox_notify(conn)
                 row = await store.job_get(conn, job_id)
             if row is not None and not ok:
-                print(f"job {job_id} is {row.status}: only FAILED or CANCELLED jobs can be "
-                      "retried", file=sys.stderr)  # fmt: skip
+                print(
+                    f"job {job_id} is {row.status}: only FAILED or CANCELLED jobs can be retried",
+                    file=sys.stderr,
+                )
                 return 1
         if row is None:
             print(f"no job {job_id}", file=sys.stderr)

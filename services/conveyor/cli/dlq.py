@@ -10,8 +10,8 @@ import sys
 import uuid
 from typing import Any
 
-from .cli_support import CliError, check_broker, confirm, database, json_doc, json_line
-from .core.config import Settings
+from ..core.config import Settings
+from .support import CliError, check_broker, confirm, database, json_doc, json_line
 
 
 def add_parser(sub: Any) -> None:
@@ -25,30 +25,35 @@ def add_parser(sub: Any) -> None:
     )
     d.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     d.add_argument("--json", action="store_true", help="one JSON object per letter (JSON Lines)")
-    for name, help_ in (("redrive", "re-queue the jobs of matching dead letters"),
-                        ("purge", "delete matching dead letters (jobs stay FAILED)")):  # fmt: skip
+    for name, help_ in (
+        ("redrive", "re-queue the jobs of matching dead letters"),
+        ("purge", "delete matching dead letters (jobs stay FAILED)"),
+    ):
         d = dlq.add_parser(name, help=help_)
         d.add_argument("--id", action="append", help="a job id (repeatable)")
         d.add_argument("--type", help="every dead letter of this job type")
         d.add_argument("--all", action="store_true", help="every dead letter")
         if name == "purge":
-            d.add_argument("--yes", action="store_true",
-                           help="purge by --type or --all without asking")  # fmt: skip
+            d.add_argument(
+                "--yes", action="store_true", help="purge by --type or --all without asking"
+            )
     s.set_defaults(func=cmd_dlq)
 
 
 def _line(d: dict[str, Any]) -> str:
     error = (d["error"] or d["raw"] or "").strip().splitlines()
-    return (f"{d['job_id'] or '(not a job)':<36}  {d['type'] or '-':<24} "
-            f"{d['attempt'] if d['attempt'] is not None else '-':>7}  {d['status'] or '-':<11} "
-            f"{'stale' if d['stale'] else '':<5}  {error[-1][:100] if error else ''}")  # fmt: skip
+    return (
+        f"{d['job_id'] or '(not a job)':<36}  {d['type'] or '-':<24} "
+        f"{d['attempt'] if d['attempt'] is not None else '-':>7}  {d['status'] or '-':<11} "
+        f"{'stale' if d['stale'] else '':<5}  {error[-1][:100] if error else ''}"
+    )
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from .broker.inspect import Inspector
-    from .broker.topology import Topology
-    from .maintenance import deadletters as dl
-    from .store import for_schema
+    from ..broker.inspect import Inspector
+    from ..broker.topology import Topology
+    from ..maintenance import deadletters as dl
+    from ..store import for_schema
 
     settings = Settings()
     try:
@@ -72,17 +77,26 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                 if args.action == "list":
                     # a stale letter stays stale (attempts only grow): drop it as we pass, so
                     # a redrive from the dashboard or the API leaves nothing behind here
-                    seen = await dl.scan(inspector, pool, store,
-                                         lambda d: "drop" if d.stale else "keep",
-                                         limit=args.limit)  # fmt: skip
+                    seen = await dl.scan(
+                        inspector,
+                        pool,
+                        store,
+                        lambda d: "drop" if d.stale else "keep",
+                        limit=args.limit,
+                    )
                     stale = sum(1 for _, decision in seen if decision == "drop")
                     seen = [(letter, d) for letter, d in seen if d == "keep"]
                     if stale:
-                        print(f"dropped {stale} stale dead letter(s): their jobs were redriven, "
-                              "purged or failed again since", file=sys.stderr)  # fmt: skip
+                        print(
+                            f"dropped {stale} stale dead letter(s): their jobs were redriven, "
+                            "purged or failed again since",
+                            file=sys.stderr,
+                        )
                     if not args.json:
-                        print(f"{'job':<36}  {'type':<24} {'attempt':>7}  {'status':<11} "
-                              f"{'':<5}  error")  # fmt: skip
+                        print(
+                            f"{'job':<36}  {'type':<24} {'attempt':>7}  {'status':<11} "
+                            f"{'':<5}  error"
+                        )
                     for letter, _ in seen:
                         d = letter.as_dict()
                         if args.json:
@@ -95,8 +109,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                     counted = await dl.scan(inspector, pool, store, lambda _: "keep")
                     n = sum(1 for d, _ in counted if d.stale or match(d))
                     what = "every dead letter" if args.all else f"type {args.type!r}"
-                    if n and not confirm(f"Purge {n} of {len(counted)} dead letters ({what};"
-                                         " the jobs stay FAILED)?", yes=False):  # fmt: skip
+                    if n and not confirm(
+                        f"Purge {n} of {len(counted)} dead letters ({what}; the jobs stay FAILED)?",
+                        yes=False,
+                    ):
                         print("nothing purged", file=sys.stderr)
                         return 1
                 if args.action == "redrive":

@@ -14,13 +14,13 @@ from typing import Any
 
 import uvicorn
 
-from .cli_support import CliError
-from .core.config import Settings
-from .core.logging import event
-from .core.metrics import Metrics
-from .core.secrets import mask_url
+from ..core.config import Settings
+from ..core.logging import event
+from ..core.metrics import Metrics
+from ..core.secrets import mask_url
+from ..router import JobRouter
 from .lifecycle import install_signals, start_with_retry
-from .router import JobRouter
+from .support import CliError
 
 log = logging.getLogger("conveyor")
 
@@ -72,7 +72,7 @@ def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 def api_server(
     settings: Settings, host: str, port: int, *, metrics: Metrics | None = None
 ) -> _Server:
-    from .api.app import create_app
+    from ..api.app import create_app
 
     config = uvicorn.Config(
         create_app(settings, metrics=metrics),
@@ -92,11 +92,11 @@ def api_app() -> Any:
     """The app of one ``conveyor api --workers N`` process. uvicorn imports this by name in each
     worker (a fresh interpreter, started by spawn): settings come from the environment the
     parent passed on, and logging is configured again, as ``cli.main`` did in the parent."""
-    from .api.app import create_app
-    from .broker import LIBRARY_LOGGERS
-    from .core import tracing
-    from .core.logging import configure
-    from .core.secrets import MaskedStream
+    from ..api.app import create_app
+    from ..broker import LIBRARY_LOGGERS
+    from ..core import tracing
+    from ..core.logging import configure
+    from ..core.secrets import MaskedStream
 
     if not isinstance(sys.stderr, MaskedStream):  # as cli.main: no credential in any message
         sys.stderr = MaskedStream(sys.stderr)
@@ -114,7 +114,7 @@ def serve_api_workers(sock: socket.socket, workers: int) -> None:
 
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
-        "conveyor.services:api_app",
+        "conveyor.cli.processes:api_app",
         factory=True,
         host=host,
         port=port,
@@ -155,9 +155,9 @@ async def run_publisher(
     health_port: int | None = None,
     metrics: Metrics | None = None,
 ) -> None:
-    from .core.probes import serve_probes
-    from .maintenance.sweeper import Sweeper
-    from .publisher.relay import Relay, probes
+    from ..core.probes import serve_probes
+    from ..maintenance.sweeper import Sweeper
+    from ..publisher.relay import Relay, probes
 
     relay = Relay(settings, metrics)
     await start_with_retry(relay.start, stop, "publisher", settings)
@@ -189,8 +189,8 @@ async def run_publisher(
 async def run_sweeper(
     settings: Settings, stop: asyncio.Event, *, health_port: int | None = None
 ) -> None:
-    from .core.probes import serve_probes
-    from .maintenance.sweeper import Sweeper
+    from ..core.probes import serve_probes
+    from ..maintenance.sweeper import Sweeper
 
     sweeper = Sweeper(settings)
     await start_with_retry(sweeper.start, stop, "sweeper", settings)
@@ -198,9 +198,12 @@ async def run_sweeper(
     try:
         if health_port is not None:
             server = await serve_probes(
-                "0.0.0.0", health_port, live=sweeper.live, ready=lambda: True,
+                "0.0.0.0",
+                health_port,
+                live=sweeper.live,
+                ready=lambda: True,
                 registry=sweeper.metrics.registry,
-            )  # fmt: skip
+            )
         event(log, "sweeper_started")
         await sweeper.run(stop)
     finally:
@@ -223,8 +226,8 @@ def _both(
 
 async def preflight(settings: Settings) -> str | None:
     """One clear line when PostgreSQL or RabbitMQ cannot be reached, else None."""
-    from .broker.topology import reachable
-    from .store.connect import check_server
+    from ..broker.topology import reachable
+    from ..store.connect import check_server
 
     try:  # the server, not the database: `conveyor migrate` creates that
         await check_server(settings.database_url, timeout=3)
