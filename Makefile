@@ -7,7 +7,8 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 .PHONY: help install system-packages dev test test-all lint format bench bench-scale clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/$$(PORT)/$(PORT)/g' \
+	  | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
