@@ -74,8 +74,7 @@ class _Poll:
         self.delay = FIRST_POLL
 
     def next_sleep(self, job: JobInfo) -> float:
-        """Seconds to sleep before polling ``job`` (as last seen) again; ``WaitTimeout`` when
-        the time is up."""
+        """Seconds to wait before polling again; ``WaitTimeout`` (``job``: as last seen) after."""
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise WaitTimeout(job, self.timeout)
@@ -151,11 +150,9 @@ class Client:
         """The job once COMPLETED, FAILED or CANCELLED (``result`` / ``error``); raises
         ``WaitTimeout`` after ``timeout`` seconds."""
         poll = _Poll(timeout)
-        while True:
-            job = self.get(job_id)
-            if job.finished:
-                return job
+        while not (job := self.get(job_id)).finished:
             time.sleep(poll.next_sleep(job))
+        return job
 
 
 class AsyncClient:
@@ -220,8 +217,6 @@ class AsyncClient:
 
     async def wait(self, job_id: uuid.UUID | str, timeout: float = 60.0) -> JobInfo:
         poll = _Poll(timeout)
-        while True:
-            job = await self.get(job_id)
-            if job.finished:
-                return job
+        while not (job := await self.get(job_id)).finished:  # noqa: ASYNC110 (polls the API)
             await asyncio.sleep(poll.next_sleep(job))
+        return job

@@ -62,10 +62,6 @@ class Inbox:
         self._arrived.set()
         return job_id
 
-    async def get(self) -> tuple[Delivery, uuid.UUID | None]:
-        await self.wait()
-        return self.get_nowait()
-
     async def wait(self) -> None:
         """Until a delivery is in the inbox."""
         while not self._heap:
@@ -161,11 +157,11 @@ class Consumer:
         claim them. Returns how many deliveries it took."""
         await self.slots.acquire()
         try:
-            first = await self.inbox.get()
+            await self.inbox.wait()
         except BaseException:
             self.slots.release()
             raise
-        batch = [first]
+        batch = [self.inbox.get_nowait()]
         while not self.inbox.empty() and not self.slots.locked():
             await self.slots.acquire()
             batch.append(self.inbox.get_nowait())
