@@ -18,22 +18,12 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from .common import (
-    TERMINAL,
-    JobInfo,
-    JobPage,
-    _Backoff,
-    _check,
-    _headers,
-    _idem,
-    _list_params,
-    _page,
-    job_body,
-)
+from . import common
+from .common import TERMINAL, Call, JobInfo, JobPage, job_body
 from .errors import (
     ApiError,
     BadRequest,
@@ -46,7 +36,13 @@ from .errors import (
     Unauthorized,
     Unavailable,
     WaitTimeout,
+    check,
 )
+
+T = TypeVar("T")
+FIRST_POLL = 0.05
+MAX_POLL = 1.0
+POLL_GROWTH = 1.5
 
 __all__ = [
     "TERMINAL",
@@ -69,6 +65,24 @@ __all__ = [
 ]
 
 
+class _Poll:
+    """``wait``'s pace: every ``FIRST_POLL`` seconds, growing to ``MAX_POLL``, for ``timeout``."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.delay = FIRST_POLL
+
+    def next_sleep(self, job: JobInfo) -> float:
+        """Seconds to wait before polling again; ``WaitTimeout`` (``job``: as last seen) after."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(job, self.timeout)
+        sleep = min(self.delay, left)
+        self.delay = min(self.delay * POLL_GROWTH, MAX_POLL)
+        return sleep
+
+
 class Client:
     """Synchronous client. ``http`` (an ``httpx.Client``) may be given, e.g. with a transport."""
 
@@ -81,7 +95,7 @@ class Client:
         http: httpx.Client | None = None,
     ) -> None:
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout)
-        self.http.headers.update(_headers(api_key))
+        self.http.headers.update(common.auth_headers(api_key))
 
     def __enter__(self) -> Client:
         return self
@@ -91,6 +105,9 @@ class Client:
 
     def close(self) -> None:
         self.http.close()
+
+    def _send(self, call: Call[T]) -> T:
+        return call.read(check(self.http.request(call.method, call.url, **call.options)))
 
     def submit(
         self,
@@ -102,21 +119,16 @@ class Client:
     ) -> JobInfo:
         """``options``: priority, max_retries, timeout_seconds, run_at, delay_seconds, meta,
         unique_for, unique_key (see ``job_body``)."""
-        body = job_body(job_type, payload, **options)
-        r = self.http.post("/jobs", json=body, headers=_idem(idempotency_key))
-        return JobInfo.from_json(_check(r))
+        return self._send(common.submit(job_type, payload, idempotency_key, options))
 
     def submit_batch(
         self, jobs: Iterable[Mapping[str, Any]], *, idempotency_key: str | None = None
     ) -> list[JobInfo]:
         """``jobs``: bodies as ``job_body`` builds them; one transaction, same order."""
-        r = self.http.post(
-            "/jobs/batch", json={"jobs": [dict(j) for j in jobs]}, headers=_idem(idempotency_key)
-        )
-        return [JobInfo.from_json(j) for j in _check(r)["jobs"]]
+        return self._send(common.submit_batch(jobs, idempotency_key))
 
     def get(self, job_id: uuid.UUID | str) -> JobInfo:
-        return JobInfo.from_json(_check(self.http.get(f"/jobs/{job_id}")))
+        return self._send(common.get(job_id))
 
     def list(
         self,
@@ -126,28 +138,21 @@ class Client:
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
-        return _page(
-            _check(self.http.get("/jobs", params=_list_params(type, status, limit, cursor)))
-        )
+        return self._send(common.list_jobs(type, status, limit, cursor))
 
     def cancel(self, job_id: uuid.UUID | str) -> JobInfo:
-        return JobInfo.from_json(_check(self.http.post(f"/jobs/{job_id}/cancel")))
+        return self._send(common.act(job_id, "cancel"))
 
     def retry(self, job_id: uuid.UUID | str) -> JobInfo:
-        return JobInfo.from_json(_check(self.http.post(f"/jobs/{job_id}/retry")))
+        return self._send(common.act(job_id, "retry"))
 
     def wait(self, job_id: uuid.UUID | str, timeout: float = 60.0) -> JobInfo:
         """The job once COMPLETED, FAILED or CANCELLED (``result`` / ``error``); raises
         ``WaitTimeout`` after ``timeout`` seconds."""
-        backoff = _Backoff(timeout)
-        while True:
-            job = self.get(job_id)
-            if job.finished:
-                return job
-            sleep = backoff.next_sleep()
-            if sleep is None:
-                raise WaitTimeout(job, timeout)
-            time.sleep(sleep)
+        poll = _Poll(timeout)
+        while not (job := self.get(job_id)).finished:
+            time.sleep(poll.next_sleep(job))
+        return job
 
 
 class AsyncClient:
@@ -162,7 +167,7 @@ class AsyncClient:
         http: httpx.AsyncClient | None = None,
     ) -> None:
         self.http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
-        self.http.headers.update(_headers(api_key))
+        self.http.headers.update(common.auth_headers(api_key))
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -173,6 +178,9 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
+    async def _send(self, call: Call[T]) -> T:
+        return call.read(check(await self.http.request(call.method, call.url, **call.options)))
+
     async def submit(
         self,
         job_type: str,
@@ -181,20 +189,15 @@ class AsyncClient:
         idempotency_key: str | None = None,
         **options: Any,
     ) -> JobInfo:
-        body = job_body(job_type, payload, **options)
-        r = await self.http.post("/jobs", json=body, headers=_idem(idempotency_key))
-        return JobInfo.from_json(_check(r))
+        return await self._send(common.submit(job_type, payload, idempotency_key, options))
 
     async def submit_batch(
         self, jobs: Iterable[Mapping[str, Any]], *, idempotency_key: str | None = None
     ) -> list[JobInfo]:
-        r = await self.http.post(
-            "/jobs/batch", json={"jobs": [dict(j) for j in jobs]}, headers=_idem(idempotency_key)
-        )
-        return [JobInfo.from_json(j) for j in _check(r)["jobs"]]
+        return await self._send(common.submit_batch(jobs, idempotency_key))
 
     async def get(self, job_id: uuid.UUID | str) -> JobInfo:
-        return JobInfo.from_json(_check(await self.http.get(f"/jobs/{job_id}")))
+        return await self._send(common.get(job_id))
 
     async def list(
         self,
@@ -204,22 +207,16 @@ class AsyncClient:
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
-        r = await self.http.get("/jobs", params=_list_params(type, status, limit, cursor))
-        return _page(_check(r))
+        return await self._send(common.list_jobs(type, status, limit, cursor))
 
     async def cancel(self, job_id: uuid.UUID | str) -> JobInfo:
-        return JobInfo.from_json(_check(await self.http.post(f"/jobs/{job_id}/cancel")))
+        return await self._send(common.act(job_id, "cancel"))
 
     async def retry(self, job_id: uuid.UUID | str) -> JobInfo:
-        return JobInfo.from_json(_check(await self.http.post(f"/jobs/{job_id}/retry")))
+        return await self._send(common.act(job_id, "retry"))
 
     async def wait(self, job_id: uuid.UUID | str, timeout: float = 60.0) -> JobInfo:
-        backoff = _Backoff(timeout)
-        while True:
-            job = await self.get(job_id)
-            if job.finished:
-                return job
-            sleep = backoff.next_sleep()
-            if sleep is None:
-                raise WaitTimeout(job, timeout)
-            await asyncio.sleep(sleep)
+        poll = _Poll(timeout)
+        while not (job := await self.get(job_id)).finished:  # noqa: ASYNC110 (polls the API)
+            await asyncio.sleep(poll.next_sleep(job))
+        return job

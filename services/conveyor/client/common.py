@@ -1,23 +1,16 @@
-"""What both clients share: the job resource as a dataclass, request bodies, error mapping,
-the polling backoff of ``wait``."""
+"""What both clients share: the job resource as a dataclass, and each operation's request
+(a ``Call``, built here once; ``Client`` and ``AsyncClient`` only send it)."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-import httpx
-
-from .errors import _ERRORS, ApiError
-
+T = TypeVar("T")
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
-FIRST_POLL = 0.05
-MAX_POLL = 1.0
-POLL_GROWTH = 1.5
 
 
 @dataclass(frozen=True)
@@ -90,18 +83,18 @@ def job_body(
     return body
 
 
-def _check(r: httpx.Response) -> Any:
-    if r.status_code < 300:
-        return r.json() if r.content else None
-    try:
-        data = r.json()
-        error, detail = data.get("error", "error"), data.get("detail")
-    except ValueError:
-        error, detail = "error", r.text[:500]
-    raise _ERRORS.get(r.status_code, ApiError)(r.status_code, error, detail, r.headers)
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One operation's request (``options``: httpx's ``json``, ``params``, ``headers``), and
+    ``read``: its answer's JSON → what the operation returns."""
+
+    method: str
+    url: str
+    read: Callable[[Any], T]
+    options: dict[str, Any] = field(default_factory=dict)
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
@@ -109,27 +102,39 @@ def _idem(key: str | None) -> dict[str, str]:
     return {"Idempotency-Key": key} if key else {}
 
 
-def _list_params(
+def submit(
+    job_type: str, payload: Mapping[str, Any] | None, key: str | None, options: Mapping[str, Any]
+) -> Call[JobInfo]:
+    body = job_body(job_type, payload, **options)
+    return Call("POST", "/jobs", JobInfo.from_json, {"json": body, "headers": _idem(key)})
+
+
+def submit_batch(jobs: Iterable[Mapping[str, Any]], key: str | None) -> Call[list[JobInfo]]:
+    body = {"jobs": [dict(j) for j in jobs]}
+    return Call("POST", "/jobs/batch", _jobs, {"json": body, "headers": _idem(key)})
+
+
+def get(job_id: uuid.UUID | str) -> Call[JobInfo]:
+    return Call("GET", f"/jobs/{job_id}", JobInfo.from_json)
+
+
+def list_jobs(
     job_type: str | None, status: str | None, limit: int, cursor: str | None
-) -> dict[str, Any]:
+) -> Call[JobPage]:
     params = {"type": job_type, "status": status, "limit": limit, "cursor": cursor}
-    return {k: v for k, v in params.items() if v is not None}
+    return Call(
+        "GET", "/jobs", _page, {"params": {k: v for k, v in params.items() if v is not None}}
+    )
+
+
+def act(job_id: uuid.UUID | str, action: str) -> Call[JobInfo]:
+    """``cancel`` or ``retry``."""
+    return Call("POST", f"/jobs/{job_id}/{action}", JobInfo.from_json)
+
+
+def _jobs(data: dict[str, Any]) -> list[JobInfo]:
+    return [JobInfo.from_json(j) for j in data["jobs"]]
 
 
 def _page(data: dict[str, Any]) -> JobPage:
-    return JobPage([JobInfo.from_json(j) for j in data["jobs"]], data.get("next_cursor"))
-
-
-class _Backoff:
-    def __init__(self, timeout: float) -> None:
-        self.deadline = time.monotonic() + timeout
-        self.delay = FIRST_POLL
-
-    def next_sleep(self) -> float | None:
-        """Seconds to sleep before the next poll; None when the time is up."""
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            return None
-        sleep = min(self.delay, left)
-        self.delay = min(self.delay * POLL_GROWTH, MAX_POLL)
-        return sleep
+    return JobPage(_jobs(data), data.get("next_cursor"))

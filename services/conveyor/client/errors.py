@@ -1,9 +1,12 @@
-"""The client's typed errors: one class per status the API answers (``ApiError`` for others)."""
+"""The client's typed errors: one class per status the API answers (``ApiError`` for others),
+raised by ``check``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+import httpx
 
 if TYPE_CHECKING:
     from .common import JobInfo
@@ -82,3 +85,15 @@ _ERRORS: dict[int, type[ApiError]] = {
     429: RateLimited,
     503: Unavailable,
 }
+
+
+def check(r: httpx.Response) -> Any:
+    """The answer's JSON (None when empty), or the typed error of a non-2xx answer."""
+    if r.status_code < 300:
+        return r.json() if r.content else None
+    try:
+        data = r.json()
+        error, detail = data.get("error", "error"), data.get("detail")
+    except ValueError:
+        error, detail = "error", r.text[:500]
+    raise _ERRORS.get(r.status_code, ApiError)(r.status_code, error, detail, r.headers)

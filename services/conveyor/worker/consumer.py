@@ -17,9 +17,9 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..broker.acks import Acks
 from ..broker.consume import Delivery, MalformedMessage, job_id_of
@@ -31,6 +31,7 @@ from ..store.attempts import HandlerDefaults
 
 log = logging.getLogger("conveyor.worker")
 
+T = TypeVar("T")
 Start = Callable[[ClaimedJob, Delivery | None], None]  # None: acknowledged already
 
 
@@ -56,17 +57,10 @@ class Inbox:
         self._arrived = asyncio.Event()
 
     def put(self, d: Delivery) -> uuid.UUID | None:
-        try:
-            job_id: uuid.UUID | None = job_id_of(d.body)
-        except MalformedMessage:
-            job_id = None
+        job_id = _job_id(d)
         heapq.heappush(self._heap, (-d.priority, next(self._seq), d, job_id))
         self._arrived.set()
         return job_id
-
-    async def get(self) -> tuple[Delivery, uuid.UUID | None]:
-        await self.wait()
-        return self.get_nowait()
 
     async def wait(self) -> None:
         """Until a delivery is in the inbox."""
@@ -163,11 +157,11 @@ class Consumer:
         claim them. Returns how many deliveries it took."""
         await self.slots.acquire()
         try:
-            first = await self.inbox.get()
+            await self.inbox.wait()
         except BaseException:
             self.slots.release()
             raise
-        batch = [first]
+        batch = [self.inbox.get_nowait()]
         while not self.inbox.empty() and not self.slots.locked():
             await self.slots.acquire()
             batch.append(self.inbox.get_nowait())
@@ -180,13 +174,7 @@ class Consumer:
     async def process_batch(self, batch: list[Delivery]) -> None:
         """Decode, claim, ack what does not run, start the rest. Each delivery holds one slot
         on entry; slots of deliveries that do not start a handler are released here."""
-        decoded: list[tuple[Delivery, uuid.UUID | None]] = []
-        for d in batch:
-            try:
-                decoded.append((d, job_id_of(d.body)))
-            except MalformedMessage:
-                decoded.append((d, None))
-        await self._process(decoded)
+        await self._process([(d, _job_id(d)) for d in batch])
 
     async def _process(self, batch: list[tuple[Delivery, uuid.UUID | None]]) -> None:
         valid: list[tuple[Delivery, uuid.UUID]] = []
@@ -241,21 +229,28 @@ class Consumer:
             await self._explain_dropped(dropped_ids)
 
     async def _claim(self, ids: list[uuid.UUID]) -> list[ClaimedJob] | None:
+        return await self._retrying(
+            lambda conn: self.store.job_claim_many(
+                conn,
+                ids,
+                lease_seconds=self.visibility_timeout,
+                worker_id=self.worker_id,
+                types=self.types,
+                handler_defaults=self.handler_defaults,
+                default_max_retries=self.default_max_retries,
+            )
+        )
+
+    async def _retrying(self, claim: Callable[[Any], Awaitable[T]]) -> T | None:
+        """``claim(conn)`` until it succeeds, with a backoff (``claim_failing_since`` meanwhile);
+        None when the drain stops a claim that keeps failing."""
         backoff = Backoff()
         while True:
             try:
                 async with self.pool.acquire() as conn:
-                    rows = await self.store.job_claim_many(
-                        conn,
-                        ids,
-                        lease_seconds=self.visibility_timeout,
-                        worker_id=self.worker_id,
-                        types=self.types,
-                        handler_defaults=self.handler_defaults,
-                        default_max_retries=self.default_max_retries,
-                    )
-                    self._failing_since = None
-                    return rows
+                    result = await claim(conn)
+                self._failing_since = None
+                return result
             except Exception as exc:
                 if self.stopping:
                     return None
@@ -298,6 +293,14 @@ class Consumer:
             await d.nack(requeue=True)
             n += 1
         return n
+
+
+def _job_id(d: Delivery) -> uuid.UUID | None:
+    """The delivery's job id, None when it is malformed."""
+    try:
+        return job_id_of(d.body)
+    except MalformedMessage:
+        return None
 
 
 def _why_malformed(body: bytes) -> str:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .worker import Worker
+from ..broker.consume import Subscription
+from .consumer import Consumer
+from .executor import Executor
+from .running import Running
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +30,22 @@ class DrainStatus:
 
 
 class Drain:
-    def __init__(self, worker: Worker, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.w = worker
-        self.clock = clock
+    """The worker's parts a drain stops: ``running`` is the worker's attempts in hand, ``idle``
+    is set when the last one's outcome is written."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        subscription: Subscription,
+        executor: Executor,
+        running: Mapping[uuid.UUID, Running],
+        idle: asyncio.Event,
+    ) -> None:
+        self.consumer = consumer
+        self.subscription = subscription
+        self.executor = executor
+        self.running = running
+        self.idle = idle
         self.phase = "running"
         self.waiting = 0
         self.released = 0
@@ -38,56 +53,52 @@ class Drain:
     def status(self) -> DrainStatus:
         return DrainStatus(self.phase, self.waiting, self.released)
 
-    async def run(self, grace: float) -> None:
-        await self.stop_taking()
+    async def run(self, grace: float, claim_loop: asyncio.Task[None] | None) -> None:
+        await self.stop_taking(claim_loop)
         await self.finish(grace)
         await self.hand_back()
         await self.flush()
         self.phase = "stopped"
 
-    async def stop_taking(self) -> None:
-        """Cancel the consumers; let a claim in flight end; return waiting deliveries."""
+    async def stop_taking(self, claim_loop: asyncio.Task[None] | None) -> None:
+        """Cancel the consumers and the consumer's loop (``claim_loop``); let a claim in flight
+        end; return waiting deliveries."""
         self.phase = "stopping"
-        w = self.w
-        w.consumer.stopping = True
-        await _quietly(w.subscription.cancel())
-        claim = w.loops.get("consumer")
-        if claim is not None:
-            claim.cancel()
+        self.consumer.stopping = True
+        await quietly(self.subscription.cancel())
+        if claim_loop is not None:
+            claim_loop.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await claim
-        current = w.consumer.current
+                await claim_loop
+        current = self.consumer.current
         if current is not None and not current.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(current), 10)
-        self.waiting = await w.consumer.hand_back_waiting()
+            await quietly(asyncio.shield(current), 10)
+        self.waiting = await self.consumer.hand_back_waiting()
 
     async def finish(self, grace: float) -> None:
         """Let running handlers finish within ``grace`` seconds."""
         self.phase = "finishing"
-        tasks = list(self.w.executor.tasks)
-        if tasks:
+        if tasks := list(self.executor.tasks):
             await asyncio.wait(tasks, timeout=grace)
 
     async def hand_back(self) -> None:
         """Cancel what still runs: each reports RELEASE (handed back, no retry consumed)."""
         self.phase = "handing_back"
-        self.released = self.w.executor.hand_back_all()
-        tasks = list(self.w.executor.tasks)
-        if tasks:
+        self.released = self.executor.hand_back_all()
+        if tasks := list(self.executor.tasks):
             await asyncio.wait(tasks, timeout=5)
 
     async def flush(self, timeout: float = 15.0) -> None:
         """Wait until every outcome is written (bounded: a database that is down must not hang
         the drain; the leases of unwritten attempts then expire and the sweeper recovers them)."""
         self.phase = "flushing"
-        if self.w.running:
-            self.w.idle.clear()
+        if self.running:
+            self.idle.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.w.idle.wait(), timeout)
+                await asyncio.wait_for(self.idle.wait(), timeout)
 
 
-async def _quietly(aw: Awaitable[Any], timeout: float = 5.0) -> None:
+async def quietly(aw: Awaitable[Any], timeout: float = 5.0) -> None:
     """Best effort during shutdown: a broker or database that is down must not hang a drain."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(aw, timeout)

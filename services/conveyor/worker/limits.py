@@ -23,7 +23,6 @@ from typing import Any
 
 from ..broker.consume import Delivery
 from ..broker.wire import MalformedMessage, decode
-from ..core.backoff import Backoff
 from ..core.logging import event
 from ..store import ClaimedJob
 from .consumer import Consumer
@@ -205,40 +204,32 @@ class LimitedConsumer(Consumer):
     ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]] | None:
         """Claim ``ids`` (of controlled types): the claimed jobs and the held ones (id → pen
         seconds, 0: now in ``waiting``); None when the drain stops a claim that keeps failing."""
-        backoff = Backoff()
         types = sorted({type_of[i] for i in ids})
         room = {t: self._cap(t) - len(self.waiting.get(t, ())) for t in types}
         for i in ids:  # already in hand: claimed again, or held again in the same place
             if i in self.waiting.get(type_of[i], ()):
                 room[type_of[i]] += 1
-        while True:
-            try:
-                # one statement, no transaction: the type rows are locked only while it runs
-                async with self.pool.acquire() as conn:
-                    rows, held = await self.store.job_claim_controlled(
-                        conn,
-                        ids,
-                        lease_seconds=self.visibility_timeout,
-                        worker_id=self.worker_id,
-                        types=types,
-                        handler_defaults=self.handler_defaults,
-                        default_max_retries=self.default_max_retries,
-                        room=room,
-                    )
-                    if any(held.values()):
-                        await self.store.outbox_notify(conn)
-                self._failing_since = None
-                break
-            except Exception as exc:
-                if self.stopping:
-                    return None
-                if self._failing_since is None:
-                    self._failing_since = self.clock()
-                delay = backoff.next()
-                event(
-                    log, "claim_failed", logging.WARNING, error=repr(exc), retry_in=round(delay, 2)
-                )
-                await asyncio.sleep(delay)
+
+        async def claim(conn: Any) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
+            # one statement, no transaction: the type rows are locked only while it runs
+            rows, held = await self.store.job_claim_controlled(
+                conn,
+                ids,
+                lease_seconds=self.visibility_timeout,
+                worker_id=self.worker_id,
+                types=types,
+                handler_defaults=self.handler_defaults,
+                default_max_retries=self.default_max_retries,
+                room=room,
+            )
+            if any(held.values()):
+                await self.store.outbox_notify(conn)
+            return rows, held
+
+        got = await self._retrying(claim)
+        if got is None:
+            return None
+        rows, held = got
         for job_id, pen in held.items():
             job_type = type_of.get(job_id, "")
             if pen == 0:

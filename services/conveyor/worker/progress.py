@@ -43,7 +43,6 @@ class ProgressWriter:
         self._pending: dict[uuid.UUID, ProgressReport] = {}
         self._lock = threading.Lock()  # sync handlers report from their threads
         self.written_total = 0
-        self.fenced_total = 0
 
     def put(self, r: ProgressReport) -> None:
         with self._lock:
@@ -81,7 +80,6 @@ class ProgressWriter:
             )
             return 0
         self.written_total += len(written)
-        self.fenced_total += len(batch) - len(written)
         return len(batch)
 
 

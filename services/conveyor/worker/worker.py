@@ -39,7 +39,7 @@ from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .completer import Completer, Pending
 from .controls import TypeControls, consumer_switch
-from .drain import Drain, _quietly
+from .drain import Drain, quietly
 from .executor import Executor
 from .guard import LoopGuard
 from .heartbeater import Heartbeater, take_deliveries
@@ -49,7 +49,7 @@ from .loop import LoopMonitor
 from .progress import ProgressWriter
 from .running import Running
 from .sidework import SIDE_THREADS
-from .status import WorkerStatus, gather_status
+from .status import WorkerStatus
 
 log = logging.getLogger("conveyor.worker")
 
@@ -154,7 +154,8 @@ class Worker:
             early_ack_after=settings.early_ack_after,
             clock=clock,
         )
-        self.drain = Drain(self, clock=clock)
+        self.idle = asyncio.Event()  # set when the last running job's outcome is written
+        self.drain = Drain(self.consumer, self.subscription, self.executor, self.running, self.idle)
         block = settings.worker_loop_block_limit  # a short one needs quicker ticks and checks
         self.monitor = LoopMonitor(
             self.metrics.registry,
@@ -168,7 +169,6 @@ class Worker:
         self.loops: dict[str, asyncio.Task[None]] = {}
         self.snapshot: WorkerStatus | None = None  # refreshed on every loop tick
         self.stopping = False
-        self.idle = asyncio.Event()  # set when the last running job's outcome is written
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -235,15 +235,15 @@ class Worker:
         grace = self.settings.shutdown_grace if grace is None else grace
         self.stopping = True
         event(log, "worker_draining", running=len(self.running), grace=grace)
-        await self.drain.run(grace)
+        await self.drain.run(grace, self.loops.get("consumer"))
         self.guard.stop()
         for task in self.loops.values():
             task.cancel()
         await asyncio.gather(*self.loops.values(), return_exceptions=True)
         await self.notifier.stop()
-        await _quietly(self.subscription.close())
+        await quietly(self.subscription.close())
         if self.pool is not None:
-            await _quietly(self.pool.close())
+            await quietly(self.pool.close())
         self._snapshot()
         event(
             log,
@@ -258,16 +258,6 @@ class Worker:
     async def process_batch(self, batch: list[Delivery]) -> None:
         """Claim a batch of deliveries (each holding one slot) and start their handlers."""
         await self.consumer.process_batch(batch)
-
-    async def write_outcomes(self) -> int:
-        """Write every outcome that is ready; returns how many."""
-        n = 0
-        while (k := await self.completer.flush_once()) > 0:
-            n += k
-        return n
-
-    async def heartbeat_once(self) -> None:
-        await self.heartbeater.beat_once()
 
     # ------------------------------------------------------------------ the parts' seams
 
@@ -335,7 +325,25 @@ class Worker:
     # ------------------------------------------------------------------ status
 
     def status(self) -> WorkerStatus:
-        return gather_status(self)
+        """Each part's status, gathered (``health.py`` reads this, never the parts)."""
+        dead = [name for name, t in self.loops.items() if t.done()]
+        return WorkerStatus(
+            worker_id=self.worker_id,
+            concurrency=self.concurrency,
+            running=len(self.running),
+            stopping=self.stopping,
+            broker_connected=self.subscription.connected,
+            consuming=self.subscription.consuming,
+            dead_parts=[] if self.stopping else dead,
+            consumer=self.consumer.status(),
+            executor=self.executor.status(),
+            completer=self.completer.status(),
+            heartbeat=self.heartbeater.status(),
+            loop=self.monitor.status(),
+            guard=self.guard.status(),
+            acks=self.acks.status(),
+            drain=self.drain.status(),
+        )
 
     def _snapshot(self) -> None:
         self.snapshot = self.status()
