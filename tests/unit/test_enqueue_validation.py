@@ -6,7 +6,7 @@ from datetime import datetime
 import pytest
 
 from conveyor.core.errors import InvalidJob, PayloadTooLarge
-from conveyor.enqueue import JobSpec, build_job, spec_hash
+from conveyor.jobs.spec import JobSpec, build_job, spec_hash
 from conveyor.router import JobRouter
 
 

@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 
 from ..core.errors import InvalidJob
-from ..enqueue import build_job, spec_hash
+from ..jobs.spec import build_job, spec_hash
 from ..store import NewJob
 from .body import TooManyJobs, count_batch_items, parse_json
 from .models import SubmitBatch, SubmitJob
