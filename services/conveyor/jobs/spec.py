@@ -186,6 +186,8 @@ def build_job(
         if request_hash is None:
             request_hash = spec_hash(spec)
     unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
+    meta = spec.meta
+    meta_json = None if meta is None else encode_object(meta, "meta", MAX_META_BYTES).decode()
     return NewJob.of(  # positional, in NewJob's field order
         new_job_id(),  # id
         spec.type,  # job_type
@@ -197,14 +199,16 @@ def build_job(
         spec.delay_seconds,  # delay_seconds
         spec.idempotency_key,  # idempotency_key
         request_hash,  # request_hash
-        encode_meta(spec.meta),  # meta_json
+        meta_json,  # meta_json
         unique,  # unique_key
         spec.unique_for if unique is not None else None,  # unique_for
     )
 
 
 def spec_hash(spec: JobSpec) -> str:
-    body = {
+    """The request an idempotency key is checked against. The job features' options take part
+    only when given, so the hashes of requests without them are unchanged."""
+    body: dict[str, Any] = {
         "type": spec.type,
         "payload": spec.payload or {},
         "priority": parse_priority(spec.priority),
@@ -212,15 +216,11 @@ def spec_hash(spec: JobSpec) -> str:
         "timeout_seconds": spec.timeout_seconds,
         "run_at": spec.run_at.isoformat() if spec.run_at else None,
         "delay_seconds": spec.delay_seconds,
-        **hash_extras(spec.meta, spec.unique_for, spec.unique_key),
     }
+    for name in ("meta", "unique_for", "unique_key"):
+        if (value := getattr(spec, name)) is not None:
+            body[name] = value
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def encode_meta(meta: Mapping[str, Any] | None) -> str | None:
-    """``meta`` as stored (JSON text), None when absent. Raises ``InvalidJob`` (422) for a
-    value that is not a JSON object, holds a NUL, or is over 8 KiB of UTF-8."""
-    return None if meta is None else encode_object(meta, "meta", MAX_META_BYTES).decode()
 
 
 def unique_key_for(
@@ -251,21 +251,6 @@ def unique_key_for(
         return f"{job_type}/key/{unique_key}"
     canonical = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     return f"{job_type}/payload/{hashlib.sha256(canonical).hexdigest()}"
-
-
-def hash_extras(
-    meta: Mapping[str, Any] | None, unique_for: float | None, unique_key: str | None
-) -> dict[str, Any]:
-    """The options that take part in an idempotency key's request hash (only when given, so
-    the hashes of requests without them are unchanged)."""
-    extras: dict[str, Any] = {}
-    if meta is not None:
-        extras["meta"] = meta
-    if unique_for is not None:
-        extras["unique_for"] = unique_for
-    if unique_key is not None:
-        extras["unique_key"] = unique_key
-    return extras
 
 
 async def replayed(store: Store, conn: Connection, row: NewJob, conflict: str) -> JobRow:
