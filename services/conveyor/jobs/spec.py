@@ -2,9 +2,9 @@
 (``build_job``), with the request hash an idempotency key is checked against (``spec_hash``).
 Also the submit options of the job features, ``meta`` (a small JSON object handed to handlers)
 and unique jobs (``unique_for`` seconds, ``unique_key``), the schedule horizon, and how a JSON
-object is encoded for jsonb (payloads, meta and schedule payloads alike). Pure validation, shared
-by the API, ``enqueue()`` and a handler's follow-ups; the database enforces uniqueness
-(``store/unique.py``)."""
+object is encoded for jsonb (payloads, meta and schedule payloads alike). Validation is pure,
+shared by the API, ``enqueue()`` and a handler's follow-ups; the database enforces uniqueness
+(``store/unique.py``), and ``replayed`` says what a submit whose idempotency key is taken gets."""
 
 from __future__ import annotations
 
