@@ -32,7 +32,7 @@ AD_HOC_TYPES = (
 async def register_test_types(url: str, *, schema: str = SCHEMA) -> None:
     """Register the job types of the tests' routers and ``AD_HOC_TYPES`` in ``schema``."""
     from conveyor import JobRouter
-    from conveyor.job_types import register_router_types
+    from conveyor.jobs.types import register_router_types
 
     from . import apps
     from .faults import apps as fault_apps

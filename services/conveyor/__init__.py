@@ -2,7 +2,8 @@
 
 from .core.errors import ConveyorError, Retry
 from .core.jobs import Status
-from .enqueue import JobSpec, enqueue, enqueue_many
+from .enqueue import enqueue, enqueue_many
+from .jobs.spec import JobSpec
 from .router import Job, JobRouter
 
 __all__ = [

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .enqueue import JobSpec
 from .enqueue import enqueue_many as enqueue_many_async
+from .jobs.spec import JobSpec
 from .store.sync import SyncConnection, run_sync
 
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 
 from .core.jobs import check_type
 from .core.limits import Rate, check_concurrency, parse_rate
-from .schedules import CodeSchedule, code_schedule
+from .jobs.schedules import CodeSchedule, code_schedule
 
 Handler = Callable[["Job"], Any]
 F = TypeVar("F", bound=Handler)
@@ -128,7 +128,7 @@ class JobRouter:
         self.handlers: dict[str, HandlerSpec] = {}
         self.middlewares: list[Middleware] = []
         # ``schedule=`` / ``every=``: registered as schedules named after the type when a
-        # worker starts (or ``conveyor types register``); see ``conveyor.schedule_ops``
+        # worker starts (or ``conveyor types register``); see ``conveyor.jobs.types``
         self.schedules: dict[str, CodeSchedule] = {}
 
     def middleware(self, func: M) -> M:

@@ -29,7 +29,7 @@ from conveyor.client import (
     job_body,
 )
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 
 from ..stack import free_port, running_stack
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import asyncpg
 
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 from examples.app import router as example_router
 
 from ..security import bearer, keyed_stack

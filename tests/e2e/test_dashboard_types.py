@@ -11,7 +11,7 @@ import asyncpg
 
 from conveyor import JobSpec, enqueue_many
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 from examples.app import router as example_router
 
 from ..stack import running_stack

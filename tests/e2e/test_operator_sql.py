@@ -15,7 +15,7 @@ import pytest
 
 from conveyor import Job, JobRouter
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 from conveyor.maintenance.sweeper import Sweeper
 
 from .. import db as tdb

@@ -320,7 +320,7 @@ async def test_a_key_that_submits_reads_its_jobs(
     for the job to finish and reads its attempts and the job list (``wait`` answers no 403)."""
     from conveyor import Job, JobRouter
     from conveyor.client import Client
-    from conveyor.job_types import register_router_types
+    from conveyor.jobs.types import register_router_types
 
     router = JobRouter()
 

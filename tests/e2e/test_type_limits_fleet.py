@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 
 from .. import db as tdb
 from ..integration import feature_apps as apps

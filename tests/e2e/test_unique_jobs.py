@@ -11,7 +11,7 @@ import asyncpg
 
 from conveyor import Job, JobRouter, enqueue
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 
 from .. import db as tdb
 from ..stack import running_stack, wait_for

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import httpx
 
-from conveyor.schedule_ops import build_schedule
+from conveyor.jobs.schedules import build_schedule
 from conveyor.store import for_schema
 
 from .. import db as tdb

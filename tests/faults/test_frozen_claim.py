@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 
 from ..e2e.gray_limits_app import router
 from ..stack import running_stack

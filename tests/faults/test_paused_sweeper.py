@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from conveyor.core.config import Settings
-from conveyor.schedule_ops import build_schedule
+from conveyor.jobs.schedules import build_schedule
 from conveyor.store import for_schema
 
 from .. import db as tdb

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.schedule_ops import build_schedule
+from conveyor.jobs.schedules import build_schedule
 from conveyor.store import for_schema
 
 from .. import db as tdb

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
+from conveyor import JobSpec
 from conveyor.core.errors import IdempotencyConflict, InvalidJob, UnknownJobType
-from conveyor.enqueue import JobSpec
 from conveyor.enqueue_sync import enqueue, enqueue_many
 
 

@@ -18,7 +18,7 @@ from conveyor import Job, JobRouter, enqueue
 from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.core.errors import UnknownJobType
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 from conveyor.store.connect import with_database
 
 from .. import apps

@@ -8,12 +8,14 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import orjson
 
-from conveyor import Job, JobRouter
+from conveyor import Job, JobRouter, enqueue
 from conveyor.core.config import Settings
+from conveyor.jobs.schedules import build_schedule, resume_at
+from conveyor.jobs.types import register_router_schedules
 from conveyor.maintenance.schedules import tick_job
 from conveyor.maintenance.sweeper import Sweeper
-from conveyor.schedule_ops import build_schedule, register_router_schedules, resume_at
 from conveyor.store import for_schema
 
 from .. import db as tdb
@@ -173,3 +175,27 @@ async def test_retention_deletes_expired_unique_keys(
     await sweeper.delete_expired()
     assert await db.fetchval("SELECT count(*) FROM job_uniques") == 1250
     assert await db.fetchval("SELECT count(*) FROM job_uniques WHERE expires_at < now()") == 0
+
+
+async def test_a_large_float_in_a_schedule_payload_reaches_its_job_as_enqueue_stores_it(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """jsonb prints ``1e+20`` as ``100000000000000000000``: a reader would get an integer. The
+    schedule's payload and each tick's job read back with the floats given, as an enqueued
+    job's payload does."""
+    payload = {"big": 1e20, "huge": 1e300, "negative": -4.324448394381094e16, "small": 1.5}
+    await _add(db, "floats", every_seconds=60, payload=payload)
+    sweeper = Sweeper(settings)
+    await sweeper.start()
+    try:
+        await sweeper.enqueue_due_schedules(T0)
+    finally:
+        await sweeper.close()
+    ticked = await db.fetchval("SELECT payload::text FROM jobs WHERE meta->>'schedule' = 'floats'")
+    enqueued_id = await enqueue(db, "t", payload)
+    enqueued = await db.fetchval("SELECT payload::text FROM jobs WHERE id = $1", enqueued_id)
+    assert ticked == enqueued
+    back = orjson.loads(ticked)
+    assert back == payload and all(type(v) is float for v in back.values())
+    schedule = await store.schedule_get(db, "floats")
+    assert schedule is not None and schedule.payload == payload

@@ -15,7 +15,7 @@ import pytest
 from conveyor import JobRouter, JobSpec, enqueue_many
 from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
 from conveyor.store import Attempt, ClaimedJob, Completion, Failure, for_schema

@@ -10,7 +10,7 @@ import uuid
 import asyncpg
 
 from conveyor import JobRouter, enqueue
-from conveyor.job_types import register_router_types, router_types
+from conveyor.jobs.types import register_router_types, router_types
 from conveyor.store import ClaimedJob, for_schema
 
 from .. import db as tdb

@@ -14,9 +14,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from conveyor import Job, JobRouter, enqueue
+from conveyor import Job, JobRouter, JobSpec, enqueue, enqueue_many
 from conveyor.core.config import Settings
-from conveyor.enqueue import JobSpec, enqueue_many
 from conveyor.worker.health import serve_health
 
 from .. import db as tdb

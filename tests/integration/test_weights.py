@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.core.config import Settings
 from conveyor.core.limits import parse_weights, shares
-from conveyor.job_types import register_router_types
+from conveyor.jobs.types import register_router_types
 
 from ..stack import running_stack, wait_for
 from . import feature_apps as apps

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from conveyor.core.errors import InvalidJob, PayloadTooLarge
-from conveyor.enqueue import JobSpec, build_job, spec_hash
+from conveyor.core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
+from conveyor.jobs.spec import JobSpec, build_job, replayed, spec_hash
 from conveyor.router import JobRouter
 
 
@@ -97,3 +100,28 @@ def test_a_follow_up_with_a_non_finite_number_is_refused_in_the_handler() -> Non
 
     with pytest.raises(InvalidJob, match=r"nan at payload\.x"):
         build_followup("t", {"x": float("nan")}, {}, max_payload_bytes=1000)
+
+
+class _KeyedStore:
+    """The one statement ``replayed`` runs: the job holding an idempotency key, if any."""
+
+    def __init__(self, *rows: Any) -> None:
+        self.rows = {r.idempotency_key: r for r in rows}
+
+    async def job_get_by_idempotency_key(self, conn: object, key: str) -> Any:
+        return self.rows.get(key)
+
+
+async def test_a_replay_returns_the_existing_job_and_anything_else_conflicts() -> None:
+    """One rule for ``enqueue_many`` and both API submits: the same key with the same request
+    hash is the job the first submit created; a different hash, or no job under the key, is a
+    conflict with the caller's words."""
+    row = build_job(JobSpec("t", {"a": 1}, idempotency_key="k"))
+    first = SimpleNamespace(idempotency_key="k", request_hash=row.request_hash)
+    store: Any = _KeyedStore(first)
+    assert await replayed(store, None, row, "different") is first  # type: ignore[arg-type]
+    other = dataclasses.replace(row, request_hash=spec_hash(JobSpec("t", {"a": 2})))
+    with pytest.raises(IdempotencyConflict, match=r"^different$"):
+        await replayed(store, None, other, "different")  # type: ignore[arg-type]
+    with pytest.raises(IdempotencyConflict, match=r"^gone$"):
+        await replayed(_KeyedStore(), None, row, "gone")  # type: ignore[arg-type]

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from conveyor import JobSpec
 from conveyor.api.models import SubmitJob
 from conveyor.core.jobs import Status
-from conveyor.enqueue import JobSpec
 from conveyor.store.rows import ClaimedJob, JobRow, NewJob, OutboxRow
 
 

@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from conveyor.jobs.schedules import InvalidSchedule, Rule, plan
 from conveyor.maintenance.schedules import Watch
-from conveyor.schedules import InvalidSchedule, Rule, plan
 
 NY = ZoneInfo("America/New_York")
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -160,7 +160,7 @@ def test_a_schedule_name_is_matched_whole(name: str) -> None:
     """No trailing newline gets through (``re.match`` with ``$`` would let one; the CLI and a
     handler's ``schedule=`` take this path): it would make a schedule that neither the API nor
     the dashboard's buttons could address."""
-    from conveyor.schedule_ops import build_schedule
+    from conveyor.jobs.schedules import build_schedule
 
     with pytest.raises(InvalidSchedule):
         build_schedule(name, job_type="t", every_seconds=60)
@@ -179,9 +179,23 @@ def test_a_schema_name_is_matched_whole() -> None:
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_a_schedule_payload_with_a_non_finite_number_is_refused(value: float) -> None:
     """Every tick would otherwise enqueue ``null`` where the number was (orjson's encoding)."""
-    from conveyor.schedule_ops import build_schedule
+    from conveyor.jobs.schedules import build_schedule
 
     with pytest.raises(InvalidSchedule, match=r"numbers must be finite \(.* at payload\.x\[0\]\)"):
         build_schedule("n", job_type="t", every_seconds=60, payload={"x": [value]})
     row = build_schedule("n", job_type="t", every_seconds=60, payload={"x": [None]})
     assert row.payload_json == '{"x":[null]}'
+
+
+@pytest.mark.parametrize("value", [1e16, 1e20, 1e300, -4.324448394381094e16])
+def test_a_schedule_payload_is_encoded_as_an_enqueued_one(value: float) -> None:
+    """A float of 1e16 and above is written fixed-point (jsonb would read ``1e+20`` back as an
+    integer): the schedule's payload, and so every tick's job, keeps it a float, as ``enqueue``
+    does."""
+    from conveyor.jobs.schedules import build_schedule
+    from conveyor.jobs.spec import JobSpec, build_job
+
+    payload = {"x": value, "nested": [{"y": value}]}
+    row = build_schedule("n", job_type="t", every_seconds=60, payload=payload)
+    assert row.payload_json == build_job(JobSpec("t", payload)).payload_json
+    assert "e+" not in row.payload_json

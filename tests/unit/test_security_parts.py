@@ -165,8 +165,8 @@ def test_schedule_horizon() -> None:
     from datetime import UTC, datetime, timedelta
     from types import SimpleNamespace
 
-    from conveyor.api.auth import check_horizon
     from conveyor.core.errors import InvalidJob
+    from conveyor.jobs.spec import check_horizon
 
     soon = SimpleNamespace(run_at=datetime.now(UTC) + timedelta(hours=1))
     later = SimpleNamespace(run_at=datetime.now(UTC) + timedelta(days=2))

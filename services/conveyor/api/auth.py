@@ -17,7 +17,6 @@ import contextvars
 import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -26,7 +25,6 @@ from fastapi.routing import APIRoute
 
 from ..core.apikeys import SCOPES, effective
 from ..core.config import Settings
-from ..core.errors import InvalidJob
 from .errors import error_response
 from .keycache import KeyCache
 from .ratelimit import FleetRateLimiter
@@ -128,21 +126,6 @@ def full_errors(settings: Settings) -> bool:
     (or outside a request), ``CONVEYOR_API_EXPOSE_TRACEBACKS`` decides."""
     p = CURRENT.get()
     return settings.api_expose_tracebacks if p is None else p.full_errors
-
-
-def check_horizon(rows: Any, max_days: float) -> None:
-    """Quota: no job due further ahead than ``max_days`` (a run_at in year 9000 would sit in
-    the due index for ever). Raises ``InvalidJob`` (422)."""
-    try:
-        limit = datetime.now(UTC) + timedelta(days=max_days)
-    except OverflowError:  # a horizon past year 9999: no limit but the run_at range itself
-        return
-    for i, row in enumerate(rows):
-        if row.run_at is not None and row.run_at > limit:
-            where = f"jobs[{i}]: " if len(rows) > 1 else ""
-            raise InvalidJob(
-                f"{where}run_at is more than {max_days:g} days ahead (CONVEYOR_MAX_SCHEDULE_DAYS)"
-            )
 
 
 class AuthError(Exception):

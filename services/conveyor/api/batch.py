@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 
 from ..core.errors import InvalidJob
-from ..enqueue import build_job, spec_hash
+from ..jobs.spec import build_job, check_idempotency_key, spec_hash
 from ..store import NewJob
 from .body import TooManyJobs, count_batch_items, parse_json
 from .models import SubmitBatch, SubmitJob
@@ -45,8 +45,7 @@ def build_batch(
             raise type(exc)(f"jobs[{i}]: {exc}") from None
     if idempotency_key is None:
         return rows
-    if not 0 < len(idempotency_key) <= 255:
-        raise InvalidJob("an idempotency key must be 1 to 255 characters")
+    check_idempotency_key(idempotency_key)
     digest = hashlib.sha256()
     for spec in specs:
         digest.update(spec_hash(spec).encode())

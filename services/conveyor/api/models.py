@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -31,7 +31,13 @@ from pydantic_core import CoreSchema
 from typing_extensions import TypeAliasType
 
 from ..core.jobs import TYPE_PATTERN, Status
-from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, JobSpec
+from ..jobs.spec import (
+    MAX_DELAY_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    MIN_TIMEOUT_SECONDS,
+    JobSpec,
+    check_run_at,
+)
 from .models_options import ResourceOptions, SubmitOptions
 from .type_models import Progress
 
@@ -73,8 +79,6 @@ class _PayloadSchema:
 # One rule the schema can state (``pattern``) and the server checks the same way.
 RUN_AT_PATTERN = r"^(?!0000|0001|9999)\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}"
 _ISO_8601 = re.compile(RUN_AT_PATTERN)
-# asyncpg writes these two instants as PostgreSQL's -infinity / infinity
-_SENTINELS = (datetime.min, datetime.max)
 
 
 def _iso_text(value: Any) -> Any:
@@ -86,17 +90,7 @@ def _iso_text(value: Any) -> Any:
     return value
 
 
-def _utc_in_range(value: datetime) -> datetime:
-    try:
-        utc = value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("run_at must fall inside years 1-9999 in UTC") from None
-    if utc.replace(tzinfo=None) in _SENTINELS:
-        raise ValueError("run_at must fall strictly inside years 1-9999 in UTC")
-    return value
-
-
-RunAt = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_utc_in_range)]
+RunAt = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(check_run_at)]
 Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
 _PAYLOAD_EXAMPLE: JsonDict = {"to": "ada@example.com", "template": "welcome"}

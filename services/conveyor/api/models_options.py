@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, GetJsonSchemaHandler, Strict, StrictStr
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from ..job_options import MAX_META_BYTES, MAX_UNIQUE_FOR, MAX_UNIQUE_KEY
+from ..jobs.spec import MAX_META_BYTES, MAX_UNIQUE_FOR, MAX_UNIQUE_KEY
 
 _Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 # valid when unique_key is absent or null, or unique_for is a number

@@ -20,8 +20,7 @@ from pydantic import (
 )
 
 from ..core.jobs import TYPE_PATTERN
-from ..schedule_ops import NAME_PATTERN
-from ..schedules import MAX_EVERY, MIN_EVERY
+from ..jobs.schedules import MAX_EVERY, MIN_EVERY
 from .models import _PayloadSchema
 
 _Every = Annotated[float, Strict(), Field(allow_inf_nan=False, ge=MIN_EVERY, le=MAX_EVERY)]
@@ -70,7 +69,7 @@ class ScheduleIn(BaseModel):
         },
     )
 
-    name: StrictStr = Field(pattern=NAME_PATTERN, description="Unique name; also in the URL.")
+    name: StrictStr = Field(pattern=TYPE_PATTERN, description="Unique name; also in the URL.")
     type: StrictStr = Field(pattern=TYPE_PATTERN, description="The job type each tick enqueues.")
     payload: Annotated[dict[str, Any], _PayloadSchema()] = Field(
         default_factory=dict, description="The payload of every job (a JSON object, < 64 KiB)."

@@ -12,15 +12,15 @@ from fastapi import FastAPI, Path, Request, Response
 from fastapi.params import Depends
 
 from ..core.errors import JobNotFound
-from ..schedule_ops import NAME_PATTERN, build_schedule, resume_at
-from ..schedules import InvalidSchedule
+from ..core.jobs import TYPE_PATTERN
+from ..jobs.schedules import InvalidSchedule, build_schedule, resume_at
 from ..store.schedules import ScheduleRow
 from .errors import error_response
 from .openapi import errors
 from .schedule_models import ScheduleIn, ScheduleList, ScheduleResource
 from .service import Api
 
-Name = Annotated[str, Path(pattern=NAME_PATTERN, description="The schedule's name.")]
+Name = Annotated[str, Path(pattern=TYPE_PATTERN, description="The schedule's name.")]
 
 
 def schedule_dict(row: ScheduleRow) -> dict[str, Any]:

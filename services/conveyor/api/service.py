@@ -20,17 +20,18 @@ from typing import Any, TypeVar
 
 from ..core import tracing
 from ..core.config import Settings
-from ..core.errors import IdempotencyConflict, InvalidTransition, JobNotFound, ServiceUnavailable
+from ..core.errors import InvalidTransition, JobNotFound, ServiceUnavailable
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
 from ..core.metrics import Metrics
-from ..job_types import KnownTypes
+from ..jobs.spec import check_horizon, replayed
+from ..jobs.types import KnownTypes
 from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
 from ..store.bounds import component_bounds
 from ..store.connect import create_pool, is_unavailable
 from ..store.notify import Notifier
 from ..store.unique import needs_full_insert
-from .auth import check_horizon, full_errors
+from .auth import full_errors
 from .batch import build_batch, build_submit
 from .liveness import PROBE_EVERY, Liveness, acquire, unavailable
 from .resource import decode_cursor, encode_cursor, resource
@@ -41,6 +42,8 @@ T = TypeVar("T")
 # Batch bodies up to this size are parsed on the event loop (a 1,000-job batch of small payloads
 # is ~250 KB and ~12 ms of CPU); larger ones in a thread.
 INLINE_PARSE_BYTES = 256 * 1024
+DIFFERENT_BODY = "this Idempotency-Key was already used with a different request body"
+DIFFERENT_BATCH = "this Idempotency-Key was already used with a different batch"
 
 
 class Api:
@@ -133,12 +136,7 @@ class Api:
                 return 201, self.render(done.inserted[new.id], duplicate=False)
             if new.id in done.duplicates:  # a unique job: the one holding the key
                 return 200, self.render(done.duplicates[new.id], duplicate=True)
-            assert new.idempotency_key is not None
-            existing = await self.store.job_get_by_idempotency_key(conn, new.idempotency_key)
-        if existing is None or existing.request_hash != new.request_hash:
-            raise IdempotencyConflict(
-                "this Idempotency-Key was already used with a different request body"
-            )
+            existing = await replayed(self.store, conn, new, DIFFERENT_BODY)
         return 200, self.render(existing)
 
     async def _submit_batch(
@@ -201,16 +199,11 @@ class Api:
             await self.known_types.check(conn, [r.job_type for r in rows])
 
     async def _replay(self, conn: Any, rows: list[NewJob]) -> dict[str, Any]:
-        jobs = []
-        for r in rows:
-            assert r.idempotency_key is not None
-            existing = await self.store.job_get_by_idempotency_key(conn, r.idempotency_key)
-            if existing is None or existing.request_hash != r.request_hash:
-                raise IdempotencyConflict(
-                    "this Idempotency-Key was already used with a different batch"
-                )
-            jobs.append(self.render(existing))
-        return {"jobs": jobs}
+        return {
+            "jobs": [
+                self.render(await replayed(self.store, conn, r, DIFFERENT_BATCH)) for r in rows
+            ]
+        }
 
     def render(self, row: JobRow, *, duplicate: bool | None = None) -> dict[str, Any]:
         body = resource(row, tracebacks=full_errors(self.settings))

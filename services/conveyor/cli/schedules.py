@@ -49,8 +49,8 @@ def _line(row: Any) -> str:
 def cmd_schedules(args: argparse.Namespace) -> int:
     from ..api.schedules import schedule_dict
     from ..core.errors import InvalidJob
-    from ..job_types import KnownTypes
-    from ..schedule_ops import build_schedule, resume_at
+    from ..jobs.schedules import build_schedule, resume_at
+    from ..jobs.types import KnownTypes
     from ..store import for_schema
     from ..store.connect import create_pool
 

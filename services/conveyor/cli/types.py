@@ -43,8 +43,7 @@ def _limit_value(text: str | None, parse: Any) -> Any:
 def cmd_types(args: argparse.Namespace) -> int:
     from ..api.types_routes import type_dict
     from ..core.limits import check_concurrency, parse_rate
-    from ..job_types import router_types
-    from ..schedule_ops import register_router_schedules
+    from ..jobs.types import register_router_schedules, router_types
     from ..store import for_schema
     from . import processes
 

@@ -45,6 +45,7 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
 
 PRIORITY_NAMES = {"high": 9, "normal": 5, "low": 1}
 DEFAULT_PRIORITY = 5
+# Job types, and schedule names: a schedule declared on a handler is named after its type.
 TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 _TYPE_RE = re.compile(TYPE_PATTERN)
 
@@ -64,8 +65,13 @@ def parse_priority(value: int | str | None) -> int:
     raise InvalidJob("priority must be 'high', 'normal', 'low' or an integer 0-9")
 
 
+def is_name(value: object) -> bool:
+    """``value`` is a valid job type or schedule name (``TYPE_PATTERN``)."""
+    return isinstance(value, str) and _TYPE_RE.fullmatch(value) is not None
+
+
 def check_type(job_type: str) -> str:
-    if not isinstance(job_type, str) or not _TYPE_RE.fullmatch(job_type):
+    if not is_name(job_type):
         raise InvalidJob(f"job type must match {TYPE_PATTERN}")
     return job_type
 

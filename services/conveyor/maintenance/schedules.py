@@ -1,5 +1,5 @@
 """The schedules duty: one pass enqueues the jobs of every tick that has come (``plan`` in
-``conveyor.schedules`` says which), in the transaction that locks the due schedules and moves
+``conveyor.jobs.schedules`` says which), in the transaction that locks the due schedules and moves
 their ``next_run_at`` on. Safe in any number of sweepers (see ``store/schedules.py``).
 
 A sweeper paused inside that transaction (VM freeze, long GC, partition) keeps its connection and
@@ -21,7 +21,8 @@ import orjson
 
 from ..core.jobs import new_job_id
 from ..core.logging import event
-from ..schedules import InvalidSchedule, Rule, plan
+from ..jobs.schedules import InvalidSchedule, Rule, plan
+from ..jobs.spec import dump_json
 from ..store import NewJob, Store
 from ..store.schedules import Advance, ScheduleRow
 
@@ -75,7 +76,7 @@ def tick_job(row: ScheduleRow, tick: datetime) -> NewJob:
     return NewJob(
         id=new_job_id(),
         job_type=row.job_type,
-        payload_json=orjson.dumps(row.payload).decode(),
+        payload_json=dump_json(row.payload).decode(),
         priority=row.priority,
         meta_json=orjson.dumps({"schedule": row.name, "tick": tick.isoformat()}).decode(),
         unique_key=tick_key(row, tick),

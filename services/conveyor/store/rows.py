@@ -36,7 +36,7 @@ def _build(
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """A validated job ready to insert (see ``conveyor.enqueue.build_job``)."""
+    """A validated job ready to insert (see ``conveyor.jobs.spec.build_job``)."""
 
     id: uuid.UUID
     job_type: str

@@ -31,7 +31,7 @@ class SyncConnection:
         self.conn = conn
         self._rows = dict_row
         info = conn.info
-        # what the known-types cache keys on (``job_types._database_of``)
+        # what the known-types cache keys on (``jobs.types._database_of``)
         self._addr = (info.host, info.port)
         self._params = SimpleNamespace(database=info.dbname)
 

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..job_types import register_router_types
+from ..jobs.connection import asyncpg_connection
+from ..jobs.types import register_router_types
 from ..router import JobRouter
 from .asserts import Enqueued, JobCall, all_enqueued, assert_enqueued, refute_enqueued, run_job
-from .drain import DrainedAttempt, DrainResult, drain, schema_store
+from .drain import DrainedAttempt, DrainResult, drain
 
 
 async def register_types(conn: Any, router: JobRouter, *, schema: str | None = None) -> None:
     """Register ``router``'s job types (as a worker does when it starts), so ``enqueue`` accepts
     them before any worker ran."""
-    from ..enqueue import _raw_connection
-
-    raw = await _raw_connection(conn)
-    await register_router_types(raw, router, schema=schema_store(schema).schema)
+    raw = await asyncpg_connection(conn)
+    await register_router_types(raw, router, schema=schema)
 
 
 __all__ = [

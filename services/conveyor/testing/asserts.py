@@ -9,12 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..enqueue import _raw_connection
+from ..jobs.connection import asyncpg_connection, schema_store
 from ..router import Job, JobRouter
 from ..store import JobRow
 from ..worker.followups import build_followup
 from ..worker.middleware import chain
-from .drain import schema_store
 
 
 async def all_enqueued(
@@ -28,7 +27,7 @@ async def all_enqueued(
 ) -> list[JobRow]:
     """The waiting jobs (of ``type``, or of every type), oldest first. ``payload`` and ``meta``
     match the jobs holding at least those keys with those values (JSON containment)."""
-    raw = await _raw_connection(conn)
+    raw = await asyncpg_connection(conn)
     return await schema_store(schema).testing_waiting(
         raw, type, payload=payload, meta=meta, unique_key=unique_key
     )

@@ -16,10 +16,9 @@ from typing import Any
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..core.metrics import Metrics
-from ..enqueue import _raw_connection
+from ..jobs.connection import asyncpg_connection, schema_store
 from ..router import Job, JobRouter
-from ..store import Store, for_schema
-from ..store.schema import DEFAULT_SCHEMA
+from ..store import Store
 from ..worker.completer import Completer, Pending
 from ..worker.executor import Executor
 from ..worker.jobctx import AttemptHooks
@@ -92,11 +91,7 @@ class _OneConnection:
 async def _as_pool(conn_or_pool: Any) -> Any:
     if hasattr(conn_or_pool, "acquire") and not hasattr(conn_or_pool, "transaction"):
         return conn_or_pool  # an asyncpg pool
-    return _OneConnection(await _raw_connection(conn_or_pool))
-
-
-def schema_store(schema: str | None) -> Store:
-    return for_schema(schema or os.environ.get("CONVEYOR_DB_SCHEMA") or DEFAULT_SCHEMA)
+    return _OneConnection(await asyncpg_connection(conn_or_pool))
 
 
 async def drain(

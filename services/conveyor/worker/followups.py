@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..enqueue import JobSpec, build_job
+from ..jobs.spec import JobSpec, build_job
 from ..store import Connection, NewJob, Store
 from .running import Running
 

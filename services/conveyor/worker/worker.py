@@ -30,9 +30,8 @@ from ..core.config import Settings
 from ..core.limits import shares
 from ..core.logging import event
 from ..core.metrics import Metrics
-from ..job_types import router_types
+from ..jobs.types import register_router_schedules, router_types
 from ..router import Job, JobRouter
-from ..schedule_ops import register_router_schedules
 from ..store import ClaimedJob, for_schema
 from ..store.bounds import SessionBounds
 from ..store.connect import create_pool

@@ -13,7 +13,8 @@ import orjson
 from fastapi import FastAPI, Path, Request
 from fastapi.responses import RedirectResponse, Response
 
-from ...schedule_ops import NAME_PATTERN, resume_at
+from ...core.jobs import TYPE_PATTERN
+from ...jobs.schedules import resume_at
 from ...store.schedules import ScheduleRow
 from ..attempts import HasConnection
 from ..auth import ADMIN
@@ -21,7 +22,7 @@ from . import render as r
 from .pages import _allows, _page, _same_origin
 from .session import csrf_token
 
-Name = Annotated[str, Path(pattern=NAME_PATTERN)]
+Name = Annotated[str, Path(pattern=TYPE_PATTERN)]
 PAYLOAD_CHARS = 120  # the table shows the start of a payload; GET /schedules/{name} has it all
 
 

@@ -5,7 +5,10 @@ with their handlers' defaults in the ``job_types`` table), or once a deploy step
 router's types without running a worker (``register_router_types``, ``conveyor types register
 --app``). The API and ``enqueue()`` reject any other type with ``UnknownJobType`` (422 naming
 the known types), unless ``CONVEYOR_ACCEPT_UNKNOWN_TYPES=true``: then queues, job rows and metric
-series stay bounded by what operators deploy, not by what clients send."""
+series stay bounded by what operators deploy, not by what clients send.
+
+Registering a router also upserts the schedules declared on its handlers (``schedule=`` /
+``every=``), each named after its type (``register_router_schedules``)."""
 
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .core.errors import UnknownJobType
-from .router import JobRouter
-from .store import Connection, JobTypeDefaults, Store, for_schema
-from .store.schema import DEFAULT_SCHEMA
+from ..core.errors import UnknownJobType
+from ..router import JobRouter
+from ..store import Connection, JobTypeDefaults, Store
+from .connection import schema_store
+from .schedules import build_schedule
 
 
 def router_types(router: JobRouter, types: Iterable[str] | None = None) -> list[JobTypeDefaults]:
@@ -52,11 +56,43 @@ async def register_router_types(
 ) -> None:
     """Register ``router``'s types (or only ``types``) without running a worker: a deploy step,
     or a test that submits before its worker starts. Joins the caller's transaction."""
-    store = for_schema(schema or os.environ.get("CONVEYOR_DB_SCHEMA") or DEFAULT_SCHEMA)
+    store = schema_store(schema)
     await store.job_type_register_many(conn, router_types(router, types))
-    from .schedule_ops import register_router_schedules
-
     await register_router_schedules(conn, router, types, store=store)
+
+
+async def register_router_schedules(
+    conn: Connection,
+    router: JobRouter,
+    types: Iterable[str] | None = None,
+    *,
+    store: Store | None = None,
+    schema: str | None = None,
+) -> list[str]:
+    """Upsert the schedules declared on ``router``'s handlers (``schedule=`` / ``every=``),
+    each named after its type. A schedule paused by an operator stays paused; one created
+    through the API under the same name is left alone. Returns the names registered."""
+    store = store or schema_store(schema)
+    names = []
+    wanted = set(types) if types is not None else None
+    now = await store.db_clock(conn)
+    for job_type, timed in sorted(router.schedules.items()):
+        if wanted is not None and job_type not in wanted:
+            continue
+        rule = timed.rule
+        new = build_schedule(
+            job_type,
+            job_type,
+            cron=rule.cron,
+            every_seconds=rule.every,
+            timezone=rule.timezone,
+            catch_up=timed.catch_up,
+            source="code",
+            now=now,
+        )
+        if await store.schedule_upsert(conn, new) is not None:
+            names.append(job_type)
+    return names
 
 
 class KnownTypes:

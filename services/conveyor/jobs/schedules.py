@@ -1,4 +1,4 @@
-"""Schedule rules and their ticks (pure functions: no clock, no database).
+"""Schedules: their rules and ticks, and what a valid schedule is.
 
 A rule is a standard 5-field cron expression in a time zone, or ``every`` N seconds. Cron is
 evaluated by ``cronsim`` (maintained; written for Healthchecks.io, it follows Debian cron
@@ -14,24 +14,35 @@ seconds old runs exactly once; older ticks were *missed* (no sweeper ran): skipp
 ``catch_up="last"`` the newest missed one runs once when no fresh tick runs in the same pass.
 A tick is only missed when no sweeper ran: one that a sweeper saw come while a paused peer held
 the schedule is *delayed*, and runs when the schedule is free (``watched_since``).
+
+A new (or resumed) schedule's first tick is the first one after "now" (``build_schedule``,
+``resume_at``; shared by the API, the CLI and a worker's start): ticks from before it existed, or
+from while it was paused, never run. "Now" is the database's clock (``Store.db_clock``), like
+every tick the sweeper plans: a host whose clock runs ahead would otherwise skip the ticks
+between the two clocks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from .core.errors import InvalidJob
+from ..core.errors import InvalidJob
+from ..core.jobs import check_type, is_name, parse_priority
+from ..store.schedules import NewSchedule, ScheduleRow
+from .spec import encode_object
 
 CATCH_UP = ("skip", "last")
 MIN_EVERY = 1.0
 MAX_EVERY = 366 * 86400.0
 MAX_TICKS_PER_PASS = 1000  # per schedule: bounded by grace / every anyway
+MAX_SCHEDULE_PAYLOAD = 64 * 1024
 _TINY = timedelta(microseconds=1)
 
 
@@ -175,3 +186,51 @@ def plan(
                 ticks.append(newest_missed)
                 missed -= 1
     return Plan(ticks, missed, rule.next_after(now))
+
+
+def build_schedule(
+    name: str,
+    job_type: str,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    cron: str | None = None,
+    every_seconds: float | None = None,
+    timezone: str = "UTC",
+    priority: int | str | None = None,
+    enabled: bool = True,
+    catch_up: str = "skip",
+    source: str = "api",
+    now: datetime | None = None,
+) -> NewSchedule:
+    """Validate a schedule (``InvalidSchedule``, a 422) and plan its first tick after ``now``
+    (the database's clock, ``Store.db_clock``; this host's when not given: validation only).
+    The payload is encoded as an enqueued job's, so each tick's job holds the same JSON."""
+    if not is_name(name):  # a handler's schedule is named after its type: the same pattern
+        raise InvalidSchedule(
+            "name must be 1-100 letters, digits, '_', '.', '-', starting with a letter or digit"
+        )
+    check_type(job_type)
+    rule = Rule(cron, every_seconds, timezone)
+    check_catch_up(catch_up)
+    body = encode_object(
+        {} if payload is None else payload, "payload", MAX_SCHEDULE_PAYLOAD, error=InvalidSchedule
+    )
+    first = rule.next_after(now or datetime.now(UTC)) if enabled else None
+    return NewSchedule(
+        name=name,
+        job_type=job_type,
+        payload_json=body.decode(),
+        cron=cron,
+        every_seconds=every_seconds,
+        timezone=timezone,
+        priority=parse_priority(priority),
+        enabled=enabled,
+        catch_up=catch_up,
+        source=source,
+        next_run_at=first,
+    )
+
+
+def resume_at(row: ScheduleRow, now: datetime) -> datetime:
+    """The first tick after ``now`` (the database's clock): where a resumed schedule starts."""
+    return Rule(row.cron, row.every_seconds, row.timezone).next_after(now)
