@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from conveyor import JobRouter
 from conveyor.api.type_models import LimitsBody
 from conveyor.core.limits import check_concurrency
-from conveyor import JobRouter
 
 OVER = 10_001
 
