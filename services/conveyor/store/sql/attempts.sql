@@ -311,8 +311,8 @@ RETURNING j.id, j.cancel_requested
 -- Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost,
 -- and their messages are not among the queue's *ready* ones, which is all the reconciler sees.
 -- The touch marks them *held* until ``$2`` seconds from now (``lease_expires_at`` of a waiting
--- job; ``store/maintenance.py``'s ``UNHELD``): the reconciler counts a held job neither as overdue
--- nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
+-- job; ``maintenance.sql``'s ``job_unheld``): the reconciler counts a held job neither as
+-- overdue nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
 -- broker requeues its unacknowledged deliveries and the hold runs out.
 UPDATE __schema__.jobs SET updated_at = now(), lease_expires_at = now() + make_interval(secs => $2)
 WHERE id = ANY($1::uuid[]) AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING'

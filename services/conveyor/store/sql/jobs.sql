@@ -80,8 +80,8 @@ SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
 FROM __schema__.jobs WHERE idempotency_key = $1
 
 -- name: job_cancel
--- A waiting job may be *held* (a lease on a PENDING/RETRYING job: ``store/maintenance.py``'s
--- ``UNHELD``): cancelling it drops the hold, so a CANCELLED job has no lease and a redrive (which
+-- A waiting job may be *held* (a lease on a PENDING/RETRYING job: ``maintenance.sql``'s
+-- ``job_unheld``): cancelling it drops the hold, so a CANCELLED job has no lease and a redrive (which
 -- clears one all the same) does not leave the reconciler blind to the redriven job's lost message
 -- for the rest of a pen's delay (up to hours for a rate window). The hold of a rate window also
 -- moved ``run_at`` to the window's end: only a SCHEDULED job keeps its ``run_at`` (a redrive
