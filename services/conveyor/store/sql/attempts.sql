@@ -11,7 +11,8 @@
 -- ``CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END``: ``j.status = 'IN_PROGRESS'``
 -- would imply ``jobs_lease_idx``'s predicate, and a plan cached for a fresh install's empty
 -- tables joined the ids with a scan of that whole index, dead entries of every job ever claimed
--- included (test_finishing_statements_keep_reading_their_ids_on_one_connection).
+-- included (test_finishing_statements_keep_reading_their_ids_on_one_connection). That test is
+-- part of the fragment ``job_fenced``.
 --
 -- Each finishing statement writes its attempt rows itself: its ``upd`` CTE returns the job's
 -- id, type, attempt, worker, start, new status and ``due`` (when the attempt could have started:
@@ -26,6 +27,12 @@
 -- broker/database clock skew. A CASE, as the header explains.
 CASE j.status WHEN 'PENDING' THEN true
     WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
+
+-- name: job_fenced fragment
+-- The fence of every write after a claim: the jobs row ``j`` is the attempt ``u`` (``id``,
+-- ``attempt``) and still running. A CASE, as the header explains.
+(j.id = u.id AND j.attempts = u.attempt
+ AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END)
 
 -- name: job_claim_many
 -- The claim: one conditional UPDATE for a batch of delivered ids (``job_claimable``).
@@ -204,8 +211,7 @@ WITH upd AS (
         result = CASE WHEN j.cancel_requested THEN NULL ELSE u.result::jsonb END,
         finished_at = now(), updated_at = now(), lease_expires_at = NULL
     FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-        THEN true ELSE false END
+    WHERE {{job_fenced}}
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
         COALESCE(j.run_at, j.created_at) AS due, NULL::text AS error
 ), att AS (
@@ -249,8 +255,7 @@ WITH u AS (  -- each failure with its attempt's due time, read before a retry re
             OR (u.consume AND j.retry_count >= j.max_retries)) OR j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM u
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-        THEN true ELSE false END
+    WHERE {{job_fenced}}
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, u.due AS due,
         j.priority, u.delay, u.error
 ), att AS (
@@ -282,8 +287,7 @@ WITH upd AS (
         finished_at = CASE WHEN j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-        THEN true ELSE false END
+    WHERE {{job_fenced}}
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
         COALESCE(j.run_at, j.created_at) AS due, j.priority, NULL::text AS error
 ), att AS (
@@ -303,8 +307,7 @@ SELECT id FROM upd
 -- name: job_heartbeat_many
 UPDATE __schema__.jobs j SET lease_expires_at = now() + make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-    THEN true ELSE false END
+WHERE {{job_fenced}}
 RETURNING j.id, j.cancel_requested
 
 -- name: job_touch_waiting
@@ -319,16 +322,14 @@ WHERE id = ANY($1::uuid[]) AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYI
     THEN true ELSE false END
 
 -- name: job_progress_many
--- Fenced like every write of an attempt: a stale attempt's report changes nothing. The status
--- test is a CASE, not ``j.status = 'IN_PROGRESS'`` (see the header): that would
--- imply ``jobs_lease_idx``'s predicate and invite a scan of that whole index.
+-- Fenced like every write of an attempt (``job_fenced``): a stale attempt's report changes
+-- nothing.
 UPDATE __schema__.jobs j SET
     progress = jsonb_build_object('percent', u.percent, 'message', u.message,
                                   'updated_at', now())
 FROM unnest($1::uuid[], $2::int4[], $3::float8[], $4::text[])
     AS u(id, attempt, percent, message)
-WHERE j.id = u.id AND j.attempts = u.attempt
-  AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END
+WHERE {{job_fenced}}
 RETURNING j.id
 
 -- name: job_completed_among
