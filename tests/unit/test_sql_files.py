@@ -60,6 +60,10 @@ def test_a_fragment_is_included_where_a_statement_names_it() -> None:
     assert order == ("a",)
     with pytest.raises(LookupError, match="unknown fragment nope"):
         registry._numbered("n", "SELECT 1 WHERE {{nope}}")
+    with pytest.raises(ValueError, match="fragment job_claimable defined twice"):
+        registry.load({"again.sql": "-- name: job_claimable fragment\ntrue"})
+    sources = [p.read_text() for p in (STORE / "sql").glob("*.sql")]
+    assert all(any("{{" + f + "}}" in text for text in sources) for f in registry.FRAGMENTS)
 
 
 def test_a_name_twice_or_an_unknown_name_fails() -> None:
