@@ -15,10 +15,10 @@
 -- part of the fragment ``job_fenced``.
 --
 -- Each finishing statement writes its attempt rows itself: its ``upd`` CTE returns the job's
--- id, type, attempt, worker, start, new status and ``due`` (when the attempt could have started:
--- ``run_at`` for scheduled and retried jobs, else ``created_at``; a statement that rewrites
--- ``run_at`` reads the due time before the update) plus ``error``, and one INSERT INTO
--- job_attempts maps the new status to the attempt's outcome. No ``ON CONFLICT`` (a speculative
+-- id, type, attempt, worker, start and ``due`` (when the attempt could have started: ``run_at``
+-- for scheduled and retried jobs, else ``created_at``; a statement that rewrites ``run_at``
+-- reads the due time before the update) plus ``error`` and the ``outcome`` its new status means,
+-- and its ``att`` CTE is the fragment ``job_attempt_insert``. No ``ON CONFLICT`` (a speculative
 -- insertion costs more): every write after a claim is fenced by (job, attempt) and moves the job
 -- out of IN_PROGRESS, so an attempt finishes at most once.
 
@@ -33,6 +33,15 @@ CASE j.status WHEN 'PENDING' THEN true
 -- ``attempt``) and still running. A CASE, as the header explains.
 (j.id = u.id AND j.attempts = u.attempt
  AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END)
+
+-- name: job_attempt_insert fragment
+-- The attempt rows of a finishing statement, from its ``upd`` CTE (see the header).
+INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id, started_at,
+    finished_at, outcome, error, duration_seconds, wait_seconds)
+SELECT id, attempts, job_type, worker_id, started_at, now(), outcome, error,
+       extract(epoch FROM now() - started_at)::float8,
+       greatest(0, extract(epoch FROM started_at - due))::float8
+FROM upd
 
 -- name: job_claim_many
 -- The claim: one conditional UPDATE for a batch of delivered ids (``job_claimable``).
@@ -212,16 +221,10 @@ WITH upd AS (
         finished_at = now(), updated_at = now(), lease_expires_at = NULL
     FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
     WHERE {{job_fenced}}
-    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
-        COALESCE(j.run_at, j.created_at) AS due, NULL::text AS error
-), att AS (
-    INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
-        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'completed' END, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd
+    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at,
+        COALESCE(j.run_at, j.created_at) AS due, NULL::text AS error,
+        CASE WHEN j.status = 'CANCELLED' THEN 'cancelled' ELSE 'completed' END AS outcome
+), att AS ({{job_attempt_insert}}
 )
 SELECT id FROM upd
 
@@ -257,15 +260,9 @@ WITH u AS (  -- each failure with its attempt's due time, read before a retry re
     FROM u
     WHERE {{job_fenced}}
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, u.due AS due,
-        j.priority, u.delay, u.error
-), att AS (
-    INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE status WHEN 'CANCELLED'
-        THEN 'cancelled' WHEN 'FAILED' THEN 'failed' ELSE 'retry' END, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd
+        j.priority, u.delay, u.error, CASE j.status WHEN 'CANCELLED' THEN 'cancelled'
+                                      WHEN 'FAILED' THEN 'failed' ELSE 'retry' END AS outcome
+), att AS ({{job_attempt_insert}}
 ), ob AS (  -- a dead letter's error is cut to the wire's limit by the relay (broker/wire.py)
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
                                        error, attempt)
@@ -289,15 +286,9 @@ WITH upd AS (
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
     WHERE {{job_fenced}}
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
-        COALESCE(j.run_at, j.created_at) AS due, j.priority, NULL::text AS error
-), att AS (
-    INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
-        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'released' END, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd
+        COALESCE(j.run_at, j.created_at) AS due, j.priority, NULL::text AS error,
+        CASE WHEN j.status = 'CANCELLED' THEN 'cancelled' ELSE 'released' END AS outcome
+), att AS ({{job_attempt_insert}}
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
     SELECT id, job_type, priority FROM upd WHERE status = 'PENDING'
