@@ -1,4 +1,4 @@
-"""Fleet-wide limits in the claim (``store/controls.py``): at most ``concurrency`` IN_PROGRESS
+"""Fleet-wide limits in the claim (``store/attempts.py``): at most ``concurrency`` IN_PROGRESS
 and ``rate_limit`` starts per sliding window, whoever claims; the jobs over a limit are held
 (PENDING, no attempt counted, touched, sent through a holding pen), never claimed."""
 

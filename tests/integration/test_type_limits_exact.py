@@ -1,4 +1,4 @@
-"""The limited claim is one statement (``store/controls.py``): it locks the type rows only while
+"""The limited claim is one statement (``store/attempts.py``): it locks the type rows only while
 it runs, so a worker frozen between statements cannot keep them locked. Its snapshot predates
 the lock; the claims recorded on the type row (read with ``FOR UPDATE``: its newest version)
 keep the count exact. Jobs held for a full concurrency limit can stay in the worker's hand

@@ -59,7 +59,7 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         assert r.json()["limits_source"] == "operator"
         assert (await put("/types/f_child/limits", content=b"{")).status_code == 400
         for bad in ({"rate_limit": "5/fortnight"}, {"concurrency": 0}, {"other": 1},
-                    {"concurrency": True}):  # fmt: skip
+                    {"concurrency": True}, {"concurrency": 10_001}):  # fmt: skip
             assert (await put("/types/f_child/limits", json=bad)).status_code == 422, bad
         assert (await put("/types/nope/limits", json={})).status_code == 404
         listed = {t["name"]: t for t in (await stack.client.get("/types")).json()["types"]}
@@ -68,6 +68,8 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         assert out.returncode == 0 and any(
             line.startswith("f_pausable") and "PAUSED" in line for line in out.stdout.splitlines()
         ), out.stdout
+        out = _cli(settings, "limit", "f_child", "--concurrency", "10001")  # over the cap
+        assert out.returncode != 0 and "from 1 to 10000" in out.stderr, out.stderr
         out = _cli(settings, "limit", "f_child", "--concurrency", "4", "--rate-limit", "none")
         assert out.returncode == 0 and "concurrency 4, rate limit -" in out.stdout, out.stderr
         out = _cli(settings, "resume", "f_pausable")

@@ -21,8 +21,8 @@ def test_blocks_parse_with_their_documentation() -> None:
         "-- name: b_get catalog\nSELECT 2\n"  # fmt: skip
     blocks = list(registry.parse(text, "t.sql"))
     assert blocks == [
-        ("a_get", "\nSELECT 1\n  -- kept\n", "The doc.\nMore.", False),
-        ("b_get", "\nSELECT 2\n", "", True),
+        ("a_get", "\nSELECT 1\n  -- kept\n", "The doc.\nMore.", None),
+        ("b_get", "\nSELECT 2\n", "", "catalog"),
     ]
 
 
@@ -49,6 +49,21 @@ def test_named_parameters_become_numbered_in_order_of_first_use() -> None:
     assert registry._numbered("n", "SELECT $1::int")[1] == ()
     with pytest.raises(ValueError, match="mixes"):
         registry._numbered("n", "SELECT $1, :a")
+
+
+def test_a_fragment_is_included_where_a_statement_names_it() -> None:
+    claim = registry.TEMPLATES["job_claim_many"]
+    assert registry.FRAGMENTS["job_claimable"] in claim and "{{" not in claim
+    assert "job_claimable" not in registry.TEMPLATES
+    out, order = registry._numbered("n", "SELECT '{{job_claimable}}', :a WHERE {{job_claimable}}")
+    assert out == f"SELECT '{{{{job_claimable}}}}', $1 WHERE {registry.FRAGMENTS['job_claimable']}"
+    assert order == ("a",)
+    with pytest.raises(LookupError, match="unknown fragment nope"):
+        registry._numbered("n", "SELECT 1 WHERE {{nope}}")
+    with pytest.raises(ValueError, match="fragment job_claimable defined twice"):
+        registry.load({"again.sql": "-- name: job_claimable fragment\ntrue"})
+    sources = [p.read_text() for p in (STORE / "sql").glob("*.sql")]
+    assert all(any("{{" + f + "}}" in text for text in sources) for f in registry.FRAGMENTS)
 
 
 def test_a_name_twice_or_an_unknown_name_fails() -> None:

@@ -29,8 +29,8 @@ from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
 from ..store.bounds import component_bounds
 from ..store.connect import create_pool, is_unavailable
+from ..store.jobs import needs_full_insert
 from ..store.notify import Notifier
-from ..store.unique import needs_full_insert
 from .auth import full_errors
 from .batch import build_batch, build_submit
 from .liveness import PROBE_EVERY, Liveness, acquire, unavailable

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
+from ..core.limits import MAX_CONCURRENCY
+
 # what ``core.limits.parse_rate`` accepts, as the schema states it
 RATE_PATTERN = r"^[1-9][0-9]{0,4}/([1-9][0-9]{0,2})?[smhd]$"
 
@@ -51,7 +53,7 @@ class LimitsBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    concurrency: StrictInt | None = Field(default=None, ge=1, le=1_000_000, examples=[5])
+    concurrency: StrictInt | None = Field(default=None, ge=1, le=MAX_CONCURRENCY, examples=[5])
     rate_limit: StrictStr | None = Field(
         default=None,
         examples=["100/m"],

@@ -1,5 +1,5 @@
 """``conveyor types list|register|pause|resume|limit``: the job types the API accepts (see
-``job_types``), their pause flag and fleet-wide limits (``store/controls.py``)."""
+``job_types``), their pause flag and fleet-wide limits (``store/types.py``)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Also the submit options of the job features, ``meta`` (a small JSON object hande
 and unique jobs (``unique_for`` seconds, ``unique_key``), the schedule horizon, and how a JSON
 object is encoded for jsonb (payloads, meta and schedule payloads alike). Validation is pure,
 shared by the API, ``enqueue()`` and a handler's follow-ups; the database enforces uniqueness
-(``store/unique.py``), and ``replayed`` says what a submit whose idempotency key is taken gets."""
+(``store/jobs.py``), and ``replayed`` says what a submit whose idempotency key is taken gets."""
 
 from __future__ import annotations
 

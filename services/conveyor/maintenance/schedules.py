@@ -24,6 +24,7 @@ from ..core.logging import event
 from ..jobs.schedules import InvalidSchedule, Rule, plan
 from ..jobs.spec import dump_json
 from ..store import NewJob, Store
+from ..store.bounds import DUTY_BOUND_SECONDS
 from ..store.schedules import Advance, ScheduleRow
 
 log = logging.getLogger("conveyor.sweeper")
@@ -36,8 +37,7 @@ RETRY_INVALID_SECONDS = 3600.0
 # The pass's transaction takes milliseconds; idle in it this long, the sweeper is paused: its
 # session is ended so its locks go. A lock wait in it (a tick key another transaction is
 # inserting) fails after LOCK_WAIT_SECONDS; the next pass tries again.
-HOLD_IDLE_SECONDS = 5.0
-LOCK_WAIT_SECONDS = 5.0
+HOLD_IDLE_SECONDS = LOCK_WAIT_SECONDS = DUTY_BOUND_SECONDS
 
 
 @dataclass

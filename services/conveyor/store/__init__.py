@@ -3,25 +3,29 @@
 ``Store(schema)`` holds every statement rendered for one schema (``CONVEYOR_DB_SCHEMA``) and
 offers one method per statement, named entity first (``job_claim_many``,
 ``outbox_take_batch``). Each takes a connection and never commits: the caller owns the
-transaction. The statements are named blocks of ``sql/*.sql``, one file per entity module
-(``jobs``, ``attempts``, ``maintenance``, ``outbox``, ...), loaded by ``registry`` and listed by
-name in ``registry.TEMPLATES``; the modules add the methods."""
+transaction. The statements are named blocks of ``sql/*.sql`` loaded by ``registry`` (listed by
+name in ``registry.TEMPLATES``); each file has one module of the same name that adds its
+methods to ``Store``, all on one typed base (``base.Statements``: ``schema`` and ``sql``):
+
+- ``jobs``: submit (plain, unique keys and meta), read, cancel, redrive;
+- ``attempts``: what workers do: the claims (plain and limited), heartbeat, progress, outcomes,
+  and a job's attempt history;
+- ``types``: registered job types and their controls (pause, fleet-wide limits);
+- ``outbox``: the relay's rows; ``maintenance``: the sweeper's duties; ``schedules``;
+- ``stats``: counts, gauges and the dashboard's reads and bulk actions;
+- ``keys``: API keys and rate buckets; ``probes``: readiness; ``testing``: ``conveyor.testing``."""
 
 from __future__ import annotations
 
 import functools
 
-from .attempts import AttemptStatements
+from .attempts import AttemptStatements, ProgressReport
 from .base import Connection
-from .controls import ControlStatements
-from .dashboard import DashboardStatements
-from .history import HistoryStatements
-from .jobs import JobStatements
+from .jobs import Inserted, JobStatements
 from .keys import ApiKeyRow, KeyStatements
 from .maintenance import MaintenanceStatements
 from .outbox import OutboxStatements
 from .probes import HEAD, ProbeStatements
-from .progress import ProgressReport, ProgressStatements
 from .registry import render
 from .rows import (
     Attempt,
@@ -42,24 +46,18 @@ from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
 from .testing import TestingStatements
 from .types import TypeStatements
-from .unique import Inserted, UniqueStatements
 
 
 class Store(
     JobStatements,
     AttemptStatements,
-    HistoryStatements,
-    MaintenanceStatements,
-    OutboxStatements,
-    ProbeStatements,
-    StatsStatements,
-    DashboardStatements,
     TypeStatements,
-    KeyStatements,
-    ProgressStatements,
-    ControlStatements,
-    UniqueStatements,
+    OutboxStatements,
+    MaintenanceStatements,
     ScheduleStatements,
+    StatsStatements,
+    KeyStatements,
+    ProbeStatements,
     TestingStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""

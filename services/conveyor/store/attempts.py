@@ -1,6 +1,30 @@
-"""Jobs as workers see them: claim a batch of deliveries, heartbeat, write outcomes. Every write
-after the claim is fenced by (job id, attempt): a worker whose lease was taken over changes
-nothing."""
+"""Jobs as workers see them: claim a batch of deliveries, heartbeat, report progress, write
+outcomes, and read a job's attempts. Every write after the claim is fenced by (job id, attempt):
+a worker whose lease was taken over changes nothing.
+
+Types without controls (pause, fleet-wide concurrency and rate limits) are claimed by
+``job_claim_many``, one conditional UPDATE. A batch with controlled types is claimed by
+``job_claim_controlled``, *one statement* run outside any transaction: it locks the type rows
+(``FOR UPDATE``, name order) for its own duration only, so a worker frozen mid-claim (SIGSTOP, a
+VM pause) holds no lock: the server commits the statement without it. Its snapshot predates the
+lock, so claims committed while it waited are not in its view of ``jobs``; the locked type row
+is the newest version and carries them: ``claim_ids``/``claim_attempts`` (the type's claims,
+pruned at each claim to those that may still run: the snapshot shows an older attempt, or that
+attempt IN_PROGRESS) and ``recent_starts`` (the rate window). Running = IN_PROGRESS in the
+snapshot, or one of those claims (its cost grows with the type's running jobs, hence
+``core.limits.MAX_CONCURRENCY``). It claims at most what the limits allow, records the claims
+and starts, and *holds* the rest: touched and leased, so the reconciler counts them neither as
+overdue nor as fresh. A job held only for a full concurrency limit, within ``room`` (what the
+worker keeps in hand), stays with the worker (pen 0: no outbox row; claimed again when a slot
+frees); the others go through a holding pen by an outbox row (held for the pen's delay plus a
+lease) — no retry consumed, nothing spins hot. Pens: 5 s while paused; until the rate window
+frees a start for a rate limit; 1-10 s (a quarter of the time it has waited) for a full
+concurrency limit.
+
+Each finishing statement (``sql/attempts.sql``, ``sql/maintenance.sql``) writes its attempt rows
+itself (one INSERT into ``job_attempts`` in the same statement, so the hot path takes no extra
+round trip). The attempt still running is not in ``job_attempts``: ``job_attempt_list`` reads it
+from its ``jobs`` row (attempt number, worker, start), which the claim already wrote."""
 
 from __future__ import annotations
 
@@ -11,17 +35,22 @@ from typing import Any
 
 import orjson
 
-from ..core.jobs import Status
+from ..core.jobs import PEN_LADDER, Status
 from .base import Connection, Statements
 from .registry import bind, named
-from .rows import Attempt, ClaimedJob, Completion, Failure
+from .rows import Attempt, AttemptRow, ClaimedJob, Completion, Failure
 
 JOB_CLAIM_MANY = named("job_claim_many")
+JOB_CLAIM_CONTROLLED = named("job_claim_controlled")
+JOB_RELEASE_HELD = named("job_release_held")
 JOB_COMPLETE_MANY = named("job_complete_many")
 JOB_FAIL_MANY = named("job_fail_many")
 JOB_RELEASE_MANY = named("job_release_many")
 JOB_HEARTBEAT_MANY = named("job_heartbeat_many")
 JOB_TOUCH_WAITING = named("job_touch_waiting")
+JOB_PROGRESS_MANY = named("job_progress_many")
+JOB_COMPLETED_AMONG = named("job_completed_among")
+JOB_ATTEMPT_LIST = named("job_attempt_list")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +63,35 @@ class HandlerDefaults:
     @classmethod
     def of(cls, defaults: Mapping[str, Mapping[str, Any]]) -> HandlerDefaults:
         return cls(orjson.dumps(defaults).decode())
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    job_id: uuid.UUID
+    attempt: int
+    percent: float
+    message: str | None
+
+
+def claim_values(
+    ids: Sequence[uuid.UUID],
+    lease_seconds: float,
+    worker_id: str,
+    types: Sequence[str],
+    handler_defaults: HandlerDefaults | Mapping[str, Mapping[str, Any]],
+    default_max_retries: int,
+) -> dict[str, Any]:
+    """The parameters both claims share, by name (``job_claim_many``'s keywords)."""
+    if not isinstance(handler_defaults, HandlerDefaults):
+        handler_defaults = HandlerDefaults.of(handler_defaults)
+    return {
+        "ids": list(ids),
+        "lease_seconds": lease_seconds,
+        "worker_id": worker_id,
+        "handler_defaults": handler_defaults.json,
+        "default_max_retries": default_max_retries,
+        "types": list(types),
+    }
 
 
 class AttemptStatements(Statements):
@@ -52,18 +110,38 @@ class AttemptStatements(Statements):
         (duplicates, finished or cancelled jobs) are missing from the result. What the submitter
         left out comes from ``handler_defaults`` (type → ``{"max_retries", "timeout"}``; a
         worker passes them encoded once, as ``HandlerDefaults``)."""
-        if not isinstance(handler_defaults, HandlerDefaults):
-            handler_defaults = HandlerDefaults.of(handler_defaults)
-        values = {
-            "ids": list(ids),
-            "lease_seconds": lease_seconds,
-            "worker_id": worker_id,
-            "handler_defaults": handler_defaults.json,
-            "default_max_retries": default_max_retries,
-            "types": list(types),
-        }
+        values = claim_values(
+            ids, lease_seconds, worker_id, types, handler_defaults, default_max_retries
+        )
         rows = await conn.fetch(self.sql[JOB_CLAIM_MANY], *bind(JOB_CLAIM_MANY, values))
         return [ClaimedJob.from_record(r) for r in rows]
+
+    async def job_claim_controlled(
+        self,
+        conn: Connection,
+        ids: Sequence[uuid.UUID],
+        *,
+        lease_seconds: float,
+        worker_id: str,
+        types: Sequence[str],
+        handler_defaults: HandlerDefaults | Mapping[str, Mapping[str, Any]],
+        default_max_retries: int,
+        room: Mapping[str, int] | None = None,
+    ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
+        """One statement (no transaction around it): claim what the limits allow among
+        ``ids``; returns the claimed jobs, and the held ones (id → pen seconds; 0: held in the
+        caller's hand, at most ``room[type]`` of each type, leased for ``lease_seconds``)."""
+        values = claim_values(
+            ids, lease_seconds, worker_id, types, handler_defaults, default_max_retries
+        ) | {"pen_ladder": list(PEN_LADDER), "room": [(room or {}).get(t, 0) for t in types]}
+        name = JOB_CLAIM_CONTROLLED
+        rows = await conn.fetch(self.sql[name], *bind(name, values))
+        claimed = [ClaimedJob.from_record(r) for r in rows if not r["held"]]
+        return claimed, {r["id"]: int(r["wait"]) for r in rows if r["held"]}
+
+    async def job_release_held(self, conn: Connection, ids: Sequence[uuid.UUID]) -> None:
+        """Give back jobs held in hand: each through the shortest pen, its hold dropped."""
+        await conn.execute(self.sql[JOB_RELEASE_HELD], list(ids))
 
     async def job_complete_many(
         self, conn: Connection, items: Sequence[Completion]
@@ -115,3 +193,48 @@ class AttemptStatements(Statements):
     ) -> None:
         """Mark waiting jobs held by this worker for ``hold_seconds`` (refreshed before then)."""
         await conn.execute(self.sql[JOB_TOUCH_WAITING], list(ids), hold_seconds)
+
+    async def job_progress_many(
+        self, conn: Connection, reports: Sequence[ProgressReport]
+    ) -> set[uuid.UUID]:
+        """Returns the jobs written (a stale or finished attempt's report is not)."""
+        rows = await conn.fetch(
+            self.sql[JOB_PROGRESS_MANY],
+            [r.job_id for r in reports],
+            [r.attempt for r in reports],
+            [r.percent for r in reports],
+            [r.message for r in reports],
+        )
+        return {r["id"] for r in rows}
+
+    async def job_completed_among(
+        self, conn: Connection, attempts: Sequence[tuple[uuid.UUID, int]]
+    ) -> set[uuid.UUID]:
+        """Which of these attempts ended COMPLETED: the check that lets their follow-up jobs in
+        (``worker/followups.py``)."""
+        rows = await conn.fetch(
+            self.sql[JOB_COMPLETED_AMONG], [a[0] for a in attempts], [a[1] for a in attempts]
+        )
+        return {r["id"] for r in rows}
+
+    async def job_attempt_list(
+        self, conn: Connection, job_id: uuid.UUID
+    ) -> list[AttemptRow] | None:
+        """Every attempt of a job, oldest first (the running one with ``outcome`` None); None
+        when there is no such job."""
+        rows = await conn.fetch(self.sql[JOB_ATTEMPT_LIST], job_id)
+        if not rows:
+            return None
+        return [
+            AttemptRow(
+                attempt=r["attempt"],
+                worker_id=r["worker_id"],
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+                outcome=r["outcome"],
+                error=r["error"],
+                duration_seconds=r["duration_seconds"],
+            )
+            for r in rows
+            if r["attempt"] is not None
+        ]

@@ -42,7 +42,8 @@ class LongStatements:
 
 
 class Statements:
-    """Holds the statements rendered for one schema; entity modules add the functions."""
+    """The typed base of ``Store``: the statements rendered for one schema. Each module of the
+    store adds its methods in a subclass (``JobStatements``, ...); ``Store`` combines them."""
 
     schema: str
     sql: Mapping[str, str]

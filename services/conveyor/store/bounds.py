@@ -80,6 +80,12 @@ class SessionBounds:
         return {k: v for k, v in out.items() if v != "0"}
 
 
+# A sweeper duty's locking transaction (the schedules pass, a type's reconcile) takes
+# milliseconds: idle inside it this long, its sweeper is paused and PostgreSQL ends the session
+# so its locks go; a lock wait inside it fails after as long (``Store.maintenance_bound``).
+DUTY_BOUND_SECONDS = 5.0
+
+
 # the API's statement bound stays above its batch insert's own limit (``Api.long``)
 API_STATEMENT_FLOOR = LONG_STATEMENT_TIMEOUT + 30
 

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from .bounds import SessionBounds
-from .registry import named
+from .registry import TEMPLATES, named
 
 DATABASE_EXISTS = named("database_exists")
 
@@ -137,13 +137,6 @@ async def _skip_session_reset(conn: Any) -> None:
     own); an open transaction is still rolled back by the pool itself."""
 
 
-def render_catalog(name: str) -> str:
-    """A catalog statement (it names no Conveyor schema)."""
-    from .registry import TEMPLATES
-
-    return TEMPLATES[name]
-
-
 async def listen(url: str, channel: str, callback: Callable[[], None], *, name: str) -> Any:
     """A connection of its own that LISTENs on ``channel`` and calls ``callback`` for each
     notification (LISTEN needs a session: not through a transaction-pooling PgBouncer)."""
@@ -177,7 +170,7 @@ async def ensure_database(url: str, *, timeout: float = 5.0) -> bool:
     name = database_name(url)
     conn = await asyncpg.connect(with_database(url, "postgres"), timeout=timeout)
     try:
-        exists = await conn.fetchval(render_catalog(DATABASE_EXISTS), name)
+        exists = await conn.fetchval(TEMPLATES[DATABASE_EXISTS], name)
         if exists:
             return False
         quoted = '"' + name.replace('"', '""') + '"'

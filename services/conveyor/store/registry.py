@@ -6,7 +6,10 @@ data), one file per concern, as named blocks::
     SELECT ... FROM __schema__.api_keys WHERE key_id = $1
 
 A block ends where the next ``-- name:`` line starts. ``-- name: database_exists catalog``
-marks a statement that reads only PostgreSQL's catalogs (it names no Conveyor schema). A
+marks a statement that reads only PostgreSQL's catalogs (it names no Conveyor schema).
+``-- name: job_claimable fragment`` marks a piece of SQL several statements share (a condition
+written once): it is no statement, and a block of any file writes ``{{job_claimable}}`` where
+its text goes (an unknown fragment fails at import). A
 statement with more than a few parameters names them (``:job_id``); the loader turns them into
 ``$1``, ``$2``... once, in order of first use, and records the order (``PARAMS``): its call site
 passes keywords through ``bind``, which refuses a missing or an extra name. A block uses
@@ -38,11 +41,17 @@ PARAMS: dict[str, tuple[str, ...]] = {}
 # The comment lines under a block's name line, and the file it came from.
 DOCS: dict[str, str] = {}
 SOURCES: dict[str, str] = {}
+# The shared pieces (``fragment`` blocks) by name.
+FRAGMENTS: dict[str, str] = {}
 
-_NAME_LINE = re.compile(r"^--\s*name:\s*(?P<name>[a-z][a-z0-9_]*)(?:\s+(?P<flag>catalog))?\s*$")
-# A quoted literal or identifier, a comment, a cast (``::``), a ``:name`` or a ``$n``.
+_NAME_LINE = re.compile(
+    r"^--\s*name:\s*(?P<name>[a-z][a-z0-9_]*)(?:\s+(?P<flag>catalog|fragment))?\s*$"
+)
+# A quoted literal or identifier, a comment, a cast (``::``), a ``:name``, a ``$n`` or an
+# ``{{include}}`` of a fragment.
 _TOKENS = re.compile(
     r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|::|:(?P<named>[a-z_][a-z0-9_]*)|\$(?P<num>\d+)"
+    r"|\{\{(?P<include>[a-z][a-z0-9_]*)\}\}"
 )
 
 
@@ -88,14 +97,28 @@ def _numbered(name: str, body: str) -> tuple[str, tuple[str, ...]]:
             order.append(m["named"])
         return f"${order.index(m['named']) + 1}"
 
-    out = _TOKENS.sub(one, body)
+    out = _TOKENS.sub(one, _included(name, body))
     if order and numbered:
         raise ValueError(f"statement {name} mixes $n and :name parameters")
     return out, tuple(order)
 
 
-def parse(text: str, source: str) -> Iterator[tuple[str, str, str, bool]]:
-    """(name, sql, documentation, catalog) for each block of one ``.sql`` file."""
+def _included(name: str, body: str) -> str:
+    """``body`` with each ``{{fragment}}`` replaced by that fragment's text."""
+
+    def one(m: re.Match[str]) -> str:
+        if m["include"] is None:
+            return m[0]
+        if m["include"] not in FRAGMENTS:
+            raise LookupError(f"statement {name} includes an unknown fragment {m['include']}")
+        return FRAGMENTS[m["include"]]
+
+    return _TOKENS.sub(one, body)
+
+
+def parse(text: str, source: str) -> Iterator[tuple[str, str, str, str | None]]:
+    """(name, sql, documentation, flag: ``catalog``, ``fragment`` or None) for each block of one
+    ``.sql`` file."""
     blocks: list[tuple[re.Match[str], list[str]]] = []
     for number, line in enumerate(text.splitlines(), 1):
         m = _NAME_LINE.match(line)
@@ -114,15 +137,22 @@ def parse(text: str, source: str) -> Iterator[tuple[str, str, str, bool]]:
         sql = "\n".join(lines).strip()
         if not sql:
             raise ValueError(f"{source}: statement {m['name']} is empty")
-        yield m["name"], "\n" + sql + "\n", "\n".join(doc), m["flag"] == "catalog"
+        yield m["name"], "\n" + sql + "\n", "\n".join(doc), m["flag"]
 
 
 def load(files: dict[str, str]) -> None:
-    """Register every block of ``files`` (file name -> text); a name twice raises."""
-    for source, text in sorted(files.items()):
-        for name, sql, doc, catalog in parse(text, source):
+    """Register every block of ``files`` (file name -> text), the fragments first; a name twice
+    raises."""
+    blocks = [(s, *b) for s, text in sorted(files.items()) for b in parse(text, s)]
+    for _, name, sql, _, flag in blocks:
+        if flag == "fragment":
+            if name in FRAGMENTS:
+                raise ValueError(f"fragment {name} defined twice")
+            FRAGMENTS[name] = sql.strip()
+    for source, name, sql, doc, flag in blocks:
+        if flag != "fragment":
             body, order = _numbered(name, sql)
-            statement(name, body, catalog=catalog)
+            statement(name, body, catalog=flag == "catalog")
             if order:
                 PARAMS[name] = order
             DOCS[name], SOURCES[name] = doc, source

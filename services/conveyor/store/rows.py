@@ -49,7 +49,7 @@ class NewJob:
     idempotency_key: str | None = None
     request_hash: str | None = None
     meta_json: str | None = None  # a JSON object, or None (the hot path's insert has no meta)
-    unique_key: str | None = None  # held by this job for ``unique_for`` seconds (store/unique.py)
+    unique_key: str | None = None  # held by this job for ``unique_for`` seconds (store/jobs.py)
     unique_for: float | None = None
 
     @classmethod
@@ -271,7 +271,7 @@ class JobType:
 
 @dataclass(frozen=True, slots=True)
 class TypeControl:
-    """What a worker needs to know about a type to claim it (``store/controls.py``)."""
+    """What a worker needs to know about a type to claim it (``store/attempts.py``)."""
 
     name: str
     paused: bool

@@ -3,7 +3,7 @@
 Exactly one job per tick, however many sweepers pass: the due schedules are locked
 (``FOR UPDATE SKIP LOCKED``: a second sweeper skips a schedule another is enqueueing, then finds
 its ``next_run_at`` moved past the tick), and each tick's job carries the unique key
-``<type>/schedule/<name>/<tick>`` in ``job_uniques`` (``store/unique.py``), so even a sweeper
+``<type>/schedule/<name>/<tick>`` in ``job_uniques`` (``store/jobs.py``), so even a sweeper
 working from a stale read cannot enqueue a tick twice. The transaction holding those locks is
 bounded by PostgreSQL (``maintenance_bound``), so a sweeper paused inside it holds them for
 seconds, not for as long as the pause."""

@@ -200,9 +200,9 @@ def _define_keys(metadata: sa.MetaData) -> None:
 
 
 def _type_controls() -> list[sa.Column[Any] | sa.CheckConstraint]:
-    """Pause and fleet-wide limits of a job type (``store/controls.py``). ``limits_set_at``: an
-    operator changed the limits at run time, so registering workers keep them; ``recent_starts``:
-    the sliding window of a rate limit."""
+    """Pause and fleet-wide limits of a job type (``store/types.py``; the claim enforces them,
+    ``store/attempts.py``). ``limits_set_at``: an operator changed the limits at run time, so
+    registering workers keep them; ``recent_starts``: the sliding window of a rate limit."""
     return [
         sa.Column("paused", sa.Boolean(), nullable=False, server_default=sa.false()),
         sa.Column("concurrency", sa.Integer(), nullable=True),

@@ -9,7 +9,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 def define_features(metadata: sa.MetaData) -> None:
     # A unique key (``unique_for`` on submit, a schedule's tick) and the job holding it until
-    # ``expires_at``; the submit statement takes an expired key over (``store/unique.py``).
+    # ``expires_at``; the submit statement takes an expired key over (``store/jobs.py``).
     uniques = sa.Table(
         "job_uniques",
         metadata,

@@ -1,5 +1,6 @@
-"""Job types: the ones workers (or a deploy step) registered, with their handlers' defaults.
-The API and ``enqueue()`` accept only these (see ``conveyor.job_types``)."""
+"""Job types: the ones workers (or a deploy step) registered, with their handlers' defaults,
+and their controls (pause, fleet-wide limits; the claim enforces them, ``attempts.py``). The API
+and ``enqueue()`` accept only these types (see ``conveyor.job_types``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from collections.abc import Sequence
 
 from .base import Connection, Statements
 from .registry import bind, named
-from .rows import JobType, JobTypeDefaults
+from .rows import JobType, JobTypeDefaults, TypeControl
 
 JOB_TYPE_REGISTER_MANY = named("job_type_register_many")
 JOB_TYPE_NAMES = named("job_type_names")
 JOB_TYPE_LIST = named("job_type_list")
+TYPE_CONTROLS = named("type_controls")
+TYPE_SET_PAUSED = named("type_set_paused")
+TYPE_SET_LIMITS = named("type_set_limits")
 
 
 class TypeStatements(Statements):
@@ -54,3 +58,29 @@ class TypeStatements(Statements):
             )
             for r in rows
         ]
+
+    async def type_controls(self, conn: Connection) -> list[TypeControl]:
+        rows = await conn.fetch(self.sql[TYPE_CONTROLS])
+        return [
+            TypeControl(r["name"], r["paused"], r["concurrency"], r["rate_limit"], r["rate_period"])
+            for r in rows
+        ]
+
+    async def type_set_paused(self, conn: Connection, name: str, paused: bool) -> bool:
+        """False when no such type."""
+        return await conn.fetchval(self.sql[TYPE_SET_PAUSED], name, paused) is not None
+
+    async def type_set_limits(
+        self,
+        conn: Connection,
+        name: str,
+        *,
+        concurrency: int | None,
+        rate_limit: int | None,
+        rate_period: int | None,
+    ) -> bool:
+        """False when no such type."""
+        found = await conn.fetchval(
+            self.sql[TYPE_SET_LIMITS], name, concurrency, rate_limit, rate_period
+        )
+        return found is not None

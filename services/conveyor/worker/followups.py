@@ -5,7 +5,7 @@ cancelled or fenced attempt (its lease was taken over) leaves no follow-up.
 
 A follow-up with a unique or idempotency key (``keyed``) may have to wait for another
 transaction: an application's open transaction that enqueued a job with the same key holds it
-until it commits or rolls back (``store/unique.py``). So such a completion is written in a
+until it commits or rolls back (``store/jobs.py``). So such a completion is written in a
 transaction of its own, never in the worker's shared batch, and its insert waits at most
 ``KEY_WAIT_SECONDS`` (``lock_timeout``): then the transaction rolls back (``KeyHeld``) and the
 completer tries again later. The completion and its follow-ups still commit together."""

@@ -1,4 +1,4 @@
-"""The consumer for paused and limited types (``store/controls.py`` has the SQL).
+"""The consumer for paused and limited types (``store/attempts.py`` has the SQL).
 
 ``LimitedConsumer`` is the plain ``Consumer`` as long as none of the worker's types is
 controlled (``TypeControls.controlled`` empty: the claim's hot path is untouched). Otherwise a

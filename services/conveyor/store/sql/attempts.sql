@@ -1,37 +1,57 @@
--- Jobs as workers see them: claim, heartbeat, outcomes (attempts.py); every write after the
--- claim is fenced by (job id, attempt).
+-- Jobs as workers see them: the claims (plain and limited), heartbeat, progress, outcomes and
+-- the attempt history (attempts.py); every write after the claim is fenced by (job id, attempt).
 --
 -- Status tests are CASEs so that no partial index's predicate follows from them (the planner
 -- cannot see through a CASE). Written as ``status IN ('PENDING', 'RETRYING')``, the claim's test
 -- implied ``jobs_waiting_idx``'s predicate, and with statistics taken before a backlog arrived
 -- the planner ANDed a scan of that whole index with the ids: every claim of a few ids read every
 -- waiting job's entry (tests/integration/test_claim_plan.py, stale statistics). Claimable is
--- ``CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN run_at <= now() + interval
--- '1 second' ELSE false END`` (one second absorbs broker/database clock skew; job_claim_controlled
--- in controls.sql uses the same test). The writes after a claim find their rows by id with
+-- the fragment ``job_claimable``, which every claiming statement includes. The writes after a
+-- claim find their rows by id with
 -- ``CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END``: ``j.status = 'IN_PROGRESS'``
 -- would imply ``jobs_lease_idx``'s predicate, and a plan cached for a fresh install's empty
 -- tables joined the ids with a scan of that whole index, dead entries of every job ever claimed
--- included (test_finishing_statements_keep_reading_their_ids_on_one_connection).
+-- included (test_finishing_statements_keep_reading_their_ids_on_one_connection). That test is
+-- part of the fragment ``job_fenced``.
 --
 -- Each finishing statement writes its attempt rows itself: its ``upd`` CTE returns the job's
--- id, type, attempt, worker, start, new status and ``due`` (when the attempt could have started:
--- ``run_at`` for scheduled and retried jobs, else ``created_at``; a statement that rewrites
--- ``run_at`` reads the due time before the update) plus ``error``, and one INSERT INTO
--- job_attempts maps the new status to the attempt's outcome. No ``ON CONFLICT`` (a speculative
+-- id, type, attempt, worker, start and ``due`` (when the attempt could have started: ``run_at``
+-- for scheduled and retried jobs, else ``created_at``; a statement that rewrites ``run_at``
+-- reads the due time before the update) plus ``error`` and the ``outcome`` its new status means,
+-- and its ``att`` CTE is the fragment ``job_attempt_insert``. No ``ON CONFLICT`` (a speculative
 -- insertion costs more): every write after a claim is fenced by (job, attempt) and moves the job
 -- out of IN_PROGRESS, so an attempt finishes at most once.
 
+-- name: job_claimable fragment
+-- Claimable (the jobs row is ``j``): PENDING, or RETRYING and due; one second absorbs
+-- broker/database clock skew. A CASE, as the header explains.
+CASE j.status WHEN 'PENDING' THEN true
+    WHEN 'RETRYING' THEN j.run_at <= now() + interval '1 second' ELSE false END
+
+-- name: job_fenced fragment
+-- The fence of every write after a claim: the jobs row ``j`` is the attempt ``u`` (``id``,
+-- ``attempt``) and still running. A CASE, as the header explains.
+(j.id = u.id AND j.attempts = u.attempt
+ AND CASE j.status WHEN 'IN_PROGRESS' THEN true ELSE false END)
+
+-- name: job_attempt_insert fragment
+-- The attempt rows of a finishing statement, from its ``upd`` CTE (see the header).
+INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id, started_at,
+    finished_at, outcome, error, duration_seconds, wait_seconds)
+SELECT id, attempts, job_type, worker_id, started_at, now(), outcome, error,
+       extract(epoch FROM now() - started_at)::float8,
+       greatest(0, extract(epoch FROM started_at - due))::float8
+FROM upd
+
 -- name: job_claim_many
--- The claim: one conditional UPDATE for a batch of delivered ids. A job is claimable when it is
--- PENDING, or RETRYING and due (a tolerance of one second absorbs broker/database clock skew).
+-- The claim: one conditional UPDATE for a batch of delivered ids (``job_claimable``).
 -- The attempt is counted here, so a handler that kills its process still uses up its retries.
 -- The ids lead (``jobs_pkey``); the type test is written so no index can serve it: as
 -- ``job_type = ANY(:types)`` the planner, for a type ANALYZE has not seen yet (new, or grown
 -- since), took the type's whole range of ``jobs_type_status_id_idx`` for one row and filtered
 -- the ids out of it (691,500 finished jobs read for 500 ids at 10 million rows;
 -- ``tests/integration/test_claim_plan.py``).
-UPDATE __schema__.jobs SET
+UPDATE __schema__.jobs j SET
     status = 'IN_PROGRESS',
     attempts = attempts + 1,
     started_at = now(),
@@ -43,14 +63,153 @@ UPDATE __schema__.jobs SET
                            :default_max_retries),
     timeout_seconds = COALESCE(timeout_seconds,
                                (:handler_defaults::jsonb -> job_type ->> 'timeout')::float8)
-WHERE id = ANY(:ids::uuid[])
+WHERE j.id = ANY(:ids::uuid[])
   AND array_position(:types::text[], job_type) IS NOT NULL
-  AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING'
-      THEN run_at <= now() + interval '1 second' ELSE false END
+  AND {{job_claimable}}
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
           timeout_seconds, meta::text AS meta,
           greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
           trace_context
+
+-- name: job_claim_controlled
+-- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the
+-- worker keeps in hand per controlled type. A paused type's jobs wait in the 5 s pen.
+WITH t AS (
+    -- the type rows, locked for this statement only, in name order; a locking read returns a
+    -- row's newest version, so the claims and starts recorded there are exact even when they
+    -- were committed after this statement's snapshot was taken
+    SELECT name, paused, concurrency, rate_limit, rate_period, claim_ids, claim_attempts,
+           ARRAY(SELECT s FROM unnest(recent_starts) s
+                 WHERE rate_period IS NOT NULL
+                   AND s > statement_timestamp() - make_interval(secs => rate_period)
+                 ORDER BY s) AS win
+    FROM __schema__.job_types WHERE name = ANY(:types::text[]) ORDER BY name FOR UPDATE
+), listed AS (
+    -- claims recorded on the type row that may still run: the snapshot shows an older attempt
+    -- (claimed after it was taken) or that attempt still IN_PROGRESS
+    SELECT t.name, e.id, e.att FROM t, unnest(t.claim_ids, t.claim_attempts) AS e(id, att)
+    JOIN __schema__.jobs r ON r.id = e.id
+    WHERE r.attempts < e.att OR (r.attempts = e.att AND r.status = 'IN_PROGRESS')
+), c AS (
+    SELECT t.*,
+           t.concurrency - (SELECT count(DISTINCT x.id) FROM (
+                                SELECT r.id FROM __schema__.jobs r
+                                WHERE r.job_type = t.name AND r.status = 'IN_PROGRESS'
+                                UNION ALL SELECT l.id FROM listed l WHERE l.name = t.name) x
+                            ) AS conc_free,
+           t.rate_limit - cardinality(t.win) AS rate_free,
+           (:room::int4[])[array_position(:types::text[], t.name)] AS room
+    FROM t
+), cand AS (
+    SELECT j.id, j.job_type, j.run_at, j.created_at,
+           row_number() OVER (PARTITION BY j.job_type ORDER BY j.priority DESC, j.id) AS rn
+    FROM __schema__.jobs j
+    WHERE j.id = ANY(:ids::uuid[]) AND array_position(:types::text[], j.job_type) IS NOT NULL
+      AND {{job_claimable}}
+), pick AS (
+    SELECT cand.*, c.paused, c.conc_free, c.rate_free, c.rate_limit, c.rate_period, c.win,
+           coalesce(c.room, 0) AS room,
+           (NOT coalesce(c.paused, false) AND cand.rn <= coalesce(least(c.conc_free, c.rate_free),
+                                                                  cand.rn)) AS go
+    FROM cand LEFT JOIN c ON c.name = cand.job_type
+), upd AS (
+    UPDATE __schema__.jobs j SET
+        status = 'IN_PROGRESS',
+        attempts = j.attempts + 1,
+        started_at = statement_timestamp(),
+        updated_at = statement_timestamp(),
+        lease_expires_at = statement_timestamp() + make_interval(secs => :lease_seconds),
+        worker_id = :worker_id,
+        max_retries = COALESCE(j.max_retries,
+                               (:handler_defaults::jsonb -> j.job_type ->> 'max_retries')::int,
+                               :default_max_retries),
+        timeout_seconds = COALESCE(j.timeout_seconds,
+                                   (:handler_defaults::jsonb -> j.job_type ->> 'timeout')::float8)
+    FROM pick
+    WHERE j.id = pick.id AND pick.go AND {{job_claimable}}
+    RETURNING j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts,
+              j.retry_count, j.max_retries, j.timeout_seconds, j.meta::text AS meta,
+              j.trace_context,
+              greatest(0, extract(epoch FROM statement_timestamp()
+                                              - COALESCE(j.run_at, j.created_at)))::float8 AS wait
+), keep AS (
+    SELECT name, id, att FROM listed UNION ALL SELECT job_type, id, attempts FROM upd
+), starts AS (
+    UPDATE __schema__.job_types ty
+    SET recent_starts = CASE WHEN c.rate_limit IS NULL THEN ty.recent_starts
+                             ELSE c.win || array_fill(statement_timestamp(), ARRAY[n.n]) END,
+        claim_ids = CASE WHEN c.concurrency IS NULL THEN '{}'
+                         ELSE ARRAY(SELECT k.id FROM keep k WHERE k.name = ty.name
+                                    ORDER BY k.id) END,
+        claim_attempts = CASE WHEN c.concurrency IS NULL THEN '{}'
+                              ELSE ARRAY(SELECT k.att FROM keep k WHERE k.name = ty.name
+                                         ORDER BY k.id) END
+    FROM (SELECT job_type, count(*)::int AS n FROM upd GROUP BY job_type) n, c
+    WHERE ty.name = n.job_type AND c.name = ty.name
+      AND (c.rate_limit IS NOT NULL OR c.concurrency IS NOT NULL)
+), hold AS (
+    -- the n-th job over a full window waits for the window's (size - limit + n)-th start to
+    -- leave it (the starts claimed just now included: when that index is past the window)
+    SELECT pick.id, (pick.rate_free IS NOT NULL AND pick.rn > pick.rate_free) AS rate_held,
+        -- held for a full concurrency limit only, within the room the worker has: kept in its
+        -- hand (no pen) and claimed again as soon as a slot frees
+        (NOT coalesce(pick.paused, false) AND pick.conc_free IS NOT NULL
+         AND pick.rn > pick.conc_free
+         AND (pick.rate_free IS NULL OR pick.rn <= pick.rate_free)
+         AND pick.rn - greatest(pick.conc_free, 0) <= pick.room) AS in_hand,
+        greatest(
+        CASE WHEN pick.paused THEN 5 ELSE 1 END,
+        CASE WHEN pick.conc_free IS NOT NULL AND pick.rn > pick.conc_free
+             THEN least(10, extract(epoch FROM statement_timestamp()
+                                                - COALESCE(pick.run_at, pick.created_at)) / 4)
+             ELSE 0 END,
+        CASE WHEN pick.rate_free IS NOT NULL AND pick.rn > pick.rate_free
+             THEN extract(epoch FROM COALESCE(
+                 pick.win[(cardinality(pick.win) - pick.rate_limit + pick.rn)::int]
+                     + make_interval(secs => pick.rate_period),
+                 statement_timestamp() + make_interval(secs => pick.rate_period))
+                 - statement_timestamp())
+             ELSE 0 END) AS wait_for
+    FROM pick WHERE NOT pick.go
+), pen AS (
+    SELECT hold.*, CASE WHEN hold.in_hand THEN 0 ELSE
+        coalesce((SELECT min(p) FROM unnest(:pen_ladder::int4[]) p WHERE p >= hold.wait_for),
+                 21600) END AS delay
+    FROM hold
+), held AS (
+    -- a job held for its rate window (a pen of up to the window's length) is not due before
+    -- the pen hands it back: the reconciler, which re-publishes jobs due for longer than
+    -- reconcile_after and missing from their queue, must not take it for lost (it would add
+    -- a copy per pass); short holds (pause, concurrency: <= 10 s) keep their run_at. Claimable
+    -- again: a job another claimer took meanwhile is left alone.
+    UPDATE __schema__.jobs j SET updated_at = statement_timestamp(),
+        lease_expires_at = statement_timestamp()
+                           + make_interval(secs => pen.delay + :lease_seconds),
+        run_at = CASE WHEN pen.rate_held
+                      THEN statement_timestamp() + make_interval(secs => pen.delay)
+                      ELSE j.run_at END
+    FROM pen
+    WHERE j.id = pen.id AND {{job_claimable}}
+    RETURNING j.id, j.job_type, j.priority, pen.delay
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)
+    SELECT id, job_type, priority, 'retry', delay FROM held WHERE delay > 0
+)
+SELECT false AS held, id, job_type, payload, priority, attempts, retry_count, max_retries,
+       timeout_seconds, meta, trace_context, wait FROM upd
+UNION ALL
+SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay FROM held
+
+-- name: job_release_held
+-- Jobs a worker held in hand for a concurrency slot and gives up (its drain): back through the
+-- shortest pen, their hold dropped so the reconciler treats them as any other job again.
+WITH r AS (
+    UPDATE __schema__.jobs j SET lease_expires_at = NULL, updated_at = now()
+    WHERE j.id = ANY($1::uuid[]) AND {{job_claimable}}
+    RETURNING j.id, j.job_type, j.priority
+)
+INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)
+SELECT id, job_type, priority, 'retry', 1 FROM r
 
 -- name: job_complete_many
 -- A cancellation requested while the job ran wins and discards the result.
@@ -61,18 +220,11 @@ WITH upd AS (
         result = CASE WHEN j.cancel_requested THEN NULL ELSE u.result::jsonb END,
         finished_at = now(), updated_at = now(), lease_expires_at = NULL
     FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, result)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-        THEN true ELSE false END
-    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
-        COALESCE(j.run_at, j.created_at) AS due, NULL::text AS error
-), att AS (
-    INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
-        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'completed' END, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd
+    WHERE {{job_fenced}}
+    RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at,
+        COALESCE(j.run_at, j.created_at) AS due, NULL::text AS error,
+        CASE WHEN j.status = 'CANCELLED' THEN 'cancelled' ELSE 'completed' END AS outcome
+), att AS ({{job_attempt_insert}}
 )
 SELECT id FROM upd
 
@@ -106,18 +258,11 @@ WITH u AS (  -- each failure with its attempt's due time, read before a retry re
             OR (u.consume AND j.retry_count >= j.max_retries)) OR j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM u
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-        THEN true ELSE false END
+    WHERE {{job_fenced}}
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, u.due AS due,
-        j.priority, u.delay, u.error
-), att AS (
-    INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE status WHEN 'CANCELLED'
-        THEN 'cancelled' WHEN 'FAILED' THEN 'failed' ELSE 'retry' END, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd
+        j.priority, u.delay, u.error, CASE j.status WHEN 'CANCELLED' THEN 'cancelled'
+                                      WHEN 'FAILED' THEN 'failed' ELSE 'retry' END AS outcome
+), att AS ({{job_attempt_insert}}
 ), ob AS (  -- a dead letter's error is cut to the wire's limit by the relay (broker/wire.py)
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
                                        error, attempt)
@@ -139,18 +284,11 @@ WITH upd AS (
         finished_at = CASE WHEN j.cancel_requested THEN now() END,
         lease_expires_at = NULL, updated_at = now()
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-    WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-        THEN true ELSE false END
+    WHERE {{job_fenced}}
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status,
-        COALESCE(j.run_at, j.created_at) AS due, j.priority, NULL::text AS error
-), att AS (
-    INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
-        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'released' END, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd
+        COALESCE(j.run_at, j.created_at) AS due, j.priority, NULL::text AS error,
+        CASE WHEN j.status = 'CANCELLED' THEN 'cancelled' ELSE 'released' END AS outcome
+), att AS ({{job_attempt_insert}}
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
     SELECT id, job_type, priority FROM upd WHERE status = 'PENDING'
@@ -160,17 +298,50 @@ SELECT id FROM upd
 -- name: job_heartbeat_many
 UPDATE __schema__.jobs j SET lease_expires_at = now() + make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-WHERE j.id = u.id AND j.attempts = u.attempt AND CASE j.status WHEN 'IN_PROGRESS'
-    THEN true ELSE false END
+WHERE {{job_fenced}}
 RETURNING j.id, j.cancel_requested
 
 -- name: job_touch_waiting
 -- Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost,
 -- and their messages are not among the queue's *ready* ones, which is all the reconciler sees.
 -- The touch marks them *held* until ``$2`` seconds from now (``lease_expires_at`` of a waiting
--- job; ``store/maintenance.py``'s ``UNHELD``): the reconciler counts a held job neither as overdue
--- nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
+-- job; ``maintenance.sql``'s ``job_unheld``): the reconciler counts a held job neither as
+-- overdue nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
 -- broker requeues its unacknowledged deliveries and the hold runs out.
 UPDATE __schema__.jobs SET updated_at = now(), lease_expires_at = now() + make_interval(secs => $2)
 WHERE id = ANY($1::uuid[]) AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING'
     THEN true ELSE false END
+
+-- name: job_progress_many
+-- Fenced like every write of an attempt (``job_fenced``): a stale attempt's report changes
+-- nothing.
+UPDATE __schema__.jobs j SET
+    progress = jsonb_build_object('percent', u.percent, 'message', u.message,
+                                  'updated_at', now())
+FROM unnest($1::uuid[], $2::int4[], $3::float8[], $4::text[])
+    AS u(id, attempt, percent, message)
+WHERE {{job_fenced}}
+RETURNING j.id
+
+-- name: job_completed_among
+-- In the completing transaction, after ``job_complete_many``: which of the attempts it wrote
+-- ended COMPLETED (not CANCELLED by a cancel requested while they ran).
+SELECT j.id FROM __schema__.jobs j
+JOIN unnest($1::uuid[], $2::int4[]) AS u(id, attempt) ON j.id = u.id
+WHERE j.attempts = u.attempt AND j.status = 'COMPLETED'
+
+-- name: job_attempt_list
+-- Oldest first. One row with a NULL attempt: the job exists but never ran; no row: no such job.
+WITH j AS (
+    SELECT id, status, attempts, worker_id, started_at FROM __schema__.jobs WHERE id = $1
+)
+SELECT a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome, a.error,
+       a.duration_seconds
+FROM j LEFT JOIN LATERAL (
+    SELECT attempt, worker_id, started_at, finished_at, outcome, error, duration_seconds
+    FROM __schema__.job_attempts WHERE job_id = j.id
+    UNION ALL
+    SELECT j.attempts, j.worker_id, j.started_at, NULL, NULL, NULL, NULL
+    WHERE j.status = 'IN_PROGRESS'
+) a ON true
+ORDER BY a.attempt

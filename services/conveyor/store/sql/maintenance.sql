@@ -1,10 +1,13 @@
 -- The sweeper's statements (maintenance.py). A waiting job (PENDING/RETRYING) with a lease in
--- the future is *held* (``(j.lease_expires_at IS NULL OR j.lease_expires_at <= now())`` is
--- unheld): a worker has its delivery in hand, waiting for a slot (``job_touch_waiting``), or a
--- type limit sent it through a holding pen (``job_claim_controlled``). Its message is not among
--- the queue's ready ones, and it is not lost: the reconciler counts it neither as overdue nor as
--- fresh. Held is for a bounded time only (a holder that dies stops renewing it; a pen's hold ends
--- with its delay plus a lease). Finishing statements record attempts as attempts.sql explains.
+-- the future is *held* (the fragment ``job_unheld`` is the opposite): a worker has its delivery
+-- in hand, waiting for a slot (``job_touch_waiting``), or a type limit sent it through a holding
+-- pen (``job_claim_controlled``). Its message is not among the queue's ready ones, and it is not
+-- lost: the reconciler counts it neither as overdue nor as fresh. Held is for a bounded time only
+-- (a holder that dies stops renewing it; a pen's hold ends with its delay plus a lease).
+-- Finishing statements record attempts as attempts.sql explains (``job_attempt_insert``).
+
+-- name: job_unheld fragment
+(j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
 
 -- name: job_promote_due
 WITH due AS (
@@ -56,15 +59,9 @@ WITH exp AS (
         lease_expires_at = NULL, updated_at = now()
     FROM exp WHERE j.id = exp.id
     RETURNING j.id, j.job_type, j.attempts, j.worker_id, j.started_at, j.status, exp.due AS due,
-        j.priority, j.last_error, j.last_error AS error, exp.delay
-), att AS (
-    INSERT INTO __schema__.job_attempts (job_id, attempt, job_type, worker_id,
-        started_at, finished_at, outcome, error, duration_seconds, wait_seconds)
-    SELECT id, attempts, job_type, worker_id, started_at, now(), CASE
-        WHEN status = 'CANCELLED' THEN 'cancelled' ELSE 'lease_expired' END, error,
-           extract(epoch FROM now() - started_at)::float8,
-           greatest(0, extract(epoch FROM started_at - due))::float8
-    FROM upd ON CONFLICT DO NOTHING
+        j.priority, j.last_error, j.last_error AS error, exp.delay,
+        CASE WHEN j.status = 'CANCELLED' THEN 'cancelled' ELSE 'lease_expired' END AS outcome
+), att AS ({{job_attempt_insert}} ON CONFLICT DO NOTHING
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds,
                                        error, attempt)
@@ -87,7 +84,7 @@ WITH c AS MATERIALIZED (
     WHERE j.status IN ('PENDING', 'RETRYING')
       AND j.updated_at < now() - make_interval(secs => $1)
       AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $1))
-          AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
+      AND {{job_unheld}}
 )
 SELECT job_type, count(*) AS n FROM c
 WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = c.id)
@@ -106,7 +103,7 @@ WITH w AS MATERIALIZED (
     FROM __schema__.jobs j
     WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
       AND (j.run_at IS NULL OR j.run_at <= now())
-          AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
+      AND {{job_unheld}}
 )
 SELECT count(*) FILTER (WHERE late) AS overdue, count(*) FILTER (WHERE NOT late) AS fresh
 FROM w WHERE NOT EXISTS (SELECT 1 FROM __schema__.job_outbox o WHERE o.job_id = w.id)
@@ -118,7 +115,7 @@ WITH o AS (
       AND j.updated_at < now() - make_interval(secs => $2)
       AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
       AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
-      AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now()) AND j.id = ANY($4::uuid[])
+      AND {{job_unheld}} AND j.id = ANY($4::uuid[])
     ORDER BY j.updated_at LIMIT $3 FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET updated_at = now() FROM o WHERE j.id = o.id
@@ -137,7 +134,7 @@ WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
   AND j.updated_at < now() - make_interval(secs => $2)
   AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
   AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
-      AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
+      AND {{job_unheld}}
 ORDER BY j.updated_at LIMIT $3
 
 -- name: maintenance_bound

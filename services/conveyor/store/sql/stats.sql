@@ -54,3 +54,125 @@ FROM __schema__.job_outbox
 -- Running jobs whose lease expired and that maintenance has not put back yet (the ``stuck_jobs``
 -- view: a range of ``jobs_lease_idx``); above 0 for minutes means lease recovery is not running.
 SELECT count(*) AS n FROM __schema__.stuck_jobs
+
+-- name: job_overview_hour
+SELECT job_type AS type,
+       count(*) FILTER (WHERE outcome = 'completed') AS completed,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       count(*) FILTER (WHERE outcome IN ('retry', 'lease_expired')) AS retried,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_seconds) AS wait_p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_seconds) AS wait_p95
+FROM __schema__.job_attempts
+WHERE finished_at > now() - interval '1 hour'
+GROUP BY job_type ORDER BY job_type
+
+-- name: job_page
+-- Newest first; ``before``/``since``: id bounds (keyset cursor, time window as UUIDv7 bounds).
+-- Without a filter the primary key serves the order. With a type and/or a status, each (type,
+-- status) range of ``jobs_type_status_id_idx`` is read newest first, at most ``limit`` rows
+-- each, and the ranges are merged: a rare type or status never walks the whole primary key. The
+-- bounds are COALESCEd to the extreme UUIDs rather than ``before IS NULL OR id < before``: a
+-- generic plan (a
+-- prepared statement's sixth execution on) then still seeks the cursor in the index instead of
+-- filtering every newer row on the way to it. The ranges yield ids only (index-only), and the
+-- page's rows are then looked up by id: read whole, a range's rows cost a heap fetch each, and
+-- when the statistics had seen no backlog the planner preferred walking the primary key back
+-- from the cursor, filtering type and status, to find them (a rare pair: half the table).
+SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+FROM __schema__.jobs
+WHERE id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+  AND id >= COALESCE(:since::uuid, '00000000-0000-0000-0000-000000000000')
+  AND :job_type::text IS NULL AND :status::text IS NULL
+ORDER BY id DESC
+LIMIT :limit
+
+-- name: job_page_filtered
+-- job_page with a type and/or a status (see there).
+WITH RECURSIVE t(job_type) AS (
+    SELECT COALESCE(:job_type::text, min(job_type)) FROM __schema__.jobs
+    UNION ALL
+    SELECT (SELECT min(j.job_type) FROM __schema__.jobs j WHERE j.job_type > t.job_type)
+    FROM t WHERE t.job_type IS NOT NULL AND :job_type IS NULL
+), page AS (
+    SELECT x.id FROM t
+    CROSS JOIN unnest(CASE WHEN :status::text IS NULL THEN enum_range(NULL::__schema__.job_status)
+                           ELSE ARRAY[:status::__schema__.job_status] END) AS st(status)
+    CROSS JOIN LATERAL (
+        SELECT id FROM __schema__.jobs
+        WHERE job_type = t.job_type AND status = st.status
+          AND id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+          AND id >= COALESCE(:since::uuid, '00000000-0000-0000-0000-000000000000')
+        ORDER BY id DESC LIMIT :limit
+    ) x
+    WHERE t.job_type IS NOT NULL
+    ORDER BY x.id DESC
+    LIMIT :limit
+)
+SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+FROM __schema__.jobs
+WHERE id = ANY(ARRAY(SELECT id FROM page))
+ORDER BY id DESC
+
+-- name: job_dead_groups
+-- Dead letters grouped by the error's first line (the exception and its message, without the
+-- traceback), cut at 160 characters; job_dead_count, job_redrive_dead and job_purge_dead take
+-- such a group ($1 type, $2 error key or NULL for all, $3 at most).
+WITH RECURSIVE t(job_type) AS (
+    SELECT min(job_type) FROM __schema__.jobs
+    UNION ALL
+    SELECT (SELECT min(j.job_type) FROM __schema__.jobs j WHERE j.job_type > t.job_type)
+    FROM t WHERE t.job_type IS NOT NULL
+)
+SELECT t.job_type AS type, g.error, g.count, g.last_failed
+FROM t CROSS JOIN LATERAL (
+    SELECT left(split_part(COALESCE(last_error, ''), E'\n', 1), 160) AS error,
+           count(*) AS count, max(finished_at) AS last_failed
+    FROM __schema__.jobs j WHERE j.job_type = t.job_type AND j.status = 'FAILED'
+    GROUP BY 1
+) g
+WHERE t.job_type IS NOT NULL
+ORDER BY g.count DESC, t.job_type, g.error
+LIMIT 500
+
+-- name: job_dead_count
+SELECT count(*) FROM __schema__.jobs
+WHERE job_type = $1 AND status = 'FAILED'
+  AND ($2::text IS NULL OR left(split_part(COALESCE(last_error, ''), E'\n', 1), 160) = $2)
+
+-- name: job_redrive_dead
+-- Redrive by filter through the store: FAILED → PENDING with fresh retries and an outbox row.
+-- Their copies in the dead-letter queue stay; `conveyor dlq` drops a copy whose job is no longer
+-- FAILED.
+WITH d AS (
+    SELECT id FROM __schema__.jobs
+    WHERE job_type = $1 AND status = 'FAILED'
+      AND ($2::text IS NULL OR left(split_part(COALESCE(last_error, ''), E'\n', 1), 160) = $2)
+    LIMIT $3 FOR UPDATE SKIP LOCKED
+), r AS (
+    UPDATE __schema__.jobs j SET status = 'PENDING', retry_count = 0, cancel_requested = false,
+        result = NULL, finished_at = NULL, run_at = NULL, lease_expires_at = NULL,
+        updated_at = now()
+    FROM d WHERE j.id = d.id
+    RETURNING j.id, j.job_type, j.priority
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM r
+)
+SELECT count(*) FROM r
+
+-- name: job_purge_dead
+WITH d AS (
+    SELECT id FROM __schema__.jobs
+    WHERE job_type = $1 AND status = 'FAILED'
+      AND ($2::text IS NULL OR left(split_part(COALESCE(last_error, ''), E'\n', 1), 160) = $2)
+    LIMIT $3 FOR UPDATE SKIP LOCKED
+), a AS (
+    DELETE FROM __schema__.job_attempts a USING d WHERE a.job_id = d.id
+)
+DELETE FROM __schema__.jobs j USING d WHERE j.id = d.id

@@ -17,10 +17,9 @@ WHERE array_position($1::text[], job_type) IS NOT NULL
 -- name: testing_due_ids
 -- The claimable jobs of the types (as job_claim_many tests them), in the order workers favour:
 -- higher priority first, then the oldest.
-SELECT id FROM __schema__.jobs
+SELECT id FROM __schema__.jobs j
 WHERE array_position($1::text[], job_type) IS NOT NULL
-  AND CASE status WHEN 'PENDING' THEN true
-                  WHEN 'RETRYING' THEN run_at <= now() + interval '1 second' ELSE false END
+  AND {{job_claimable}}
 ORDER BY priority DESC, COALESCE(run_at, created_at), id
 LIMIT $2
 

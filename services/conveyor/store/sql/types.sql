@@ -29,3 +29,17 @@ SELECT name, max_retries, timeout_seconds, retry_delays, first_seen, last_seen, 
        (SELECT count(*) FROM __schema__.jobs j
         WHERE j.job_type = t.name AND j.status = 'IN_PROGRESS')::int AS running
 FROM __schema__.job_types t ORDER BY name
+
+-- name: type_controls
+SELECT name, paused, concurrency, rate_limit, rate_period FROM __schema__.job_types
+ORDER BY name
+
+-- name: type_set_paused
+UPDATE __schema__.job_types SET paused = $2 WHERE name = $1 RETURNING name
+
+-- name: type_set_limits
+-- An operator's limits: registering workers keep them from now on (``limits_set_at``).
+UPDATE __schema__.job_types SET concurrency = $2, rate_limit = $3, rate_period = $4,
+    limits_set_at = now(),
+    recent_starts = CASE WHEN $3::int4 IS NULL THEN '{}' ELSE recent_starts END
+WHERE name = $1 RETURNING name
