@@ -73,6 +73,21 @@ def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
     if under_xdist():  # every worker sorts alike: serial last, else longest first
         known = _slow_tests()
         items.sort(key=lambda item: (is_serial(item), -known.get(item.nodeid, 0.0)))
+        if config.getvalue("loadgroup"):
+            for item in items:
+                _name_group(item)
+
+
+def _name_group(item: pytest.Item) -> None:
+    """The group in the node id (``<id>@<group>``), which is all xdist's loadgroup scheduler
+    reads. xdist's own hook writes it to ``item._nodeid``; pytest 9 keeps the id in
+    ``item._id``, so there it would never arrive and each worker would build the module's
+    fixtures again."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})  # fmt: skip
+    node_id = getattr(item, "_id", None)
+    if names and node_id is not None and "@" not in item.nodeid:
+        item._id = type(node_id).parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def keep_collection_order(config: pytest.Config) -> None:

@@ -1,6 +1,11 @@
 """A private PgBouncer in transaction pooling (RECIPES.md): its own ini on a free port, in front
 of the shared PostgreSQL (or any ``host:port``). Debian's pgbouncer refuses to run as root: it
-runs as ``postgres``, its files readable by that user."""
+runs as ``postgres``, its files readable by that user.
+
+``users``: the login names PgBouncer accepts besides ``postgres`` (trust: any password), each
+pooled on server connections made as that same user; ``server_user``: every server connection
+is made as this one user instead (``user=`` in the ``[databases]`` entry), whoever the client
+logged in as."""
 
 from __future__ import annotations
 
@@ -11,32 +16,44 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .infra import _tail, free_port, port_open
 
 
 class PrivatePgBouncer:
-    def __init__(self, host: str = "127.0.0.1", port: int = 5432, *, pool_size: int = 20) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 5432,
+        *,
+        pool_size: int = 20,
+        users: Sequence[str] = (),
+        server_user: str | None = None,
+    ) -> None:
         self.upstream = (host, port)
         self.pool_size = pool_size
+        self.users = ["postgres", *users]
+        self.server_user = server_user
         self.port = free_port()
         self.base = Path(tempfile.mkdtemp(prefix="conveyor-pgbouncer-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def url(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str, user: str = "postgres") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> PrivatePgBouncer:
         binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         if not Path(binary).exists():
             raise RuntimeError("pgbouncer is not installed (apt-get install -y pgbouncer)")
         b = self.base
-        (b / "users.txt").write_text('"postgres" ""\n')
+        (b / "users.txt").write_text("".join(f'"{u}" ""\n' for u in self.users))
         host, port = self.upstream
+        forced = f" user={self.server_user}" if self.server_user else ""
         (b / "pgb.ini").write_text(
             f"""[databases]
-* = host={host} port={port}
+* = host={host} port={port}{forced}
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = {self.port}
