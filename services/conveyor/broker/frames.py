@@ -32,6 +32,22 @@ class PublishFailed(Exception):
     """The broker did not confirm a message (nack, return, timeout, closed channel)."""
 
 
+class Unconfirmed(PublishFailed):
+    """No confirm within the wait, but the message may still be routed: a broker under a
+    resource alarm holds what was written until the alarm clears. ``confirm`` stays registered
+    with the channel and settles when the broker answers at last, or the channel closes."""
+
+    def __init__(self, timeout: float, confirm: asyncio.Future[Any]) -> None:
+        super().__init__(f"no confirm within {timeout} s")
+        self.confirm = confirm
+
+
+def acked(confirm: asyncio.Future[Any]) -> bool:
+    """Whether a settled confirm says the broker took the message."""
+    done = confirm.done() and not confirm.cancelled() and confirm.exception() is None
+    return done and isinstance(confirm.result(), Basic.Ack)
+
+
 class Outbound(NamedTuple):
     exchange: str
     routing_key: str
@@ -71,12 +87,10 @@ async def publish_together(
         return [PublishFailed(f"not sent: {exc}"[:200])] * len(messages)
     if not waiting:
         return results
-    _, late = await asyncio.wait([confirm for _, confirm in waiting], timeout=timeout)
-    for confirm in late:
-        confirm.cancel()  # a confirm that comes later is ignored by aiormq
+    await asyncio.wait([confirm for _, confirm in waiting], timeout=timeout)
     for i, confirm in waiting:
-        if confirm.cancelled():
-            results[i] = PublishFailed(f"no confirm within {timeout} s")
+        if not confirm.done():
+            results[i] = Unconfirmed(timeout, confirm)
         elif (error := confirm.exception()) is not None:  # nack, return, closed channel
             results[i] = error
         elif not isinstance(confirm.result(), Basic.Ack):
@@ -108,6 +122,7 @@ async def _write(
                 message_id: str = message.properties.message_id or ""  # _marshal refused none
                 channel.message_id_delivery_tag[message_id] = tag  # how a return finds it
                 confirm.add_done_callback(_forget(channel, message_id, tag))
+                confirm.add_done_callback(_seen)  # a late failure nobody awaits is not an error
                 parts.append(data)
                 waiting.append((i, confirm))
             if parts:
@@ -145,6 +160,11 @@ def _marshal(channel: Any, message: Outbound) -> bytes:
         for start in range(0, len(body), step)
     )
     return b"".join(out)
+
+
+def _seen(confirm: asyncio.Future[Any]) -> None:
+    if not confirm.cancelled():
+        confirm.exception()
 
 
 def _forget(channel: Any, message_id: str, tag: int) -> Callable[[Any], None]:
