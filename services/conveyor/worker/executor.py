@@ -140,6 +140,7 @@ class Executor:
             return
         self.tasks.pop(task, None)  # the drain neither waits for it nor hands its job back
         self.abandoned.add(task)
+        running.job._cancel.set()  # a handler that polls ``cancel_requested`` may still stop
         side = [asyncio.wrap_future(f) for f in list(running.side_work) if not f.done()]
         self._give_up(running, [task, *side])
         text = (
