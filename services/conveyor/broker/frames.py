@@ -122,7 +122,6 @@ async def _write(
                 message_id: str = message.properties.message_id or ""  # _marshal refused none
                 channel.message_id_delivery_tag[message_id] = tag  # how a return finds it
                 confirm.add_done_callback(_forget(channel, message_id, tag))
-                confirm.add_done_callback(_seen)  # a late failure nobody awaits is not an error
                 parts.append(data)
                 waiting.append((i, confirm))
             if parts:
@@ -162,15 +161,13 @@ def _marshal(channel: Any, message: Outbound) -> bytes:
     return b"".join(out)
 
 
-def _seen(confirm: asyncio.Future[Any]) -> None:
-    if not confirm.cancelled():
-        confirm.exception()
-
-
 def _forget(channel: Any, message_id: str, tag: int) -> Callable[[Any], None]:
-    """aiormq's clean-up of a settled confirm: the message id stops naming the tag."""
+    """aiormq's clean-up of a settled confirm: the message id stops naming the tag. Its error is
+    retrieved: a late confirm nobody awaits any more may fail (the channel closed)."""
 
-    def forget(_: Any) -> None:
+    def forget(confirm: asyncio.Future[Any]) -> None:
+        if not confirm.cancelled():
+            confirm.exception()
         if channel.message_id_delivery_tag.get(message_id) == tag:
             channel.message_id_delivery_tag.pop(message_id, None)
 
