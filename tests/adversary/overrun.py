@@ -74,6 +74,15 @@ async def swallows_cancel(job: Job) -> dict[str, bool]:
     return {"finished": True}
 
 
+@router.job("ignores_cancel", max_retries=1, retry_delays=[1], timeout=1)
+async def ignores_cancel(job: Job) -> None:
+    """Catches every ``CancelledError`` and runs on for good."""
+    record(job, "start")
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.1)
+
+
 @router.job("overrun_sync", max_retries=0, timeout=1, concurrency=2)
 def overrun_sync(job: Job) -> dict[str, bool]:
     """Runs past its 1 s timeout (``seconds``, 4 by default), under a fleet limit of 2."""

@@ -146,6 +146,51 @@ async def test_an_async_handler_that_swallows_its_cancellation_still_times_out(
         assert set(ended.values()) == {"FAILED"}
 
 
+# An async handler that catches its cancellation forever ran on and held its job IN_PROGRESS
+# (and its slot, and its place under the fleet limit) for good: no outcome, no retry, /healthz
+# 200. Bounded now: past its timeout + the overrun limit its attempt is written as timed out
+# (retried per its policy), its slot stays busy while it runs, /healthz fails, and SIGTERM (the
+# restart Kubernetes makes of an unhealthy worker) ends the process within its grace. Fails on
+# the unfixed worker: the job is still IN_PROGRESS after 25 s.
+
+
+@pytest.mark.timeout(90)
+async def test_an_async_handler_that_never_stops_is_given_up_and_fails_liveness(
+    osettings: Settings, tmp_path: Path
+) -> None:
+    port = free_port()
+    s = osettings.model_copy(update={"worker_health_port": port, "worker_overrun_limit": 2.0})
+    log = tmp_path / "bodies.log"
+    async with rig(s, tmp_path, concurrency=3, app=APP) as r:
+        assert await _healthz(port) == 200
+        [job] = await r.submit("ignores_cancel", [{"log": str(log)}])
+        t0 = time.monotonic()
+        ended = await wait_for(r.db_url, [job], TERMINAL, 25)
+        took = time.monotonic() - t0
+        row = await r.job(job)
+        print(f"\n[ignores_cancel] {row['status']} after {took:.1f} s, {row['attempts']} attempts")
+        assert set(ended.values()) == {"FAILED"} and row["attempts"] == 2, dict(row)  # retried once
+        for error in [row["last_error"], *row["attempt_errors"]]:
+            assert "TimeoutError" in error, dict(row)
+        assert took >= 2 * (1 + 2), f"given up after {took:.1f} s: before timeout + limit"
+        # both bodies still run, and hold their slots: the third slot still serves neighbours
+        assert sum(line.startswith("start") for line in overrun.read_log(log)) == 2
+        async with httpx.AsyncClient(timeout=2) as c:
+            health = await c.get(f"http://127.0.0.1:{port}/healthz")
+        assert health.status_code == 503, health.text
+        assert health.json()["overrunning"] == 2, health.text
+        neighbour = await r.submit("neighbour", [{"sleep": 0}])
+        assert set((await wait_for(r.db_url, neighbour, TERMINAL, 10)).values()) == {"COMPLETED"}
+        victim = r.fleet.slots[0]
+        t1 = time.monotonic()
+        victim.signal(15)
+        code = await victim.wait(12)
+        took = time.monotonic() - t1
+        victim.signal(9)
+        assert code == 0 and took < 3 + 6, f"exit code {code} after {took:.1f} s (grace 3 s)"
+        assert (await r.job(job))["status"] == "FAILED"
+
+
 # Item 7: a non-daemon thread left by a handler kept the worker alive after SIGTERM (119 s with
 # a 3 s grace). Fails on the unfixed worker: still running 12 s after SIGTERM.
 

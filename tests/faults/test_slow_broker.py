@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -21,7 +22,7 @@ from conveyor.core.config import Settings
 from conveyor.publisher.relay import Relay
 
 from .. import db as tdb
-from .harness import queue_ready
+from .harness import drain, queue_ready
 from .infra import PrivateRabbit
 from .proxy import Proxy
 
@@ -116,9 +117,9 @@ async def test_a_memory_alarm_on_a_private_node(
     """A real broker that blocks publishers (RabbitMQ's memory alarm) for ``alarm`` seconds
     after the relay took its batch, the session bounds at their defaults. 6 s (inside the
     publish wait, past the 5 s idle bound): the batch is published once. 25 s (longer than
-    the publish wait): the relay's publishes time out, the rows go back to the outbox and are
-    published again once the alarm clears; what reaches the queue is printed, not asserted
-    beyond "nothing lost" (a duplicate is dropped at claim)."""
+    the publish wait): the relay's publishes time out and the rows go back to the outbox; the
+    relay publishes nothing more until the broker confirms them when the alarm clears, and
+    then deletes them: each job's message is in the queue once."""
     settings = fsettings.model_copy(update={"amqp_url": rabbit.amqp_url})
     assert settings.db_idle_in_transaction_timeout == 5.0
     conn = await tdb.connect(settings.database_url)
@@ -171,6 +172,60 @@ async def test_a_memory_alarm_on_a_private_node(
         await relay.close()
     print(f"[faults] memory alarm {alarm:.0f} s: {queued - 1} messages for 5 jobs, outbox left "
           f"{left}, relay errors {errors + more}, {took:.1f} s")  # fmt: skip
-    assert left == 0 and queued - 1 >= 5
-    if alarm < 10:
-        assert queued - 1 == 5
+    assert left == 0 and queued - 1 == 5
+
+
+@pytest.mark.timeout(90)
+async def test_a_long_memory_alarm_publishes_each_job_once(
+    fsettings: Settings, rabbit: PrivateRabbit
+) -> None:
+    """The relay's own loop, a publish wait of 2 s, under a memory alarm of 16 s: each of its
+    publishes waits for confirms the blocked broker does not send. The first batch's frames sit
+    in the socket, and the broker routes them when the alarm clears; publishing the same rows
+    again every cycle meanwhile queued one more copy of each job per cycle. Once the alarm
+    clears every job's message is in its queue once, and the outbox is empty."""
+    settings = fsettings.model_copy(update={"amqp_url": rabbit.amqp_url})
+    conn = await tdb.connect(settings.database_url)
+    try:
+        await enqueue(conn, "work", {"warm": True})  # declares the queue before the alarm
+    finally:
+        await conn.close()
+    relay = Relay(settings, publish_timeout=2.0)
+    await relay.start()
+    queue = relay.topology.work_queue("work")
+    stop = asyncio.Event()
+    loop_task: asyncio.Task[None] | None = None
+    try:
+        assert await relay.run_once() == 1
+        await drain(rabbit.amqp_url, queue)
+        await asyncio.to_thread(rabbit.ctl, "set_vm_memory_high_watermark", "0.000001")
+        conn = await tdb.connect(settings.database_url)
+        try:
+            async with conn.transaction():
+                for i in range(5):
+                    await enqueue(conn, "work", {"i": i})
+            loop_task = asyncio.create_task(relay.run(stop))
+            await asyncio.sleep(16)
+            await asyncio.to_thread(rabbit.ctl, "set_vm_memory_high_watermark", "0.4")
+            t0 = time.monotonic()
+            while (
+                await conn.fetchval("SELECT count(*) FROM job_outbox")
+                and time.monotonic() - t0 < 20
+            ):
+                await asyncio.sleep(0.2)
+            left = await conn.fetchval("SELECT count(*) FROM job_outbox")
+        finally:
+            await conn.close()
+        await asyncio.sleep(1)
+        copies = Counter(m.message_id for m in await drain(rabbit.amqp_url, queue))
+    finally:
+        with contextlib.suppress(Exception):
+            rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+        stop.set()
+        if loop_task is not None:
+            await asyncio.wait_for(loop_task, 15)
+        await relay.close()
+    print(f"[faults] memory alarm 16 s, publish wait 2 s: {sum(copies.values())} messages for "
+          f"5 jobs {sorted(copies.values())}, outbox left {left}")  # fmt: skip
+    assert left == 0 and len(copies) == 5, (left, copies)
+    assert set(copies.values()) == {1}, copies

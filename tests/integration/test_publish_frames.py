@@ -145,12 +145,21 @@ class _Silent:
 
 
 async def test_no_confirm_within_the_timeout_fails_every_message() -> None:
+    """Each message fails as unconfirmed, its confirm still registered: a broker that blocked
+    the connection may confirm it later (``acked`` then says so), and its bookkeeping goes once
+    the confirm settles."""
     ch = _Silent()
     results = await frames.publish_together(ch, [_message("q"), _message("q")], 0.2)
     assert [str(r) for r in results] == ["no confirm within 0.2 s"] * 2
-    await asyncio.sleep(0)  # the futures' done callbacks
+    assert all(isinstance(r, frames.Unconfirmed) for r in results)
     assert ch.write_queue.qsize() == 1  # one write for the batch
-    assert ch.delivery_tag == 2 and not ch.message_id_delivery_tag
+    assert ch.delivery_tag == 2 and len(ch.message_id_delivery_tag) == 2
+    ch.confirmations[1].set_result(Basic.Ack(delivery_tag=1))
+    ch.confirmations[2].set_exception(frames.PublishFailed("channel closed"))
+    await asyncio.sleep(0)  # the futures' done callbacks
+    late = [r.confirm for r in results if isinstance(r, frames.Unconfirmed)]
+    assert [frames.acked(c) for c in late] == [True, False]
+    assert not ch.message_id_delivery_tag
 
 
 async def test_a_batch_cancelled_before_its_write_leaves_the_channel_as_it_was() -> None:

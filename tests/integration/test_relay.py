@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aio_pika
 import asyncpg
 import orjson
 import pytest
+from pamqp.commands import Basic
 
 from conveyor import JobSpec, enqueue_many
+from conveyor.broker import frames
 from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
 from conveyor.publisher.relay import Relay
@@ -396,3 +399,63 @@ async def test_without_a_listener_a_small_batch_is_followed_by_another_look(
     assert await relay.run_once() == 1
     assert relay._look_again()  # polling: rows may have arrived unannounced
     await relay.close()
+
+
+class _AlarmedPublisher:
+    """A broker whose confirms do not come within the publish wait (a resource alarm): each
+    publish returns ``Unconfirmed`` with a confirm the test settles; ``writable`` is what the
+    broker's connection.blocked / unblocked said last."""
+
+    publish_timeout = 0.2
+    writable_now = False
+
+    def __init__(self) -> None:
+        self.published: list[list[int]] = []
+        self.confirms: dict[int, asyncio.Future[object]] = {}
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def blocked(self) -> tuple[list[str], list[int]]:
+        return [], []
+
+    async def writable(self) -> bool:
+        return self.writable_now
+
+    async def publish_batch(self, rows: list[Any]) -> list[BaseException | None]:
+        self.published.append([r.id for r in rows])
+        loop = asyncio.get_running_loop()
+        for r in rows:
+            self.confirms[r.id] = loop.create_future()
+        return [frames.Unconfirmed(self.publish_timeout, self.confirms[r.id]) for r in rows]
+
+
+async def test_rows_whose_confirms_are_late_are_not_published_again_while_the_broker_blocks(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """Confirms later than the publish wait: the rows go back to the outbox, and nothing is
+    published while the connection is blocked (before: every cycle published the same rows
+    again). Once the confirms come, the acked row is deleted and only the nacked one goes
+    again; a confirm that never comes on a connection that is not blocked is lost: its row is
+    published again."""
+    await enqueue_many(db, [JobSpec("t"), JobSpec("t")])
+    a, b = [r["id"] for r in await db.fetch("SELECT id FROM job_outbox ORDER BY id")]
+    publisher = _AlarmedPublisher()
+    relay = Relay(settings, publisher=publisher)  # type: ignore[arg-type]
+    await relay.start()
+    try:
+        assert await relay.run_once() == 0
+        assert [await relay.run_once() for _ in range(3)] == [0, 0, 0]  # blocked: waits
+        assert publisher.published == [[a, b]]
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 2  # kept meanwhile
+        publisher.confirms[a].set_result(Basic.Ack(delivery_tag=1))
+        publisher.confirms[b].set_exception(frames.PublishFailed("nack"))
+        assert await relay.run_once() == 0
+        assert publisher.published == [[a, b], [b]]
+        assert [r["id"] for r in await db.fetch("SELECT id FROM job_outbox")] == [b]
+        publisher.writable_now = True  # unblocked, and b's confirm never comes
+        assert await relay.run_once() == 0
+        assert publisher.published == [[a, b], [b], [b]]
+    finally:
+        await relay.close()

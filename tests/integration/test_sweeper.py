@@ -273,6 +273,28 @@ _RETRY_DUE = _RETRY + "- interval '5 s'"
 _IN_PEN = _RETRY + "+ interval '1 h'"
 
 
+async def test_the_reconciler_takes_the_longest_due_jobs_first_however_often_touched(
+    db: asyncpg.Connection, sweeper: Sweeper
+) -> None:
+    """Thirteen overdue jobs, three messages missing: the reconciler re-publishes the three that
+    have been due the longest. Those three were held in a worker's hand for a while, touched on
+    every heartbeat, until the worker died 35 s ago (their hold has run out). (Ordered by
+    ``updated_at``, which each touch moved, they came last: three jobs due 100 s later went
+    first, and a job touched often enough was passed over pass after pass.)"""
+    age = "created_at = now() - interval '{0} s', updated_at = now() - interval '{0} s'"
+    await _waiting(db, 10, age.format(100))
+    held = await _waiting(db, 3, age.format(200))
+    for _ in range(5):
+        await store.job_touch_waiting(db, held, hold_seconds=30)  # the heartbeat's touches
+    await db.execute(  # 35 s on: the holder died, its holds ran out
+        "UPDATE jobs SET created_at = created_at - interval '35 s', updated_at = updated_at"
+        " - interval '35 s', lease_expires_at = lease_expires_at - interval '35 s'"
+    )
+    assert [await sweeper.reconcile(queue_depth=_depth(10)) for _ in range(2)] == [0, 3]
+    republished = await db.fetch("SELECT job_id FROM job_outbox")
+    assert {r["job_id"] for r in republished} == set(held)
+
+
 async def test_a_lost_job_behind_fresh_messages_is_republished(
     db: asyncpg.Connection, sweeper: Sweeper
 ) -> None:

@@ -32,6 +32,22 @@ class PublishFailed(Exception):
     """The broker did not confirm a message (nack, return, timeout, closed channel)."""
 
 
+class Unconfirmed(PublishFailed):
+    """No confirm within the wait, but the message may still be routed: a broker under a
+    resource alarm holds what was written until the alarm clears. ``confirm`` stays registered
+    with the channel and settles when the broker answers at last, or the channel closes."""
+
+    def __init__(self, timeout: float, confirm: asyncio.Future[Any]) -> None:
+        super().__init__(f"no confirm within {timeout} s")
+        self.confirm = confirm
+
+
+def acked(confirm: asyncio.Future[Any]) -> bool:
+    """Whether a settled confirm says the broker took the message."""
+    done = confirm.done() and not confirm.cancelled() and confirm.exception() is None
+    return done and isinstance(confirm.result(), Basic.Ack)
+
+
 class Outbound(NamedTuple):
     exchange: str
     routing_key: str
@@ -71,12 +87,10 @@ async def publish_together(
         return [PublishFailed(f"not sent: {exc}"[:200])] * len(messages)
     if not waiting:
         return results
-    _, late = await asyncio.wait([confirm for _, confirm in waiting], timeout=timeout)
-    for confirm in late:
-        confirm.cancel()  # a confirm that comes later is ignored by aiormq
+    await asyncio.wait([confirm for _, confirm in waiting], timeout=timeout)
     for i, confirm in waiting:
-        if confirm.cancelled():
-            results[i] = PublishFailed(f"no confirm within {timeout} s")
+        if not confirm.done():
+            results[i] = Unconfirmed(timeout, confirm)
         elif (error := confirm.exception()) is not None:  # nack, return, closed channel
             results[i] = error
         elif not isinstance(confirm.result(), Basic.Ack):
@@ -148,9 +162,12 @@ def _marshal(channel: Any, message: Outbound) -> bytes:
 
 
 def _forget(channel: Any, message_id: str, tag: int) -> Callable[[Any], None]:
-    """aiormq's clean-up of a settled confirm: the message id stops naming the tag."""
+    """aiormq's clean-up of a settled confirm: the message id stops naming the tag. Its error is
+    retrieved: a late confirm nobody awaits any more may fail (the channel closed)."""
 
-    def forget(_: Any) -> None:
+    def forget(confirm: asyncio.Future[Any]) -> None:
+        if not confirm.cancelled():
+            confirm.exception()
         if channel.message_id_delivery_tag.get(message_id) == tag:
             channel.message_id_delivery_tag.pop(message_id, None)
 

@@ -148,6 +148,19 @@ class Publisher:
             with contextlib.suppress(Exception):
                 await old.close()
 
+    async def writable(self, wait: float = 0.1) -> bool:
+        """Whether the broker takes this connection's publishes, waiting up to ``wait`` seconds:
+        False while it has sent ``connection.blocked`` (a memory or disk alarm) and not yet
+        ``connection.unblocked``, or while the connection is down."""
+        if self.channel is None:
+            return False
+        try:
+            channel = await asyncio.wait_for(self.channel.get_underlay_channel(), wait)
+            await asyncio.wait_for(channel.connection.ready(), wait)
+        except Exception:
+            return False
+        return True
+
     def forget_declarations(self) -> None:
         """Declare again before the next publish (a queue may have been deleted)."""
         self._declared.clear()

@@ -156,6 +156,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         await worker.stop()
         if health is not None:
             health.close()
+        # drained: leave now, not through the loop's teardown, which cancels every task left and
+        # waits for it (forever for a handler given up on because it ignores its cancellation)
+        hard_exit(0)
 
     code = 0
     try:

@@ -1,7 +1,15 @@
 """The outbox relay: claims outbox rows with ``FOR UPDATE SKIP LOCKED``, publishes them with
 publisher confirms (all of a batch in flight at once), and deletes a row only after its confirm.
 Several replicas run side by side safely; a crash between confirm and delete republishes (the
-worker's claim makes the duplicate harmless)."""
+worker's claim makes the duplicate harmless).
+
+Rows whose confirms do not come within the publish wait go back to the outbox, but their
+messages may not be lost: a broker under a memory or disk alarm blocks the connection and routes
+what was written once the alarm clears. So the relay publishes nothing more until those confirms
+settle: it waits while the broker says the connection is blocked, deletes the rows confirmed
+late, and publishes again only the rest (nacked, or unanswered on a connection that is not
+blocked). One alarm costs a relay no extra copy of a message, however many publish waits it
+lasts; the relay stays live meanwhile (a restart would only publish the rows again)."""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..broker.frames import Unconfirmed, acked
 from ..broker.publish import DeclarationFailed, Publisher, PublishFailed
 from ..broker.topology import Topology
 from ..core import tracing
@@ -50,6 +59,8 @@ class Relay:
         self.pool: Any = None
         self._wake = asyncio.Event()
         self._restored = False  # the last batch put rows back into the outbox
+        # outbox id → the confirm of a publish that outlived the publish wait (see the module)
+        self._unconfirmed: dict[int, asyncio.Future[Any]] = {}
         self._listener: Any = None
         self.last_ok = time.monotonic()  # last loop turn that reached both services
 
@@ -86,6 +97,8 @@ class Relay:
         publish failed go back to the outbox; rows of a type whose queue the broker refuses to
         declare wait there (with backoff) while every other type's rows flow."""
         assert self.pool is not None
+        if self._unconfirmed and not await self._settle_unconfirmed():
+            return 0
         types, pens = self.publisher.blocked()
         async with self.pool.acquire() as conn, conn.transaction():
             traced = tracing.enabled()
@@ -104,12 +117,15 @@ class Relay:
                 results = await self.publisher.publish_batch(rows)
             failed = [r for r, res in zip(rows, results, strict=True) if res is not None]
             self._restored = bool(failed)
+            for r, e in zip(rows, results, strict=True):
+                if isinstance(e, Unconfirmed):
+                    self._unconfirmed[r.id] = e.confirm
             # rows whose publish failed for another reason than a refused declaration (those
-            # are logged by the publisher), each with its own error
+            # are logged by the publisher) or a late confirm, each with its own error
             broken = [
                 (r, e)
                 for r, e in zip(rows, results, strict=True)
-                if e is not None and not isinstance(e, DeclarationFailed)
+                if e is not None and not isinstance(e, DeclarationFailed | Unconfirmed)
             ]
             if failed:
                 self.metrics.outbox_failed.inc(len(failed))
@@ -138,6 +154,25 @@ class Relay:
         if broken and not done:
             raise PublishFailed(f"{len(failed)} outbox rows could not be published")
         return done
+
+    async def _settle_unconfirmed(self) -> bool:
+        """Wait (up to the publish wait) for the late confirms; True once they settled, or the
+        broker does not block the connection and still has not answered (they are lost: the
+        rows are published again). Rows confirmed late are deleted from the outbox."""
+        blocked = not await self.publisher.writable()
+        _, late = await asyncio.wait(list(self._unconfirmed.values()), timeout=self.publish_wait)
+        if late and (blocked or not await self.publisher.writable()):
+            event(log, "outbox_confirms_awaited", logging.WARNING, count=len(late))
+            return False
+        for c in late:
+            c.cancel()  # given up: a confirm that still comes is ignored
+        confirmed = [i for i, c in self._unconfirmed.items() if acked(c)]
+        self._unconfirmed.clear()
+        if confirmed:
+            async with self.pool.acquire() as conn:
+                await self.store.outbox_delete_confirmed(conn, confirmed)
+            event(log, "outbox_confirmed_late", logging.WARNING, count=len(confirmed))
+        return True
 
     async def _publish_traced(self, rows: list[OutboxRow]) -> list[BaseException | None]:
         """Tracing on: each row's publish in a span, child of its job's trace context, whose

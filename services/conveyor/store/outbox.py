@@ -11,6 +11,7 @@ from .rows import OutboxRow
 OUTBOX_TAKE_BATCH = named("outbox_take_batch")
 OUTBOX_TAKE_BATCH_TRACED = named("outbox_take_batch_traced")
 OUTBOX_RESTORE = named("outbox_restore")
+OUTBOX_DELETE_CONFIRMED = named("outbox_delete_confirmed")
 OUTBOX_HELD_IDS = named("outbox_held_ids")
 OUTBOX_REQUEUE_HELD = named("outbox_requeue_held")
 OUTBOX_NOTIFY = named("outbox_notify")
@@ -50,6 +51,10 @@ class OutboxStatements(Statements):
             "attempt": [r.attempt for r in rows],
         }
         await conn.execute(self.sql[OUTBOX_RESTORE], *bind(OUTBOX_RESTORE, values))
+
+    async def outbox_delete_confirmed(self, conn: Connection, ids: Sequence[int]) -> None:
+        """Delete rows put back whose messages the broker confirmed afterwards."""
+        await conn.execute(self.sql[OUTBOX_DELETE_CONFIRMED], list(ids))
 
     async def outbox_held_ids(self, conn: Connection, *, limit: int) -> list[int]:
         """Ids of the oldest ``limit`` rows that another transaction holds locked."""

@@ -45,6 +45,7 @@ class ExecutorStatus:
     thread_limit: int
     # the deadlines of attempts whose work still runs past them (sorted: the oldest first)
     overrun_since: tuple[float, ...] = ()
+    tasks_abandoned: int = 0  # async handlers given up on (they ignored their cancellation)
 
 
 class Executor:
@@ -71,6 +72,9 @@ class Executor:
         # timeout) is written, its slot stays busy until it ends (``release_when_stopped``)
         self.overrun_limit = overrun_limit
         self.lingering: dict[Running, float] = {}  # given up on, still running → its deadline
+        # async handlers still running past their deadline + ``overrun_limit``: their outcome
+        # was written without them (``_abandon_task``); only a restart of the process ends them
+        self.abandoned: set[asyncio.Task[Outcome]] = set()
 
     def status(self) -> ExecutorStatus:
         t = self.threads.status()
@@ -87,6 +91,7 @@ class Executor:
             t.waiting_since,
             t.limit,
             tuple(overrun),
+            len(self.abandoned),
         )
 
     def start(self, running: Running) -> None:
@@ -98,21 +103,51 @@ class Executor:
 
     def _forget(self, task: asyncio.Task[Outcome]) -> None:
         self.tasks.pop(task, None)
+        self.abandoned.discard(task)
 
     async def run_one(self, running: Running) -> Outcome:
         """One step: run the handler to its outcome and report it."""
         started = self.clock()
         ATTEMPT.set(running)  # in this task's context: its to_thread calls are counted
+        watchdog = None
         if running.timeout is not None:
             running.deadline_at = started + running.timeout
-        if tracing.enabled():
-            outcome = await self._traced(running)
-        else:
-            outcome = await self.attempt(running)
+            if self.overrun_limit is not None and running.spec and running.spec.is_async:
+                watchdog = asyncio.get_running_loop().call_later(
+                    running.timeout + self.overrun_limit, self._abandon_task, running
+                )
+        try:
+            if tracing.enabled():
+                outcome = await self._traced(running)
+            else:
+                outcome = await self.attempt(running)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         await self._work_ended(running)
         self.metrics.job_duration_of(running.job.type).observe(self.clock() - started)
-        self.report(running, outcome)
+        if running.task not in self.abandoned:  # else its outcome is written already
+            self.report(running, outcome)
         return outcome
+
+    def _abandon_task(self, running: Running) -> None:
+        """An async handler still running ``overrun_limit`` past its timeout has ignored its
+        cancellation: give up on it like on a thread past that bound. Its outcome (a timeout,
+        retried per its policy) is written now; its slot stays busy until the task ends, and
+        liveness fails while it runs (``health.py``): nothing but a restart stops it."""
+        task = running.task
+        if task is None or task.done() or running.releasing:
+            return
+        self.tasks.pop(task, None)  # the drain neither waits for it nor hands its job back
+        self.abandoned.add(task)
+        running.job._cancel.set()  # a handler that polls ``cancel_requested`` may still stop
+        side = [asyncio.wrap_future(f) for f in list(running.side_work) if not f.done()]
+        self._give_up(running, [task, *side])
+        text = (
+            f"TimeoutError: attempt exceeded its timeout of {running.timeout} s and ignored "
+            f"its cancellation for {self.overrun_limit:g} s"
+        )
+        self.report(running, self._failed(running, TimeoutError(), text=text))
 
     async def _work_ended(self, running: Running) -> None:
         """Wait until the threads the handler started have ended (its job's slot and lease are

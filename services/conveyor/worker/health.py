@@ -11,6 +11,9 @@ their own so they can answer while the event loop is blocked.
     (it waits for that transaction, like a submit of the same key; ``outcomes_held_by_keys``);
   - more handler threads are abandoned (given up on past their timeout + ``worker_overrun_limit``,
     or handed back by a drain, still running) than ``worker_abandoned_thread_limit``;
+  - an async handler given up on still runs: it ignored its cancellation for
+    ``worker_overrun_limit`` past its timeout (its attempt was written as timed out, its slot is
+    still busy), and only a restart of the process stops it;
   - its capacity is gone: every slot is held by work that has run past its timeout for longer
     than ``worker_overrun_limit`` (work that cannot be stopped keeps its slot until it ends,
     see ``executor.py``);
@@ -71,6 +74,11 @@ def assess(
             f"{s.executor.threads_abandoned} handler threads abandoned past their "
             f"timeout (limit {limits.abandoned_threads})"
         )
+    if s.executor.tasks_abandoned:
+        reasons.append(
+            f"{s.executor.tasks_abandoned} async handlers ignored their cancellation for over "
+            f"{limits.overrun:g} s past their timeout"
+        )
     if thread_wait > limits.outcome_deadline:
         reasons.append(f"a sync handler has waited {thread_wait:.0f} s for a thread")
     overrun = [t for t in s.executor.overrun_since if now - t > limits.overrun]
@@ -95,6 +103,7 @@ def assess(
         "threads_alive": s.executor.threads_alive,
         "threads_abandoned": s.executor.threads_abandoned,
         "threads_waiting": s.executor.threads_waiting,
+        "tasks_abandoned": s.executor.tasks_abandoned,
         "overrunning": len(s.executor.overrun_since),
         "running": s.running,
         "concurrency": s.concurrency,

@@ -116,7 +116,7 @@ WITH o AS (
       AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
       AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
       AND {{job_unheld}} AND j.id = ANY($4::uuid[])
-    ORDER BY j.updated_at LIMIT $3 FOR UPDATE SKIP LOCKED
+    ORDER BY COALESCE(j.run_at, j.created_at) LIMIT $3 FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET updated_at = now() FROM o WHERE j.id = o.id
     RETURNING j.id, j.job_type, j.priority
@@ -127,15 +127,17 @@ WITH o AS (
 SELECT count(*) FROM upd
 
 -- name: job_overdue_ids
--- The oldest overdue jobs of a type: the reconciler's suspects, re-published by its next pass
--- only if they are still overdue then.
+-- The overdue jobs of a type due the longest (since ``run_at``, else since created): the
+-- reconciler's suspects, re-published by its next pass only if they are still overdue then. Not
+-- by ``updated_at``: a worker's touch of a job it holds moves that, and a job held and released
+-- again and again would be passed over each time.
 SELECT id FROM __schema__.jobs j
 WHERE j.job_type = $1 AND j.status IN ('PENDING', 'RETRYING')
   AND j.updated_at < now() - make_interval(secs => $2)
   AND (j.run_at IS NULL OR j.run_at < now() - make_interval(secs => $2))
   AND NOT EXISTS (SELECT 1 FROM __schema__.job_outbox x WHERE x.job_id = j.id)
       AND {{job_unheld}}
-ORDER BY j.updated_at LIMIT $3
+ORDER BY COALESCE(j.run_at, j.created_at) LIMIT $3
 
 -- name: maintenance_bound
 -- A sweeper duty's transaction that takes locks other sweepers wait for or skip (the schedules

@@ -37,6 +37,15 @@ SELECT * FROM unnest(:id::int8[], :job_id::uuid[], :job_type::text[], :priority:
                      :destination::text[], :delay_seconds::int4[], :error::text[],
                      :attempt::int4[])
 
+-- name: outbox_delete_confirmed
+-- Rows put back because their confirms did not come within the publish wait, whose confirms came
+-- later (a resource alarm cleared): their messages are in the broker, so they are not published
+-- again. A row another relay holds meanwhile is left to it (it publishes a duplicate, never a loss).
+DELETE FROM __schema__.job_outbox
+WHERE id = ANY(ARRAY(
+    SELECT id FROM __schema__.job_outbox WHERE id = ANY($1::int8[]) FOR UPDATE SKIP LOCKED
+))
+
 -- name: outbox_held_ids
 -- Rows a relay holds: of the outbox's oldest ``$1`` rows (a relay takes the oldest first, so a
 -- batch it never commits stays at the head), those another transaction has locked (deleted, not
