@@ -18,8 +18,7 @@ from ...store.schedules import ScheduleRow
 from ..attempts import HasConnection
 from ..auth import ADMIN
 from . import render as r
-from .pages import _allows, _page, _same_origin
-from .session import csrf_token
+from .session import allows, csrf_token, page, same_origin
 
 Name = Annotated[str, Path(pattern=NAME_PATTERN)]
 PAYLOAD_CHARS = 120  # the table shows the start of a payload; GET /schedules/{name} has it all
@@ -83,21 +82,21 @@ def add_schedules_page(app: FastAPI, api: HasConnection) -> None:
         async with api.connection() as conn:
             rows = await api.store.schedule_list(conn)
         note = f'<p class="notice" id="done">{r.e(done)}</p>' if done else ""
-        body = note + schedules_table(rows, csrf=csrf_token(request), admin=_allows(ADMIN))
+        body = note + schedules_table(rows, csrf=csrf_token(request), admin=allows(ADMIN))
         body += (
             '<p class="muted">Each tick enqueues exactly one job, however many sweepers run. A '
             "handler's schedule that is deleted here comes back at the next worker start unless "
             f"its <code>schedule=</code> is removed. As of {r.e(r.when(datetime.now(UTC)))}.</p>"
         )
-        return _page(request, "Schedules", body)
+        return page(request, "Schedules", body)
 
     async def act(name: str, action: str, request: Request) -> Response:
-        if not _same_origin(request):
-            return _page(request, "Refused", "<p>Refused.</p>", 403)
+        if not same_origin(request):
+            return page(request, "Refused", "<p>Refused.</p>", 403)
         async with api.connection() as conn:
             row = await api.store.schedule_get(conn, name)
             if row is None:
-                return _page(request, "Not found", f"<p>No schedule {r.e(name)}.</p>", 404)
+                return page(request, "Not found", f"<p>No schedule {r.e(name)}.</p>", 404)
             if action == "delete":
                 await api.store.schedule_delete(conn, name)
             else:
