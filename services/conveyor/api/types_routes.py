@@ -5,10 +5,12 @@ every change is ``admin``. Workers apply a change within
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 import orjson
 from fastapi import FastAPI, Path, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from ..core.errors import InvalidJob, JobNotFound
 from ..core.jobs import TYPE_PATTERN
@@ -17,7 +19,58 @@ from ..store import JobType
 from .attempts import HasConnection
 from .body import BodyError
 from .openapi import errors
-from .type_models import LimitsBody, TypeList, TypeResource
+
+# what ``core.limits.parse_rate`` accepts, as the schema states it
+RATE_PATTERN = r"^[1-9][0-9]{0,4}/([1-9][0-9]{0,2})?[smhd]$"
+
+
+class TypeResource(BaseModel):
+    """A known job type: its handler's defaults, its fleet-wide limits and whether it is
+    paused."""
+
+    name: str = Field(examples=["send_email"])
+    max_retries: int | None = Field(description="The handler's default retries.")
+    timeout_seconds: float | None = Field(description="The handler's default timeout.")
+    retry_delays: list[int] = Field(description="The handler's retry delays (seconds).")
+    paused: bool = Field(description="Paused: jobs are accepted and wait (not started).")
+    concurrency: int | None = Field(description="At most this many IN_PROGRESS, all workers.")
+    rate_limit: str | None = Field(
+        description="At most N starts per window, all workers.", examples=["100/m"]
+    )
+    limits_source: str = Field(
+        description="`handler` (declared on the handler) or `operator` "
+        "(set at run time; registering workers keep it)."
+    )
+    running: int = Field(description="Jobs IN_PROGRESS now.")
+    first_seen: datetime
+    last_seen: datetime
+
+
+class TypeList(BaseModel):
+    types: list[TypeResource]
+
+
+class LimitsBody(BaseModel):
+    """New limits; a field left out keeps its value, `null` removes the limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: StrictInt | None = Field(default=None, ge=1, le=1_000_000, examples=[5])
+    rate_limit: StrictStr | None = Field(
+        default=None,
+        examples=["100/m"],
+        pattern=RATE_PATTERN,
+        description="N/s, N/m, N/h, N/d or N/<k>s",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral(cls, data: Any) -> Any:
+        """JSON Schema's integer: ``2.0`` is 2 (``true`` is not)."""
+        c = data.get("concurrency") if isinstance(data, dict) else None
+        if isinstance(c, float) and c.is_integer():
+            return {**data, "concurrency": int(c)}
+        return data
 
 
 def _json(data: Any) -> Response:
