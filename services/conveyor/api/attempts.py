@@ -6,13 +6,13 @@ import uuid
 from datetime import datetime
 from typing import Any, Protocol
 
-import orjson
 from fastapi import FastAPI, Response
 from pydantic import BaseModel
 
 from ..core.errors import JobNotFound
 from ..store import AttemptRow, Store
 from .auth import full_errors
+from .errors import json_response
 from .openapi import errors
 from .resource import error_summary
 
@@ -82,4 +82,4 @@ def add_attempt_routes(app: FastAPI, api: HasConnection) -> None:
         as the job resource writes them (orjson: ``+00:00``)."""
         rows = await list_attempts(api, job_id)
         data = {"attempts": [attempt_dict(a, tracebacks=_tracebacks(api)) for a in rows]}
-        return Response(orjson.dumps(data, default=str), media_type="application/json")
+        return json_response(data)

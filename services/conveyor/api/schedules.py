@@ -1,18 +1,14 @@
 """``/schedules``: create or replace, list, read, delete, pause and resume, and their bodies.
-Reads need the ``jobs:read`` scope and changes ``admin``: the auth layer passes its
-dependencies as ``read`` / ``admin``."""
+Reads need the ``jobs:read`` scope and changes ``admin`` (``auth.ROUTE_SCOPES``)."""
 
 from __future__ import annotations
 
 import uuid
 import zoneinfo
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-import orjson
-from fastapi import FastAPI, Path, Request, Response
-from fastapi.params import Depends
+from fastapi import FastAPI, Path, Response
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -28,9 +24,9 @@ from pydantic import (
 from ..core.errors import JobNotFound
 from ..core.jobs import TYPE_PATTERN
 from ..schedule_ops import NAME_PATTERN, build_schedule, resume_at
-from ..schedules import MAX_EVERY, MIN_EVERY, InvalidSchedule
+from ..schedules import MAX_EVERY, MIN_EVERY
 from ..store.schedules import ScheduleRow
-from .errors import error_response
+from .errors import json_response
 from .models import PayloadSchema
 from .openapi import errors
 from .service import Api
@@ -179,18 +175,7 @@ def schedule_dict(row: ScheduleRow) -> dict[str, Any]:
     }
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data, default=str), status, media_type="application/json")
-
-
-def add_schedule_routes(
-    app: FastAPI, api: Api, *, read: Sequence[Depends] = (), admin: Sequence[Depends] = ()
-) -> None:
-    @app.exception_handler(InvalidSchedule)
-    async def _invalid(_: Request, exc: InvalidSchedule) -> Response:
-        api.metrics.api_errors.labels("422").inc()
-        return error_response(422, "invalid_schedule", str(exc))
-
+def add_schedule_routes(app: FastAPI, api: Api) -> None:
     async def one(name: str) -> ScheduleRow:
         async with api.connection() as conn:
             row = await api.store.schedule_get(conn, name)
@@ -211,7 +196,6 @@ def add_schedule_routes(
             200: {"model": ScheduleResource, "description": "Replaced."},
             **errors(422, 503),
         },
-        dependencies=list(admin),
     )
     async def put_schedule(body: ScheduleIn) -> Response:
         async with api.connection() as conn:
@@ -231,7 +215,7 @@ def add_schedule_routes(
                 await api.known_types.check(conn, [new.job_type])
             done = await api.store.schedule_upsert(conn, new)
         assert done is not None  # an API upsert always writes
-        return _json(schedule_dict(done[0]), 201 if done[1] else 200)
+        return json_response(schedule_dict(done[0]), 201 if done[1] else 200)
 
     @app.get(
         "/schedules",
@@ -240,12 +224,11 @@ def add_schedule_routes(
         summary="List schedules",
         description="Every schedule, by name, with its rule, state and next tick.",
         responses=errors(503),
-        dependencies=list(read),
     )
     async def list_schedules() -> Response:
         async with api.connection() as conn:
             rows = await api.store.schedule_list(conn)
-        return _json({"schedules": [schedule_dict(r) for r in rows]})
+        return json_response({"schedules": [schedule_dict(r) for r in rows]})
 
     @app.get(
         "/schedules/{name}",
@@ -254,10 +237,9 @@ def add_schedule_routes(
         summary="Read a schedule",
         description="The schedule's rule, state, next tick and the last job it enqueued.",
         responses=errors(404, 422, 503),
-        dependencies=list(read),
     )
     async def get_schedule(name: Name) -> Response:
-        return _json(schedule_dict(await one(name)))
+        return json_response(schedule_dict(await one(name)))
 
     @app.delete(
         "/schedules/{name}",
@@ -267,7 +249,6 @@ def add_schedule_routes(
         description="Jobs it already enqueued stay. A handler's schedule comes back at the next "
         "worker start unless its `schedule=` is removed from the code.",
         responses=errors(404, 422, 503),
-        dependencies=list(admin),
     )
     async def delete_schedule(name: Name) -> Response:
         async with api.connection() as conn:
@@ -289,7 +270,7 @@ def add_schedule_routes(
                 )
             if after is None:
                 raise JobNotFound(f"no schedule {name}")
-            return _json(schedule_dict(after))
+            return json_response(schedule_dict(after))
 
         return toggle
 
@@ -302,5 +283,4 @@ def add_schedule_routes(
             description="Paused: no tick enqueues a job. Resumed: from the next tick on (ticks "
             "that fell while it was paused do not run).",
             responses=errors(404, 422, 503),
-            dependencies=list(admin),
         )(toggle_route(action))

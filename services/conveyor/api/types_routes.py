@@ -18,6 +18,7 @@ from ..core.limits import Rate, parse_rate
 from ..store import JobType
 from .attempts import HasConnection
 from .body import BodyError
+from .errors import json_response
 from .openapi import errors
 
 # what ``core.limits.parse_rate`` accepts, as the schema states it
@@ -73,12 +74,6 @@ class LimitsBody(BaseModel):
         return data
 
 
-def _json(data: Any) -> Response:
-    """Rendered as the job and schedule routes are (orjson: times as ``+00:00``); the
-    ``response_model`` still documents it."""
-    return Response(orjson.dumps(data, default=str), media_type="application/json")
-
-
 TypeName = Annotated[str, Path(pattern=TYPE_PATTERN, description="The job type.")]
 
 
@@ -119,7 +114,9 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
     )
     async def list_types() -> Response:
         async with api.connection() as conn:
-            return _json({"types": [type_dict(t) for t in await api.store.job_type_list(conn)]})
+            return json_response(
+                {"types": [type_dict(t) for t in await api.store.job_type_list(conn)]}
+            )
 
     async def set_paused(name: str, paused: bool) -> dict[str, Any]:
         async with api.connection() as conn:
@@ -138,7 +135,7 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         responses=errors(404, 422, 503),
     )
     async def pause(name: TypeName) -> Response:
-        return _json(await set_paused(name, True))
+        return json_response(await set_paused(name, True))
 
     @app.post(
         "/types/{name}/resume",
@@ -150,7 +147,7 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         responses=errors(404, 422, 503),
     )
     async def resume(name: TypeName) -> Response:
-        return _json(await set_paused(name, False))
+        return json_response(await set_paused(name, False))
 
     @app.put(
         "/types/{name}/limits",
@@ -195,4 +192,4 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
                 rate_limit=rate.limit if rate else None,
                 rate_period=rate.period if rate else None,
             )
-            return _json(await _one(api, conn, name))
+            return json_response(await _one(api, conn, name))
