@@ -217,9 +217,7 @@ class Auth:
         found = self._routes.get(k)
         if found is None:
             path = template(getattr(route, "path", ""))
-            need = ROUTE_SCOPES.get((request.method, path), ADMIN)  # undeclared: fail closed
-            if path == "/metrics" and self.settings.metrics_auth == "required":
-                need = READ
+            need = self.scope_of(request.method, path) or ADMIN  # undeclared: fail closed
             found = self._routes[k] = (need, path)
         return found
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
@@ -19,7 +19,7 @@ from ...core.jobs import Status
 from ..attempts import HasConnection
 from ..auth import ADMIN, WRITE, full_errors
 from . import render as r
-from .session import add_login_routes, allows, csrf_token, html, page, same_origin
+from .session import add_login_routes, allows, csrf_token, form, html, page, same_origin
 
 STATIC = Path(__file__).parent / "static"
 PAGE = 50
@@ -36,12 +36,6 @@ def _nul(*values: str | None) -> None:
     """PostgreSQL text cannot hold NUL: a filter with one is a bad filter, not a 500."""
     if any(v is not None and "\x00" in v for v in values):
         raise ValueError("a filter cannot contain a NUL character")
-
-
-async def _form(request: Request) -> dict[str, str]:
-    data = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
-    # browsers submit a field's newlines as CRLF: an error text from a traceback has LF
-    return {k: v[0].replace("\r\n", "\n") for k, v in data.items()}
 
 
 def add_ui(app: FastAPI, api: HasConnection) -> None:
@@ -149,7 +143,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             row,
             attempts,
             csrf=csrf_token(request),
-            full_errors=full_errors(api.settings),  # type: ignore[attr-defined]
+            full_errors=full_errors(api.settings),
             can_cancel=allows(WRITE),
             can_retry=allows(ADMIN),
         )
@@ -243,19 +237,19 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         return await dead_action("purge", request)
 
     async def dead_action(action: str, request: Request) -> Response:
-        form = await _form(request)
-        if not same_origin(request) or form.get("confirm") != "yes" or not form.get("type"):
+        fields = await form(request)
+        if not same_origin(request) or fields.get("confirm") != "yes" or not fields.get("type"):
             return page(request, "Refused", "<p>Refused: confirm the action first.</p>", 403)
-        error = form.get("error") or None
+        error = fields.get("error") or None
         try:
-            _nul(form["type"], error)
+            _nul(fields["type"], error)
         except ValueError as exc:
             return page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
         async with api.connection() as conn, conn.transaction():
             if action == "redrive":
-                n = await api.store.job_redrive_dead(conn, form["type"], error, limit=BULK_LIMIT)
+                n = await api.store.job_redrive_dead(conn, fields["type"], error, limit=BULK_LIMIT)
                 await api.store.outbox_notify(conn)
             else:
-                n = await api.store.job_purge_dead(conn, form["type"], error, limit=BULK_LIMIT)
+                n = await api.store.job_purge_dead(conn, fields["type"], error, limit=BULK_LIMIT)
         done = f"{action}: {n} job(s)"
         return RedirectResponse("/ui/dead?" + urlencode({"done": done}), status_code=303)

@@ -95,6 +95,13 @@ def same_origin(request: Request) -> bool:
     return origin is None or urlsplit(origin).netloc == request.headers.get("host")
 
 
+async def form(request: Request) -> dict[str, str]:
+    """A form POST's fields (the first value of each)."""
+    data = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+    # browsers submit a field's newlines as CRLF: an error text from a traceback has LF
+    return {k: v[0].replace("\r\n", "\n") for k, v in data.items()}
+
+
 def _login_form(request: Request, message: str = "") -> str:
     nxt = request.query_params.get("next") or (
         request.url.path if request.method == "GET" and request.url.path != "/ui/login" else "/ui"
@@ -138,18 +145,16 @@ def add_login_routes(app: FastAPI) -> None:
 
     @app.post("/ui/login", include_in_schema=False)
     async def ui_login_post(request: Request) -> Response:
-        form = {
-            k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()
-        }
+        fields = await form(request)
         auth: Auth = app.state.auth
         if not same_origin(request):
             return html(request, r.page("Refused", "<p>Refused.</p>"), 403)
-        row = await auth.keys.verify(form.get("key", "").strip())
+        row = await auth.keys.verify(fields.get("key", "").strip())
         if row is None:
             return html(request, _login_form(request, "invalid API key"), 401)
         expiry = str(int(time.time()) + SESSION_SECONDS)
         value = session_cookie(row.key_id, row.key_hash, expiry)
-        response = RedirectResponse(_safe_next(form.get("next", "/ui")), status_code=303)
+        response = RedirectResponse(_safe_next(fields.get("next", "/ui")), status_code=303)
         _cookie(response, request, SESSION, value, SESSION_SECONDS)
         return response
 
