@@ -26,6 +26,7 @@ from ..core.jobs import TYPE_PATTERN
 from ..schedule_ops import NAME_PATTERN, build_schedule, resume_at
 from ..schedules import MAX_EVERY, MIN_EVERY
 from ..store.schedules import ScheduleRow
+from .attempts import HasConnection
 from .errors import json_response
 from .models import PayloadSchema
 from .openapi import errors
@@ -175,6 +176,14 @@ def schedule_dict(row: ScheduleRow) -> dict[str, Any]:
     }
 
 
+async def set_enabled(
+    api: HasConnection, conn: Any, row: ScheduleRow, enabled: bool
+) -> ScheduleRow | None:
+    """Pause, or resume from the next tick on (ticks that fell while paused do not run)."""
+    at = resume_at(row, await api.store.db_clock(conn)) if enabled else None
+    return await api.store.schedule_set_enabled(conn, row.name, enabled, at)
+
+
 def add_schedule_routes(app: FastAPI, api: Api) -> None:
     async def one(name: str) -> ScheduleRow:
         async with api.connection() as conn:
@@ -262,12 +271,7 @@ def add_schedule_routes(app: FastAPI, api: Api) -> None:
         async def toggle(name: Name) -> Response:
             row = await one(name)
             async with api.connection() as conn:
-                after = await api.store.schedule_set_enabled(
-                    conn,
-                    name,
-                    enabled,
-                    resume_at(row, await api.store.db_clock(conn)) if enabled else None,
-                )
+                after = await set_enabled(api, conn, row, enabled)
             if after is None:
                 raise JobNotFound(f"no schedule {name}")
             return json_response(schedule_dict(after))

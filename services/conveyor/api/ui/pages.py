@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
@@ -149,24 +150,22 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         )
         return page(request, f"Job {job_id}", detail)
 
-    async def job_action(job_id: uuid.UUID, action: str, request: Request) -> Response:
-        if not same_origin(request):
-            return page(request, "Refused", "<p>Refused.</p>", 403)
-        async with api.connection() as conn, conn.transaction():
-            if action == "cancel":
-                await api.store.job_cancel(conn, job_id)
-            else:
-                await api.store.job_redrive(conn, [job_id])
-                await api.store.outbox_notify(conn)
-        return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+    def job_action(action: str) -> Any:
+        async def act(job_id: uuid.UUID, request: Request) -> Response:
+            if not same_origin(request):
+                return page(request, "Refused", "<p>Refused.</p>", 403)
+            async with api.connection() as conn, conn.transaction():
+                if action == "cancel":
+                    await api.store.job_cancel(conn, job_id)
+                else:
+                    await api.store.job_redrive(conn, [job_id])
+                    await api.store.outbox_notify(conn)
+            return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
-    @app.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)
-    async def ui_job_cancel(job_id: uuid.UUID, request: Request) -> Response:
-        return await job_action(job_id, "cancel", request)
+        return act
 
-    @app.post("/ui/jobs/{job_id}/retry", include_in_schema=False)
-    async def ui_job_retry(job_id: uuid.UUID, request: Request) -> Response:
-        return await job_action(job_id, "retry", request)
+    for action in ("cancel", "retry"):
+        app.post(f"/ui/jobs/{{job_id}}/{action}", include_in_schema=False)(job_action(action))
 
     @app.get("/ui/dead", include_in_schema=False)
     async def ui_dead(request: Request, done: str | None = None) -> Response:
@@ -228,28 +227,26 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         )
         return page(request, f"Confirm {action}", body)
 
-    @app.post("/ui/dead/redrive", include_in_schema=False)
-    async def ui_dead_redrive(request: Request) -> Response:
-        return await dead_action("redrive", request)
+    def dead_action(action: str) -> Any:
+        async def act(request: Request) -> Response:
+            fields = await form(request)
+            if not same_origin(request) or fields.get("confirm") != "yes" or not fields.get("type"):
+                return page(request, "Refused", "<p>Refused: confirm the action first.</p>", 403)
+            job_type, error = fields["type"], fields.get("error") or None
+            try:
+                _nul(job_type, error)
+            except ValueError as exc:
+                return page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
+            async with api.connection() as conn, conn.transaction():
+                if action == "redrive":
+                    n = await api.store.job_redrive_dead(conn, job_type, error, limit=BULK_LIMIT)
+                    await api.store.outbox_notify(conn)
+                else:
+                    n = await api.store.job_purge_dead(conn, job_type, error, limit=BULK_LIMIT)
+            done = f"{action}: {n} job(s)"
+            return RedirectResponse("/ui/dead?" + urlencode({"done": done}), status_code=303)
 
-    @app.post("/ui/dead/purge", include_in_schema=False)
-    async def ui_dead_purge(request: Request) -> Response:
-        return await dead_action("purge", request)
+        return act
 
-    async def dead_action(action: str, request: Request) -> Response:
-        fields = await form(request)
-        if not same_origin(request) or fields.get("confirm") != "yes" or not fields.get("type"):
-            return page(request, "Refused", "<p>Refused: confirm the action first.</p>", 403)
-        error = fields.get("error") or None
-        try:
-            _nul(fields["type"], error)
-        except ValueError as exc:
-            return page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
-        async with api.connection() as conn, conn.transaction():
-            if action == "redrive":
-                n = await api.store.job_redrive_dead(conn, fields["type"], error, limit=BULK_LIMIT)
-                await api.store.outbox_notify(conn)
-            else:
-                n = await api.store.job_purge_dead(conn, fields["type"], error, limit=BULK_LIMIT)
-        done = f"{action}: {n} job(s)"
-        return RedirectResponse("/ui/dead?" + urlencode({"done": done}), status_code=303)
+    for action in ("redrive", "purge"):
+        app.post(f"/ui/dead/{action}", include_in_schema=False)(dead_action(action))
