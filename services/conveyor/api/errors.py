@@ -34,6 +34,7 @@ from ..core.metrics import Metrics
 from ..schedules import InvalidSchedule
 from ..store.connect import is_unavailable
 from .body import BodyError, TooManyJobs
+from .liveness import unavailable
 
 log = logging.getLogger("conveyor.api")
 
@@ -135,14 +136,7 @@ def install(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
         if is_unavailable(exc):
-            event(
-                log,
-                "api_unavailable",
-                logging.WARNING,
-                cause=type(exc).__name__,
-                error=repr(exc)[:300],
-            )
-            return failure(503, "service_unavailable", "database unavailable")
+            return failure(503, "service_unavailable", str(unavailable(type(exc).__name__, exc)))
         event(log, "api_unexpected_error", logging.ERROR, error=repr(exc)[:1000])
         return failure(500, "internal_error", "an unexpected error; it has been logged")
 
