@@ -7,12 +7,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import HTMLResponse, Response
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from ..attempts import HasConnection
 from ..types_routes import type_dict
 from . import render as r
+from .session import page
 
 COUNTED = ("PENDING", "SCHEDULED", "RETRYING", "IN_PROGRESS", "FAILED")
 # the limits a type may carry (job features: fleet-wide concurrency, rate limit, pause); shown
@@ -57,7 +58,7 @@ def types_table(types: list[dict[str, Any]], counts: dict[str, dict[str, int]]) 
 
 def add_types_page(app: FastAPI, api: HasConnection) -> None:
     @app.get("/ui/types", include_in_schema=False)
-    async def ui_types() -> Response:
+    async def ui_types(request: Request) -> Response:
         async with api.connection() as conn:
             types = [type_dict(t) for t in await api.store.job_type_list(conn)]
             backlog = await api.store.job_backlog(conn)
@@ -69,4 +70,4 @@ def add_types_page(app: FastAPI, api: HasConnection) -> None:
             '<p class="muted">Defaults come from the handlers (what a job leaves out); a job '
             f"submitted with its own values keeps them. As of {r.e(r.when(now))}.</p>"
         )
-        return HTMLResponse(r.page("Job types", body), headers={"Cache-Control": "no-store"})
+        return page(request, "Job types", body)
