@@ -196,18 +196,13 @@ def _security(app: FastAPI, schema: dict[str, Any]) -> None:
             op["security"] = [{"bearer": []}]
             op["description"] = f"{op.get('description', '')}\n\nNeeds scope `{need}`.".strip()
             codes = (401, 403, 429) if (method.upper(), path) in SUBMITS else (401, 403)
-            for code, spec in errors(*codes).items():
+            for code in codes:
+                description, error, detail = _EXAMPLES[code]
+                example = {"error": error, "detail": detail}
+                schema_ref = {"$ref": REF.format(model="ErrorBody")}
+                content = {"application/json": {"schema": schema_ref, "example": example}}
                 op["responses"].setdefault(
-                    str(code),
-                    {
-                        "description": spec["description"],
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": REF.format(model="ErrorBody")},
-                                "example": spec["content"]["application/json"]["example"],
-                            }
-                        },
-                    },
+                    str(code), {"description": description, "content": content}
                 )
                 if code == 401:
                     op["responses"]["401"]["headers"] = {
