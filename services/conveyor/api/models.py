@@ -34,6 +34,7 @@ from typing_extensions import TypeAliasType
 from ..core.jobs import TYPE_PATTERN, Status
 from ..enqueue import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, JobSpec
 from ..job_options import MAX_META_BYTES, MAX_UNIQUE_FOR, MAX_UNIQUE_KEY
+from .resource import resource
 
 PriorityName = Literal["high", "normal", "low"]
 PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
@@ -320,8 +321,6 @@ class JobResource(ResourceOptions):
     @classmethod
     def from_row(cls, row: Any) -> JobResource:
         """The operator's view (``conveyor jobs show``): the full traceback included."""
-        from .resource import resource
-
         return cls.model_validate(resource(row, tracebacks=True))
 
 

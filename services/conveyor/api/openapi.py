@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from .auth import OPEN, SUBMITS
 from .error_models import ErrorBody
 from .models import SubmitBatch, SubmitJob
 
@@ -175,8 +176,6 @@ def _security(app: FastAPI, schema: dict[str, Any]) -> None:
     """With auth required: the bearer scheme, each operation's scope, and its 401/403 (429 for
     submits), from ``auth.ROUTE_SCOPES`` (with auth disabled nothing is declared: a client needs
     no key, and a fuzzer must not expect a 401)."""
-    from .auth import OPEN, SUBMITS
-
     auth = getattr(app.state, "auth", None)
     if auth is None or not auth.required:
         return
