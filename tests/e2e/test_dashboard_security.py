@@ -28,7 +28,8 @@ async def test_csrf_and_headers_with_auth_disabled(settings: Settings) -> None:
         job = await stack.submit("x", {"note": XSS})
         page = await c.get(f"/ui/jobs/{job}")
         assert XSS not in page.text and "&lt;script&gt;window.pwned=1&lt;/script&gt;" in page.text
-        for path in ("/ui", "/ui/jobs", f"/ui/jobs/{job}", "/ui/dead", "/ui/fragment/overview"):
+        pages = ("/ui", "/ui/jobs", f"/ui/jobs/{job}", "/ui/dead", "/ui/types", "/ui/schedules")
+        for path in (*pages, "/ui/fragment/overview"):
             r = await c.get(path)
             csp = r.headers["content-security-policy"]
             assert "script-src 'self'" in csp and "unsafe-inline" not in csp, path

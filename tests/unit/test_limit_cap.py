@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from conveyor import JobRouter
-from conveyor.api.type_models import LimitsBody
+from conveyor.api.types_routes import LimitsBody
 from conveyor.core.limits import check_concurrency
 
 OVER = 10_001

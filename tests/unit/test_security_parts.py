@@ -16,6 +16,7 @@ import pytest
 from conveyor.api.keycache import KeyCache, parse_rate
 from conveyor.api.ratelimit import FleetRateLimiter
 from conveyor.broker.permissions import rabbitmqctl_commands
+from conveyor.cli.support import database_error
 from conveyor.core.apikeys import digest, effective, key_id_of, new_key, parse_scopes
 from conveyor.core.secrets import mask, mask_url
 from conveyor.store import ApiKeyRow
@@ -138,6 +139,16 @@ def test_masking() -> None:
     key = new_key()[0]
     text = mask(f"connect amqp://u:p%40ss@h/ failed; key {key}")
     assert "p%40ss" not in text and key.split("_", 2)[2] not in text and key[:16] in text
+
+
+def test_a_url_urlsplit_refuses_is_masked_in_the_clis_database_error() -> None:
+    """An unclosed IPv6 bracket makes urlsplit raise: the message about the database still
+    comes out, with the password masked (not a ValueError in its place)."""
+    bad = "postgresql://app:s3cret@[::1/x"
+    assert mask_url(bad) == "postgresql://app:***@[::1/x"
+    settings: Any = type("S", (), {"database_url": bad, "db_schema": "conveyor"})()
+    error = database_error(ConnectionRefusedError("refused"), settings)
+    assert error is not None and "s3cret" not in str(error) and "app:***@" in str(error)
 
 
 def test_deploy_files_are_generated_from_the_tables() -> None:

@@ -22,6 +22,7 @@ from .schedules import add_schedule_routes
 from .service import Api
 from .types_routes import add_type_routes
 from .ui import add_ui
+from .ui.session import refused_page
 
 log = logging.getLogger("conveyor.api")
 
@@ -52,7 +53,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
         redoc_url=None,  # ReDoc's page loads fonts from the internet; /docs works offline
     )
     app.state.api = api
-    auth.install(app, api, settings)  # first: every route added below needs its scope
+    auth.install(app, api, settings, refused_page)  # first: every route added below needs its scope
     add_routes(app, api, metrics)
     add_attempt_routes(app, api)
     add_type_routes(app, api)

@@ -6,13 +6,14 @@ import uuid
 from datetime import datetime
 from typing import Any, Protocol
 
-import orjson
 from fastapi import FastAPI, Response
 from pydantic import BaseModel
 
+from ..core.config import Settings
 from ..core.errors import JobNotFound
 from ..store import AttemptRow, Store
 from .auth import full_errors
+from .errors import json_response
 from .openapi import errors
 from .resource import error_summary
 
@@ -32,17 +33,12 @@ class AttemptList(BaseModel):
 
 
 class HasConnection(Protocol):
-    """The API service (``api.service.Api``): a store and a guarded connection."""
+    """The API service (``api.service.Api``): settings, a store and a guarded connection."""
 
+    settings: Settings
     store: Store
 
     def connection(self) -> Any: ...
-
-
-def _tracebacks(api: Any) -> bool:
-    """``admin`` callers (or CONVEYOR_API_EXPOSE_TRACEBACKS) read whole errors."""
-    settings = getattr(api, "settings", None)
-    return settings is not None and full_errors(settings)
 
 
 def attempt_dict(a: AttemptRow, *, tracebacks: bool = True) -> dict[str, Any]:
@@ -81,5 +77,5 @@ def add_attempt_routes(app: FastAPI, api: HasConnection) -> None:
         """Every attempt of the job, oldest first; the running one has ``outcome`` null. Times
         as the job resource writes them (orjson: ``+00:00``)."""
         rows = await list_attempts(api, job_id)
-        data = {"attempts": [attempt_dict(a, tracebacks=_tracebacks(api)) for a in rows]}
-        return Response(orjson.dumps(data, default=str), media_type="application/json")
+        data = {"attempts": [attempt_dict(a, tracebacks=full_errors(api.settings)) for a in rows]}
+        return json_response(data)

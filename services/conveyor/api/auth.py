@@ -7,17 +7,22 @@ the app's router), not as a FastAPI dependency: the dependency solver cost ~9 % 
 per submit, with auth disabled too.
 
 Credentials: ``Authorization: Bearer <key>`` only (never a query string); the dashboard also
-accepts its session cookie (``ui/session.py``) on ``/ui`` paths. 401 (with ``WWW-Authenticate:
+accepts its session cookie on ``/ui`` paths, checked here with its CSRF token (``ui/session.py``
+logs in and sets both). 401 (with ``WWW-Authenticate:
 Bearer``) for a missing or bad key, 403 for a missing scope, 429 (``Retry-After``) over the
 submit quota. Keys are never logged: the access log writes no header."""
 
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import hmac
 import re
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
@@ -87,12 +92,25 @@ OPEN_MOUNTS = ("/ui/static", "/docs-assets")
 # routes that count against CONVEYOR_RATE_LIMIT
 SUBMITS = frozenset({("POST", "/jobs"), ("POST", "/jobs/batch")})
 
+SESSION, CSRF = "conveyor_session", "conveyor_csrf"  # the dashboard's cookies
+SESSION_SECONDS = 12 * 3600
+
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 
 
 def template(path: str) -> str:
     """``/jobs/{job_id:uuid}`` → ``/jobs/{job_id}``, the path as OpenAPI names it."""
     return _CONVERTER.sub(r"{\1}", path)
+
+
+def mac(key_hash: bytes, text: str) -> str:
+    return hmac.new(key_hash, text.encode(), hashlib.sha256).hexdigest()
+
+
+def session_cookie(key_id: str, key_hash: bytes, expiry: str) -> str:
+    """``<key id>.<expiry>.<mac>``, mac keyed by the key's stored hash: every replica checks it
+    through its key cache (no shared secret, no session table); revoking the key ends it."""
+    return f"{key_id}.{expiry}.{mac(key_hash, f'session.{key_id}.{expiry}')}"
 
 
 def declared_scope(method: str, path: str) -> str | None:
@@ -114,6 +132,12 @@ class Principal:
 
     def allows(self, scope: str) -> bool:
         return scope == OPEN or scope in self.scopes
+
+    def session_csrf(self) -> str | None:
+        """The CSRF token of a session's forms: HMAC(the key's hash, the session cookie)."""
+        if self.via == "session" and self.session:
+            return mac(self.key_hash, "csrf." + self.session)[:32]
+        return None
 
 
 CURRENT: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
@@ -176,9 +200,7 @@ class Auth:
         found = self._routes.get(k)
         if found is None:
             path = template(getattr(route, "path", ""))
-            need = ROUTE_SCOPES.get((request.method, path), ADMIN)  # undeclared: fail closed
-            if path == "/metrics" and self.settings.metrics_auth == "required":
-                need = READ
+            need = self.scope_of(request.method, path) or ADMIN  # undeclared: fail closed
             found = self._routes[k] = (need, path)
         return found
 
@@ -204,9 +226,7 @@ class Auth:
         else:
             p = self.anonymous
         if ui and request.method == "POST" and p.via != "bearer":
-            from .ui.session import check_csrf
-
-            await check_csrf(request, p)
+            await _check_csrf(request, p)
         if (request.method, path) in SUBMITS:
             wait = await self.limiter.take(p.key_id or p.name)
             if wait is not None:
@@ -227,9 +247,7 @@ class Auth:
                 raise _unauthorized("invalid API key", ui, invalid=True)
             return self.principal(row, "bearer")
         if ui:
-            from .ui.session import from_cookie
-
-            p = await from_cookie(self, request)
+            p = await self.from_cookie(request)
             if p is not None:
                 return p
         raise _unauthorized("an API key is required: Authorization: Bearer <key>", ui)
@@ -239,14 +257,47 @@ class Auth:
         full = ADMIN in scopes or self.settings.api_expose_tracebacks
         return Principal(row.name, scopes, full, via, row.key_id, row.key_hash, session)
 
+    async def from_cookie(self, request: Request) -> Principal | None:
+        value = request.cookies.get(SESSION)
+        if not value or len(value) > 200:
+            return None
+        key_id, _, rest = value.partition(".")
+        expiry, _, _ = rest.partition(".")
+        if not expiry.isdigit() or int(expiry) < time.time():
+            return None
+        row = await self.keys.row(key_id)
+        if row is None or row.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(session_cookie(key_id, row.key_hash, expiry), value):
+            return None
+        return self.principal(row, "session", session=value)
+
+
+async def _check_csrf(request: Request, p: Principal) -> None:
+    """A dashboard POST carries ``csrf``: its session's token, or with auth disabled the value
+    of the ``conveyor_csrf`` cookie (double submit). A bearer header needs none."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    sent = (form.get("csrf") or [request.headers.get("x-csrf-token", "")])[0]
+    expected = p.session_csrf() or request.cookies.get(CSRF, "")
+    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
+        raise AuthError(
+            403, "csrf_failed", "missing or wrong CSRF token: reload the page", html=True
+        )
+
 
 def _unauthorized(detail: str, ui: bool, *, invalid: bool = False) -> AuthError:
     challenge = 'Bearer error="invalid_token"' if invalid else "Bearer"
     return AuthError(401, "unauthorized", detail, html=ui, headers={"WWW-Authenticate": challenge})
 
 
-def install(app: FastAPI, api: Any, settings: Settings) -> Auth:
-    """Call before any route is added: every route added afterwards runs ``Auth`` first."""
+def install(
+    app: FastAPI,
+    api: Any,
+    settings: Settings,
+    refused_page: Callable[[Request, AuthError], Response],
+) -> Auth:
+    """Call before any route is added: every route added afterwards runs ``Auth`` first.
+    ``refused_page`` renders a refusal on a dashboard path (the login form for a 401)."""
     auth = Auth(settings, api)
 
     # Fail closed: a route of any other class (include_router keeps a router's own) runs
@@ -278,8 +329,6 @@ def install(app: FastAPI, api: Any, settings: Settings) -> Auth:
     async def _refused(request: Request, exc: AuthError) -> Response:
         api.metrics.api_errors.labels(str(exc.status)).inc()
         if exc.html:
-            from .ui.session import refused_page
-
             return refused_page(request, exc)
         return error_response(exc.status, exc.error, exc.detail, exc.headers)
 

@@ -31,13 +31,21 @@ from ..core.errors import (
 )
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..jobs.schedules import InvalidSchedule
 from ..store.connect import is_unavailable
 from .body import BodyError, TooManyJobs
+from .liveness import unavailable
 
 log = logging.getLogger("conveyor.api")
 
 # A 422 lists at most this many problems (a 1,000-job batch of bad jobs answers in a few KB).
 MAX_ERRORS = 20
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    """JSON as every route answers it (orjson: times as ``+00:00``; ``default=str``: asyncpg's
+    own UUID type, which orjson does not know). ``response_model`` still documents it."""
+    return Response(orjson.dumps(data, default=str), status, media_type="application/json")
 
 
 def error_body(error: str, detail: Any = None) -> bytes:
@@ -66,6 +74,18 @@ def validation_detail(errors: Iterable[Any], prefix: tuple[str | int, ...] = ())
     return out
 
 
+# exceptions answered with their message as ``detail``: (status, error code)
+PLAIN: dict[type[Exception], tuple[int, str]] = {
+    TooManyJobs: (422, "too_many_jobs"),
+    PayloadTooLarge: (413, "payload_too_large"),
+    InvalidJob: (422, "invalid_job"),
+    InvalidSchedule: (422, "invalid_schedule"),
+    IdempotencyConflict: (409, "idempotency_conflict"),
+    JobNotFound: (404, "not_found"),
+    ServiceUnavailable: (503, "service_unavailable"),
+}
+
+
 def install(app: FastAPI, metrics: Metrics) -> None:
     def failure(
         status: int, error: str, detail: Any = None, headers: dict[str, str] | None = None
@@ -85,38 +105,22 @@ def install(app: FastAPI, metrics: Metrics) -> None:
     async def _bad_body(_: Request, exc: BodyError) -> Response:
         return failure(exc.status, exc.error, exc.detail)
 
-    @app.exception_handler(TooManyJobs)
-    async def _too_many(_: Request, exc: TooManyJobs) -> Response:
-        return failure(422, "too_many_jobs", str(exc))
-
-    @app.exception_handler(PayloadTooLarge)
-    async def _too_big(_: Request, exc: PayloadTooLarge) -> Response:
-        return failure(413, "payload_too_large", str(exc))
-
     @app.exception_handler(UnknownJobType)
     async def _unknown_type(_: Request, exc: UnknownJobType) -> Response:
         detail = {"type": exc.job_type, "known": exc.known, "message": str(exc)}
         return failure(422, "unknown_job_type", detail)
 
-    @app.exception_handler(InvalidJob)
-    async def _bad_job(_: Request, exc: InvalidJob) -> Response:
-        return failure(422, "invalid_job", str(exc))
-
-    @app.exception_handler(IdempotencyConflict)
-    async def _conflict(_: Request, exc: IdempotencyConflict) -> Response:
-        return failure(409, "idempotency_conflict", str(exc))
-
     @app.exception_handler(InvalidTransition)
     async def _transition(_: Request, exc: InvalidTransition) -> Response:
         return failure(409, "invalid_transition", {"message": str(exc), "status": exc.status})
 
-    @app.exception_handler(JobNotFound)
-    async def _missing(_: Request, exc: JobNotFound) -> Response:
-        return failure(404, "not_found", str(exc))
+    async def _plain(_: Request, exc: Exception) -> Response:
+        # the nearest class of PLAIN in the exception's MRO: the one Starlette matched it by
+        status, error = next(PLAIN[c] for c in type(exc).__mro__ if c in PLAIN)
+        return failure(status, error, str(exc))
 
-    @app.exception_handler(ServiceUnavailable)
-    async def _unavailable(_: Request, exc: ServiceUnavailable) -> Response:
-        return failure(503, "service_unavailable", str(exc))
+    for exc_type in PLAIN:
+        app.add_exception_handler(exc_type, _plain)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -132,14 +136,7 @@ def install(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
         if is_unavailable(exc):
-            event(
-                log,
-                "api_unavailable",
-                logging.WARNING,
-                cause=type(exc).__name__,
-                error=repr(exc)[:300],
-            )
-            return failure(503, "service_unavailable", "database unavailable")
+            return failure(503, "service_unavailable", str(unavailable(type(exc).__name__, exc)))
         event(log, "api_unexpected_error", logging.ERROR, error=repr(exc)[:1000])
         return failure(500, "internal_error", "an unexpected error; it has been logged")
 

@@ -21,7 +21,9 @@ log = logging.getLogger("conveyor.api")
 PROBE_EVERY = 0.3
 
 
-def unavailable(cause: str, exc: BaseException | None = None) -> ServiceUnavailable:
+def unavailable(
+    cause: str, exc: BaseException | None = None, detail: str = "database unavailable"
+) -> ServiceUnavailable:
     """The 503 error, logged with its cause."""
     event(
         log,
@@ -30,7 +32,7 @@ def unavailable(cause: str, exc: BaseException | None = None) -> ServiceUnavaila
         cause=cause,
         error=repr(exc)[:300] if exc is not None else None,
     )
-    return ServiceUnavailable("database unavailable")
+    return ServiceUnavailable(detail)
 
 
 class Liveness:
@@ -85,12 +87,8 @@ async def acquire(pool: Any, timeout: float, schema: str) -> AsyncIterator[Any]:
             # re-raises, uvicorn logs a traceback and closes the client's keep-alive connection
             raise unavailable("statement", exc) from exc
         if is_unmigrated(exc):
-            event(
-                log, "api_unavailable", logging.WARNING, cause="unmigrated", error=repr(exc)[:300]
-            )
-            raise ServiceUnavailable(
-                f"database schema {schema!r} is not migrated: run `conveyor migrate`"
-            ) from exc
+            detail = f"database schema {schema!r} is not migrated: run `conveyor migrate`"
+            raise unavailable("unmigrated", exc, detail) from exc
         raise
     finally:
         try:

@@ -2,7 +2,8 @@
 
 Submit fields are strict: no coercion (``true`` is not 1, ``"30"`` is not 30, ``0`` is not a
 date), numbers are finite, ``run_at`` is an ISO 8601 string with an offset whose UTC time lies
-inside years 1-9999. The job-type bodies are in ``type_models.py``."""
+inside years 1-9999. The job-type bodies are in ``types_routes.py``, the schedules' in
+``schedules.py``."""
 
 from __future__ import annotations
 
@@ -33,13 +34,15 @@ from typing_extensions import TypeAliasType
 from ..core.jobs import TYPE_PATTERN, Status
 from ..jobs.spec import (
     MAX_DELAY_SECONDS,
+    MAX_META_BYTES,
     MAX_TIMEOUT_SECONDS,
+    MAX_UNIQUE_FOR,
+    MAX_UNIQUE_KEY,
     MIN_TIMEOUT_SECONDS,
     JobSpec,
     check_run_at,
 )
-from .models_options import ResourceOptions, SubmitOptions
-from .type_models import Progress
+from .resource import resource
 
 PriorityName = Literal["high", "normal", "low"]
 PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
@@ -60,18 +63,18 @@ JsonValue = TypeAliasType(  # type: ignore[misc]  # mypy cannot follow the recur
     | Annotated[dict[str, "JsonValue"], Field(json_schema_extra=_KEYS)]  # type: ignore[misc]
     | None,
 )
-_PAYLOAD_CORE = TypeAdapter(
+PAYLOAD_CORE = TypeAdapter(
     Annotated[dict[str, JsonValue], Field(json_schema_extra=_KEYS)]
 ).core_schema
 
 
-class _PayloadSchema:
+class PayloadSchema:
     """Documents ``payload`` as ``JsonValue`` objects without validating through that union."""
 
     def __get_pydantic_json_schema__(
         self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        return handler(_PAYLOAD_CORE)
+        return handler(PAYLOAD_CORE)
 
 
 # Years 0002-9998 as written: whatever the offset, the UTC time then lies inside Python's and
@@ -92,6 +95,72 @@ def _iso_text(value: Any) -> Any:
 
 RunAt = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(check_run_at)]
 Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+
+# The job features' fields (``meta``, unique jobs): ``SubmitJob`` and ``JobResource`` inherit them.
+# valid when unique_key is absent or null, or unique_for is a number
+UNIQUE_KEY_NEEDS_WINDOW: dict[str, Any] = {
+    "anyOf": [
+        {"not": {"required": ["unique_key"]}},
+        {"properties": {"unique_key": {"type": "null"}}},
+        {"required": ["unique_for"], "properties": {"unique_for": {"type": "number"}}},
+    ]
+}
+
+
+class SubmitOptions(BaseModel):
+    meta: Annotated[dict[str, Any], PayloadSchema()] | None = Field(
+        default=None,
+        description=f"A small JSON object (at most {MAX_META_BYTES} bytes of UTF-8; over: 422) "
+        "stored with the job, returned in the job resource and handed to the handler as "
+        "`job.meta`: a tenant, a trace id, who asked.",
+        examples=[{"tenant": "acme", "requested_by": "ada"}],
+    )
+    unique_for: Annotated[Seconds, Field(gt=0, le=MAX_UNIQUE_FOR)] | None = Field(
+        default=None,
+        description="Seconds during which a submit of the same job (same `unique_key`, by "
+        "default the same type and payload) returns this job with 200 and `duplicate: true` "
+        "instead of creating another, whatever this job's status meanwhile.",
+        examples=[300],
+    )
+    unique_key: Annotated[StrictStr, Field(min_length=1, max_length=MAX_UNIQUE_KEY)] | None = Field(
+        default=None,
+        description="What makes two submits of one type the same job (needs `unique_for`); "
+        "default: the type and the payload as canonical JSON.",
+        examples=["invoice-42"],
+    )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """States that ``unique_key`` needs ``unique_for`` (beside the subclass's own rules)."""
+        schema = handler(core_schema)
+        target = handler.resolve_ref_schema(schema)
+        target.setdefault("allOf", []).append(UNIQUE_KEY_NEEDS_WINDOW)
+        return schema
+
+    def options(self) -> dict[str, Any]:
+        return {"meta": self.meta, "unique_for": self.unique_for, "unique_key": self.unique_key}
+
+
+class ResourceOptions(BaseModel):
+    meta: dict[str, Any] | None = Field(
+        default=None, description="The `meta` given at submit; null when none."
+    )
+    duplicate: bool | None = Field(
+        default=None,
+        description="Only in submit answers: true when a unique job already held the key (the "
+        "answer is that job, status 200), false for a new job.",
+    )
+
+
+class Progress(BaseModel):
+    """The running (or last) attempt's report: ``job.set_progress(percent, message)``."""
+
+    percent: float = Field(description="0-100.", examples=[42.5])
+    message: str | None = Field(default=None, description="The handler's message, if any.")
+    updated_at: datetime = Field(description="When the worker wrote it (database clock).")
+
 
 _PAYLOAD_EXAMPLE: JsonDict = {"to": "ada@example.com", "template": "welcome"}
 
@@ -117,7 +186,7 @@ class SubmitJob(SubmitOptions):
         "1-100 characters, starting with a letter or digit.",
         examples=["send_email"],
     )
-    payload: Annotated[dict[str, Any], _PayloadSchema()] = Field(
+    payload: Annotated[dict[str, Any], PayloadSchema()] = Field(
         default_factory=dict,
         description="A JSON object handed to the handler as `job.payload`; at most 256 KiB of "
         "UTF-8 (configurable). Numbers must be finite doubles or 64-bit integers; no NUL "
@@ -248,8 +317,6 @@ class JobResource(ResourceOptions):
     @classmethod
     def from_row(cls, row: Any) -> JobResource:
         """The operator's view (``conveyor jobs show``): the full traceback included."""
-        from .resource import resource
-
         return cls.model_validate(resource(row, tracebacks=True))
 
 

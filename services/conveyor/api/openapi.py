@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from .auth import OPEN, SUBMITS
 from .error_models import ErrorBody
 from .models import SubmitBatch, SubmitJob
 
@@ -175,8 +176,6 @@ def _security(app: FastAPI, schema: dict[str, Any]) -> None:
     """With auth required: the bearer scheme, each operation's scope, and its 401/403 (429 for
     submits), from ``auth.ROUTE_SCOPES`` (with auth disabled nothing is declared: a client needs
     no key, and a fuzzer must not expect a 401)."""
-    from .auth import OPEN, SUBMITS
-
     auth = getattr(app.state, "auth", None)
     if auth is None or not auth.required:
         return
@@ -196,18 +195,13 @@ def _security(app: FastAPI, schema: dict[str, Any]) -> None:
             op["security"] = [{"bearer": []}]
             op["description"] = f"{op.get('description', '')}\n\nNeeds scope `{need}`.".strip()
             codes = (401, 403, 429) if (method.upper(), path) in SUBMITS else (401, 403)
-            for code, spec in errors(*codes).items():
+            for code in codes:
+                description, error, detail = _EXAMPLES[code]
+                example = {"error": error, "detail": detail}
+                schema_ref = {"$ref": REF.format(model="ErrorBody")}
+                content = {"application/json": {"schema": schema_ref, "example": example}}
                 op["responses"].setdefault(
-                    str(code),
-                    {
-                        "description": spec["description"],
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": REF.format(model="ErrorBody")},
-                                "example": spec["content"]["application/json"]["example"],
-                            }
-                        },
-                    },
+                    str(code), {"description": description, "content": content}
                 )
                 if code == 401:
                     op["responses"]["401"]["headers"] = {

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -14,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..core.jobs import TYPE_PATTERN, Status
 from ..core.metrics import Metrics
-from .errors import error_response
+from .errors import error_response, json_response
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
 from .openapi import errors, json_body, submit_headers
 from .service import Api
@@ -43,11 +42,6 @@ def idempotency_key(request: Request) -> str | None:
     return key
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    # default=str: asyncpg returns its own UUID type, which orjson does not know
-    return Response(orjson.dumps(data, default=str), status, media_type="application/json")
-
-
 def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
     """Routes on the app itself (not an included router), so ``errors.allowed_methods`` sees
     every one of them."""
@@ -71,7 +65,7 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         status, resource = await api.submit(
             await request.body(), idempotency_key(request), request.headers.get("traceparent")
         )
-        return _json(resource, status)
+        return json_response(resource, status)
 
     @r.post(
         "/jobs/batch",
@@ -93,7 +87,7 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         status, batch = await api.submit_batch(
             await request.body(), idempotency_key(request), request.headers.get("traceparent")
         )
-        return _json(batch, status)
+        return json_response(batch, status)
 
     @r.get(
         "/jobs/{job_id:uuid}",
@@ -104,7 +98,7 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         responses=errors(404, 422, 503),
     )
     async def get_job(job_id: uuid.UUID) -> Response:
-        return _json(await api.get(job_id))
+        return json_response(await api.get(job_id))
 
     @r.get(
         "/jobs",
@@ -126,7 +120,7 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
             Query(pattern=r"^[A-Za-z0-9_-]{22}$", description="`next_cursor` of the last page."),
         ] = None,
     ) -> Response:
-        return _json(await api.list(type, status, limit, cursor))
+        return json_response(await api.list(type, status, limit, cursor))
 
     @r.post(
         "/jobs/{job_id:uuid}/cancel",
@@ -138,7 +132,7 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         responses=errors(404, 409, 422, 503),
     )
     async def cancel_job(job_id: uuid.UUID) -> Response:
-        return _json(await api.cancel(job_id))
+        return json_response(await api.cancel(job_id))
 
     @r.post(
         "/jobs/{job_id:uuid}/retry",
@@ -150,7 +144,7 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         responses=errors(404, 409, 422, 503),
     )
     async def retry_job(job_id: uuid.UUID) -> Response:
-        return _json(await api.retry(job_id))
+        return json_response(await api.retry(job_id))
 
     @r.get(
         "/healthz",

@@ -1,26 +1,158 @@
-"""``/schedules``: create or replace, list, read, delete, pause and resume. Reads need the
-``jobs:read`` scope and changes ``admin``: the auth layer passes its
-dependencies as ``read`` / ``admin``."""
+"""``/schedules``: create or replace, list, read, delete, pause and resume, and their bodies.
+Reads need the ``jobs:read`` scope and changes ``admin`` (``auth.ROUTE_SCOPES``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated, Any
+import uuid
+import zoneinfo
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-import orjson
-from fastapi import FastAPI, Path, Request, Response
-from fastapi.params import Depends
+from fastapi import FastAPI, Path, Response
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+    field_validator,
+)
 
 from ..core.errors import JobNotFound
 from ..core.jobs import TYPE_PATTERN
-from ..jobs.schedules import InvalidSchedule, build_schedule, resume_at
+from ..jobs.schedules import MAX_EVERY, MIN_EVERY, build_schedule, resume_at
 from ..store.schedules import ScheduleRow
-from .errors import error_response
+from .attempts import HasConnection
+from .errors import json_response
+from .models import PayloadSchema
 from .openapi import errors
-from .schedule_models import ScheduleIn, ScheduleList, ScheduleResource
 from .service import Api
 
 Name = Annotated[str, Path(pattern=TYPE_PATTERN, description="The schedule's name.")]
+_Every = Annotated[float, Strict(), Field(allow_inf_nan=False, ge=MIN_EVERY, le=MAX_EVERY)]
+
+
+def _numbers(low: int, high: int) -> str:
+    """A regex of the integers low..high written without leading zeros."""
+    return "(?:" + "|".join(str(n) for n in range(high, low - 1, -1)) + ")"
+
+
+def _field(low: int, high: int) -> str:
+    value = _numbers(low, high)
+    item = rf"(?:\*(?:/[1-9][0-9]?)?|{value}(?:/[1-9][0-9]?)?)"
+    return rf"{item}(?:,{item})*"
+
+
+# What the OpenAPI schema states: the common forms (``*``, ``*/15``, ``5``, ``0,30``, ``5/10``)
+# with in-range numbers and days of the month up to 28 (so every generated expression matches
+# some date). The server accepts more of cron (ranges ``1-5``, names ``MON``/``JAN``, days
+# 29-31) and answers 422 ``invalid_schedule`` for what cronsim refuses.
+CRON_PATTERN = (
+    "^"
+    + r"\s+".join([_field(0, 59), _field(0, 23), _field(1, 28), _field(1, 12), _field(0, 7)])
+    + "$"
+)
+ZONES: list[Any] = sorted(z for z in zoneinfo.available_timezones() if z != "localtime")
+_Priority = Literal["high", "normal", "low"] | Annotated[StrictInt, Field(ge=0, le=9)]
+
+
+class ScheduleIn(BaseModel):
+    """A schedule: `cron` (5 fields, in `timezone`) or `every_seconds`, not both."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "nightly-report",
+                    "type": "report.daily",
+                    "cron": "30 2 * * *",
+                    "timezone": "Europe/Berlin",
+                },
+                {"name": "poll", "type": "poll_upstream", "every_seconds": 60},
+            ],
+            "oneOf": [{"required": ["cron"]}, {"required": ["every_seconds"]}],
+        },
+    )
+
+    name: StrictStr = Field(pattern=TYPE_PATTERN, description="Unique name; also in the URL.")
+    type: StrictStr = Field(pattern=TYPE_PATTERN, description="The job type each tick enqueues.")
+    payload: Annotated[dict[str, Any], PayloadSchema()] = Field(
+        default_factory=dict, description="The payload of every job (a JSON object, < 64 KiB)."
+    )
+    cron: Annotated[
+        StrictStr | None, WithJsonSchema({"type": "string", "pattern": CRON_PATTERN})
+    ] = Field(
+        default=None,
+        max_length=200,
+        description="Standard 5-field cron: minute hour day-of-month month day-of-week.",
+        examples=["*/5 * * * *"],
+    )
+    every_seconds: Annotated[
+        _Every | None,
+        WithJsonSchema({"type": "number", "minimum": MIN_EVERY, "maximum": MAX_EVERY}),
+    ] = Field(
+        default=None,
+        description="Instead of cron: a tick every N seconds (1 to a year), aligned to the Unix "
+        "epoch.",
+    )
+    timezone: StrictStr = Field(
+        default="UTC",
+        max_length=64,
+        description="IANA time zone of `cron` (DST: a time in the skipped hour runs once, "
+        "right after the change; a fixed time in the repeated hour runs once).",
+        examples=["America/New_York"],
+        json_schema_extra={"enum": ZONES},
+    )
+    priority: _Priority = Field(default="normal", description="Priority of every job.")
+    enabled: StrictBool = Field(default=True, description="false: created paused.")
+    catch_up: Literal["skip", "last"] = Field(
+        default="skip",
+        description="Ticks missed while no sweeper ran (older than CONVEYOR_SCHEDULE_GRACE): "
+        "`skip` them, or run the `last` one once.",
+    )
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _integral(cls, value: Any) -> Any:
+        """JSON Schema's integer: ``4.0`` is 4."""
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    @field_validator("cron", "every_seconds", mode="before")
+    @classmethod
+    def _given_not_null(cls, value: Any) -> Any:
+        """Give one of cron / every_seconds, or leave it out: an explicit null is refused."""
+        if value is None:
+            raise ValueError("leave the field out instead of null")
+        return value
+
+
+class ScheduleResource(BaseModel):
+    name: str
+    type: str
+    payload: dict[str, Any]
+    cron: str | None
+    every_seconds: float | None
+    timezone: str
+    priority: int
+    enabled: bool
+    catch_up: str
+    source: str = Field(
+        description="`api` (POST /schedules), `cli` (`conveyor schedules add`) or `code` "
+        "(a handler's)."
+    )
+    next_run_at: datetime | None = Field(description="The next tick; null while paused.")
+    last_tick_at: datetime | None
+    last_job_id: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class ScheduleList(BaseModel):
+    schedules: list[ScheduleResource]
 
 
 def schedule_dict(row: ScheduleRow) -> dict[str, Any]:
@@ -43,18 +175,15 @@ def schedule_dict(row: ScheduleRow) -> dict[str, Any]:
     }
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data, default=str), status, media_type="application/json")
+async def set_enabled(
+    api: HasConnection, conn: Any, row: ScheduleRow, enabled: bool
+) -> ScheduleRow | None:
+    """Pause, or resume from the next tick on (ticks that fell while paused do not run)."""
+    at = resume_at(row, await api.store.db_clock(conn)) if enabled else None
+    return await api.store.schedule_set_enabled(conn, row.name, enabled, at)
 
 
-def add_schedule_routes(
-    app: FastAPI, api: Api, *, read: Sequence[Depends] = (), admin: Sequence[Depends] = ()
-) -> None:
-    @app.exception_handler(InvalidSchedule)
-    async def _invalid(_: Request, exc: InvalidSchedule) -> Response:
-        api.metrics.api_errors.labels("422").inc()
-        return error_response(422, "invalid_schedule", str(exc))
-
+def add_schedule_routes(app: FastAPI, api: Api) -> None:
     async def one(name: str) -> ScheduleRow:
         async with api.connection() as conn:
             row = await api.store.schedule_get(conn, name)
@@ -75,7 +204,6 @@ def add_schedule_routes(
             200: {"model": ScheduleResource, "description": "Replaced."},
             **errors(422, 503),
         },
-        dependencies=list(admin),
     )
     async def put_schedule(body: ScheduleIn) -> Response:
         async with api.connection() as conn:
@@ -95,7 +223,7 @@ def add_schedule_routes(
                 await api.known_types.check(conn, [new.job_type])
             done = await api.store.schedule_upsert(conn, new)
         assert done is not None  # an API upsert always writes
-        return _json(schedule_dict(done[0]), 201 if done[1] else 200)
+        return json_response(schedule_dict(done[0]), 201 if done[1] else 200)
 
     @app.get(
         "/schedules",
@@ -104,12 +232,11 @@ def add_schedule_routes(
         summary="List schedules",
         description="Every schedule, by name, with its rule, state and next tick.",
         responses=errors(503),
-        dependencies=list(read),
     )
     async def list_schedules() -> Response:
         async with api.connection() as conn:
             rows = await api.store.schedule_list(conn)
-        return _json({"schedules": [schedule_dict(r) for r in rows]})
+        return json_response({"schedules": [schedule_dict(r) for r in rows]})
 
     @app.get(
         "/schedules/{name}",
@@ -118,10 +245,9 @@ def add_schedule_routes(
         summary="Read a schedule",
         description="The schedule's rule, state, next tick and the last job it enqueued.",
         responses=errors(404, 422, 503),
-        dependencies=list(read),
     )
     async def get_schedule(name: Name) -> Response:
-        return _json(schedule_dict(await one(name)))
+        return json_response(schedule_dict(await one(name)))
 
     @app.delete(
         "/schedules/{name}",
@@ -131,7 +257,6 @@ def add_schedule_routes(
         description="Jobs it already enqueued stay. A handler's schedule comes back at the next "
         "worker start unless its `schedule=` is removed from the code.",
         responses=errors(404, 422, 503),
-        dependencies=list(admin),
     )
     async def delete_schedule(name: Name) -> Response:
         async with api.connection() as conn:
@@ -145,15 +270,10 @@ def add_schedule_routes(
         async def toggle(name: Name) -> Response:
             row = await one(name)
             async with api.connection() as conn:
-                after = await api.store.schedule_set_enabled(
-                    conn,
-                    name,
-                    enabled,
-                    resume_at(row, await api.store.db_clock(conn)) if enabled else None,
-                )
+                after = await set_enabled(api, conn, row, enabled)
             if after is None:
                 raise JobNotFound(f"no schedule {name}")
-            return _json(schedule_dict(after))
+            return json_response(schedule_dict(after))
 
         return toggle
 
@@ -166,5 +286,4 @@ def add_schedule_routes(
             description="Paused: no tick enqueues a job. Resumed: from the next tick on (ticks "
             "that fell while it was paused do not run).",
             responses=errors(404, 422, 503),
-            dependencies=list(admin),
         )(toggle_route(action))

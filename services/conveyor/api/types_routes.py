@@ -5,25 +5,73 @@ every change is ``admin``. Workers apply a change within
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 import orjson
 from fastapi import FastAPI, Path, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from ..core.errors import InvalidJob, JobNotFound
 from ..core.jobs import TYPE_PATTERN
-from ..core.limits import Rate, parse_rate
+from ..core.limits import MAX_CONCURRENCY, Rate, parse_rate
 from ..store import JobType
 from .attempts import HasConnection
 from .body import BodyError
+from .errors import json_response
 from .openapi import errors
-from .type_models import LimitsBody, TypeList, TypeResource
+
+# what ``core.limits.parse_rate`` accepts, as the schema states it
+RATE_PATTERN = r"^[1-9][0-9]{0,4}/([1-9][0-9]{0,2})?[smhd]$"
 
 
-def _json(data: Any) -> Response:
-    """Rendered as the job and schedule routes are (orjson: times as ``+00:00``); the
-    ``response_model`` still documents it."""
-    return Response(orjson.dumps(data, default=str), media_type="application/json")
+class TypeResource(BaseModel):
+    """A known job type: its handler's defaults, its fleet-wide limits and whether it is
+    paused."""
+
+    name: str = Field(examples=["send_email"])
+    max_retries: int | None = Field(description="The handler's default retries.")
+    timeout_seconds: float | None = Field(description="The handler's default timeout.")
+    retry_delays: list[int] = Field(description="The handler's retry delays (seconds).")
+    paused: bool = Field(description="Paused: jobs are accepted and wait (not started).")
+    concurrency: int | None = Field(description="At most this many IN_PROGRESS, all workers.")
+    rate_limit: str | None = Field(
+        description="At most N starts per window, all workers.", examples=["100/m"]
+    )
+    limits_source: str = Field(
+        description="`handler` (declared on the handler) or `operator` "
+        "(set at run time; registering workers keep it)."
+    )
+    running: int = Field(description="Jobs IN_PROGRESS now.")
+    first_seen: datetime
+    last_seen: datetime
+
+
+class TypeList(BaseModel):
+    types: list[TypeResource]
+
+
+class LimitsBody(BaseModel):
+    """New limits; a field left out keeps its value, `null` removes the limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: StrictInt | None = Field(default=None, ge=1, le=MAX_CONCURRENCY, examples=[5])
+    rate_limit: StrictStr | None = Field(
+        default=None,
+        examples=["100/m"],
+        pattern=RATE_PATTERN,
+        description="N/s, N/m, N/h, N/d or N/<k>s",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral(cls, data: Any) -> Any:
+        """JSON Schema's integer: ``2.0`` is 2 (``true`` is not)."""
+        c = data.get("concurrency") if isinstance(data, dict) else None
+        if isinstance(c, float) and c.is_integer():
+            return {**data, "concurrency": int(c)}
+        return data
 
 
 TypeName = Annotated[str, Path(pattern=TYPE_PATTERN, description="The job type.")]
@@ -66,7 +114,9 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
     )
     async def list_types() -> Response:
         async with api.connection() as conn:
-            return _json({"types": [type_dict(t) for t in await api.store.job_type_list(conn)]})
+            return json_response(
+                {"types": [type_dict(t) for t in await api.store.job_type_list(conn)]}
+            )
 
     async def set_paused(name: str, paused: bool) -> dict[str, Any]:
         async with api.connection() as conn:
@@ -85,7 +135,7 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         responses=errors(404, 422, 503),
     )
     async def pause(name: TypeName) -> Response:
-        return _json(await set_paused(name, True))
+        return json_response(await set_paused(name, True))
 
     @app.post(
         "/types/{name}/resume",
@@ -97,7 +147,7 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         responses=errors(404, 422, 503),
     )
     async def resume(name: TypeName) -> Response:
-        return _json(await set_paused(name, False))
+        return json_response(await set_paused(name, False))
 
     @app.put(
         "/types/{name}/limits",
@@ -142,4 +192,4 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
                 rate_limit=rate.limit if rate else None,
                 rate_period=rate.period if rate else None,
             )
-            return _json(await _one(api, conn, name))
+            return json_response(await _one(api, conn, name))

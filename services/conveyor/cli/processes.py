@@ -233,7 +233,7 @@ async def preflight(settings: Settings) -> str | None:
         await check_server(settings.database_url, timeout=3)
     except Exception as exc:
         return (
-            f"Cannot reach PostgreSQL at {_safe(settings.database_url)} ({type(exc).__name__}). "
+            f"Cannot reach PostgreSQL at {mask_url(settings.database_url)} ({type(exc).__name__}). "
             "Start it: `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` "
             "or `docker compose up -d postgres rabbitmq` (URLs in .env.example)."
         )
@@ -241,15 +241,11 @@ async def preflight(settings: Settings) -> str | None:
         await reachable(settings.amqp_url, timeout=3)
     except Exception as exc:
         return (
-            f"Cannot reach RabbitMQ at {_safe(settings.amqp_url)} ({type(exc).__name__}). "
+            f"Cannot reach RabbitMQ at {mask_url(settings.amqp_url)} ({type(exc).__name__}). "
             "Start it: `rabbitmq-server -detached` or `docker compose up -d postgres rabbitmq` "
             "(URLs in .env.example)."
         )
     return None
-
-
-def _safe(url: str) -> str:
-    return mask_url(url)
 
 
 def loopback(host: str) -> bool:

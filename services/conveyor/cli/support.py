@@ -15,6 +15,7 @@ import orjson
 
 from ..core.config import Settings
 from ..core.logging import say
+from ..core.secrets import mask_url
 
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a process killed by it (`set -o pipefail` sees this)
 
@@ -51,23 +52,13 @@ def shown(value: Any) -> str:
     return str(value)
 
 
-def safe_url(url: str) -> str:
-    """A URL without its password, for messages."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(":" + parts.password + "@", ":***@", 1)
-    return url
-
-
 def database_error(exc: BaseException, settings: Settings) -> CliError | None:
     """The one line for an error that means the database cannot be used (None: another error)."""
     import asyncpg
 
     from ..store.connect import database_name, is_unavailable, is_unmigrated
 
-    url = safe_url(settings.database_url)
+    url = mask_url(settings.database_url)
     if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
         name = database_name(settings.database_url)
         return CliError(f"database {name!r} does not exist ({url}): run `conveyor migrate`")
@@ -119,7 +110,7 @@ async def check_broker(settings: Settings) -> None:
     try:
         await reachable(settings.amqp_url, timeout=5)
     except Exception as exc:
-        url = safe_url(settings.amqp_url)
+        url = mask_url(settings.amqp_url)
         text = f"cannot reach RabbitMQ at {url}: {type(exc).__name__}: {exc}"
         raise CliError(text[:400]) from exc
     finally:

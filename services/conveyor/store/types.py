@@ -1,6 +1,6 @@
 """Job types: the ones workers (or a deploy step) registered, with their handlers' defaults,
 and their controls (pause, fleet-wide limits; the claim enforces them, ``attempts.py``). The API
-and ``enqueue()`` accept only these types (see ``conveyor.job_types``)."""
+and ``enqueue()`` accept only these types (see ``conveyor.jobs.types``)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import parse_qs, urlencode, urlsplit
+from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
@@ -17,9 +18,9 @@ from fastapi.staticfiles import StaticFiles
 
 from ...core.jobs import Status
 from ..attempts import HasConnection
-from ..auth import ADMIN, CURRENT, WRITE, full_errors
+from ..auth import ADMIN, WRITE, full_errors
 from . import render as r
-from .session import add_login_routes, csrf_token, html
+from .session import add_login_routes, allows, csrf_token, form, html, page, same_origin
 
 STATIC = Path(__file__).parent / "static"
 PAGE = 50
@@ -36,31 +37,6 @@ def _nul(*values: str | None) -> None:
     """PostgreSQL text cannot hold NUL: a filter with one is a bad filter, not a 500."""
     if any(v is not None and "\x00" in v for v in values):
         raise ValueError("a filter cannot contain a NUL character")
-
-
-def _page(request: Request, title: str, body: str, status: int = 200) -> Response:
-    p = CURRENT.get()
-    user = p.name if p is not None and p.via == "session" else ""
-    return html(request, r.page(title, body, user=user), status)
-
-
-def _allows(scope: str) -> bool:
-    p = CURRENT.get()
-    return p is None or p.allows(scope)
-
-
-def _same_origin(request: Request) -> bool:
-    """CSRF: browsers send Origin (and Sec-Fetch-Site) on form POSTs; refuse another site's."""
-    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-        return False
-    origin = request.headers.get("origin")
-    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
-
-
-async def _form(request: Request) -> dict[str, str]:
-    data = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
-    # browsers submit a field's newlines as CRLF: an error text from a traceback has LF
-    return {k: v[0].replace("\r\n", "\n") for k, v in data.items()}
 
 
 def add_ui(app: FastAPI, api: HasConnection) -> None:
@@ -80,7 +56,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         # the address `conveyor dev` prints: a browser opening it wants the dashboard
         return RedirectResponse("/ui", status_code=307)
 
-    add_login_routes(app, _same_origin)
+    add_login_routes(app)
 
     async def overview_fragment() -> str:
         async with api.connection() as conn:
@@ -98,7 +74,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             '</div><p class="muted">Counts of finished jobs and waits cover the last hour; '
             "refreshed every 5 s.</p>"
         )
-        return _page(request, "Overview", body)
+        return page(request, "Overview", body)
 
     @app.get("/ui/fragment/overview", include_in_schema=False)
     async def ui_overview_fragment(request: Request) -> Response:
@@ -117,14 +93,14 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             try:
                 return RedirectResponse(f"/ui/jobs/{uuid.UUID(id.strip())}", status_code=303)
             except ValueError:
-                return _page(request, "Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>', 400)
+                return page(request, "Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>', 400)
         try:
             _nul(type)
             st = Status(status).value if status else None
             cursor = uuid.UUID(before) if before else None
             floor = datetime.fromisoformat(since).replace(tzinfo=UTC) if since else None
         except ValueError as exc:
-            return _page(request, "Jobs", f'<p class="notice">Bad filter: {r.e(exc)}</p>', 400)
+            return page(request, "Jobs", f'<p class="notice">Bad filter: {r.e(exc)}</p>', 400)
         async with api.connection() as conn:
             rows = await api.store.job_page(
                 conn,
@@ -155,7 +131,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             else ""
         )
         body = filters + (r.jobs_table(rows) if rows else "<p>No jobs match.</p>") + nxt
-        return _page(request, "Jobs", body)
+        return page(request, "Jobs", body)
 
     @app.get("/ui/jobs/{job_id}", include_in_schema=False)
     async def ui_job(job_id: uuid.UUID, request: Request) -> Response:
@@ -163,35 +139,33 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             row = await api.store.job_get(conn, job_id)
             attempts = await api.store.job_attempt_list(conn, job_id) or []
         if row is None:
-            return _page(request, "Job not found", f"<p>No job {r.e(job_id)}.</p>", 404)
+            return page(request, "Job not found", f"<p>No job {r.e(job_id)}.</p>", 404)
         detail = r.job_detail(
             row,
             attempts,
             csrf=csrf_token(request),
-            full_errors=full_errors(api.settings),  # type: ignore[attr-defined]
-            can_cancel=_allows(WRITE),
-            can_retry=_allows(ADMIN),
+            full_errors=full_errors(api.settings),
+            can_cancel=allows(WRITE),
+            can_retry=allows(ADMIN),
         )
-        return _page(request, f"Job {job_id}", detail)
+        return page(request, f"Job {job_id}", detail)
 
-    async def job_action(job_id: uuid.UUID, action: str, request: Request) -> Response:
-        if not _same_origin(request):
-            return _page(request, "Refused", "<p>Refused.</p>", 403)
-        async with api.connection() as conn, conn.transaction():
-            if action == "cancel":
-                await api.store.job_cancel(conn, job_id)
-            else:
-                await api.store.job_redrive(conn, [job_id])
-                await api.store.outbox_notify(conn)
-        return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+    def job_action(action: str) -> Any:
+        async def act(job_id: uuid.UUID, request: Request) -> Response:
+            if not same_origin(request):
+                return page(request, "Refused", "<p>Refused.</p>", 403)
+            async with api.connection() as conn, conn.transaction():
+                if action == "cancel":
+                    await api.store.job_cancel(conn, job_id)
+                else:
+                    await api.store.job_redrive(conn, [job_id])
+                    await api.store.outbox_notify(conn)
+            return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
-    @app.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)
-    async def ui_job_cancel(job_id: uuid.UUID, request: Request) -> Response:
-        return await job_action(job_id, "cancel", request)
+        return act
 
-    @app.post("/ui/jobs/{job_id}/retry", include_in_schema=False)
-    async def ui_job_retry(job_id: uuid.UUID, request: Request) -> Response:
-        return await job_action(job_id, "retry", request)
+    for action in ("cancel", "retry"):
+        app.post(f"/ui/jobs/{{job_id}}/{action}", include_in_schema=False)(job_action(action))
 
     @app.get("/ui/dead", include_in_schema=False)
     async def ui_dead(request: Request, done: str | None = None) -> Response:
@@ -223,18 +197,18 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             if rows
             else "<p>No dead letters.</p>"
         )
-        return _page(request, "Dead letters (FAILED jobs)", body)
+        return page(request, "Dead letters (FAILED jobs)", body)
 
     @app.get("/ui/dead/confirm", include_in_schema=False)
     async def ui_dead_confirm(
         request: Request, action: str, type: str, error: str | None = None
     ) -> Response:
         if action not in ("redrive", "purge"):
-            return _page(request, "Dead letters", "<p>Unknown action.</p>", 400)
+            return page(request, "Dead letters", "<p>Unknown action.</p>", 400)
         try:
             _nul(type, error)
         except ValueError as exc:
-            return _page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
+            return page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
         async with api.connection() as conn:
             n = await api.store.job_dead_count(conn, type, error)
         what = "back to PENDING with fresh retries" if action == "redrive" else "deleted for good"
@@ -251,30 +225,28 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
             )
             + r.link("/ui/dead", "Cancel")
         )
-        return _page(request, f"Confirm {action}", body)
+        return page(request, f"Confirm {action}", body)
 
-    @app.post("/ui/dead/redrive", include_in_schema=False)
-    async def ui_dead_redrive(request: Request) -> Response:
-        return await dead_action("redrive", request)
+    def dead_action(action: str) -> Any:
+        async def act(request: Request) -> Response:
+            fields = await form(request)
+            if not same_origin(request) or fields.get("confirm") != "yes" or not fields.get("type"):
+                return page(request, "Refused", "<p>Refused: confirm the action first.</p>", 403)
+            job_type, error = fields["type"], fields.get("error") or None
+            try:
+                _nul(job_type, error)
+            except ValueError as exc:
+                return page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
+            async with api.connection() as conn, conn.transaction():
+                if action == "redrive":
+                    n = await api.store.job_redrive_dead(conn, job_type, error, limit=BULK_LIMIT)
+                    await api.store.outbox_notify(conn)
+                else:
+                    n = await api.store.job_purge_dead(conn, job_type, error, limit=BULK_LIMIT)
+            done = f"{action}: {n} job(s)"
+            return RedirectResponse("/ui/dead?" + urlencode({"done": done}), status_code=303)
 
-    @app.post("/ui/dead/purge", include_in_schema=False)
-    async def ui_dead_purge(request: Request) -> Response:
-        return await dead_action("purge", request)
+        return act
 
-    async def dead_action(action: str, request: Request) -> Response:
-        form = await _form(request)
-        if not _same_origin(request) or form.get("confirm") != "yes" or not form.get("type"):
-            return _page(request, "Refused", "<p>Refused: confirm the action first.</p>", 403)
-        error = form.get("error") or None
-        try:
-            _nul(form["type"], error)
-        except ValueError as exc:
-            return _page(request, "Dead letters", f'<p class="notice">{r.e(exc)}</p>', 400)
-        async with api.connection() as conn, conn.transaction():
-            if action == "redrive":
-                n = await api.store.job_redrive_dead(conn, form["type"], error, limit=BULK_LIMIT)
-                await api.store.outbox_notify(conn)
-            else:
-                n = await api.store.job_purge_dead(conn, form["type"], error, limit=BULK_LIMIT)
-        done = f"{action}: {n} job(s)"
-        return RedirectResponse("/ui/dead?" + urlencode({"done": done}), status_code=303)
+    for action in ("redrive", "purge"):
+        app.post(f"/ui/dead/{action}", include_in_schema=False)(dead_action(action))

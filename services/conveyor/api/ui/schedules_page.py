@@ -7,22 +7,19 @@ dashboard POST) answered by a redirect. Reads go through the same store calls as
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Any
 
 import orjson
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
-from ...core.jobs import TYPE_PATTERN
-from ...jobs.schedules import resume_at
 from ...store.schedules import ScheduleRow
 from ..attempts import HasConnection
 from ..auth import ADMIN
+from ..schedules import Name, set_enabled
 from . import render as r
-from .pages import _allows, _page, _same_origin
-from .session import csrf_token
+from .session import allows, csrf_token, page, same_origin
 
-Name = Annotated[str, Path(pattern=TYPE_PATTERN)]
 PAYLOAD_CHARS = 120  # the table shows the start of a payload; GET /schedules/{name} has it all
 
 
@@ -84,42 +81,30 @@ def add_schedules_page(app: FastAPI, api: HasConnection) -> None:
         async with api.connection() as conn:
             rows = await api.store.schedule_list(conn)
         note = f'<p class="notice" id="done">{r.e(done)}</p>' if done else ""
-        body = note + schedules_table(rows, csrf=csrf_token(request), admin=_allows(ADMIN))
+        body = note + schedules_table(rows, csrf=csrf_token(request), admin=allows(ADMIN))
         body += (
             '<p class="muted">Each tick enqueues exactly one job, however many sweepers run. A '
             "handler's schedule that is deleted here comes back at the next worker start unless "
             f"its <code>schedule=</code> is removed. As of {r.e(r.when(datetime.now(UTC)))}.</p>"
         )
-        return _page(request, "Schedules", body)
+        return page(request, "Schedules", body)
 
-    async def act(name: str, action: str, request: Request) -> Response:
-        if not _same_origin(request):
-            return _page(request, "Refused", "<p>Refused.</p>", 403)
-        async with api.connection() as conn:
-            row = await api.store.schedule_get(conn, name)
-            if row is None:
-                return _page(request, "Not found", f"<p>No schedule {r.e(name)}.</p>", 404)
-            if action == "delete":
-                await api.store.schedule_delete(conn, name)
-            else:
-                enabled = action == "resume"
-                await api.store.schedule_set_enabled(
-                    conn,
-                    name,
-                    enabled,
-                    resume_at(row, await api.store.db_clock(conn)) if enabled else None,
-                )
-        done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[action]
-        return RedirectResponse(f"/ui/schedules?done={name}+{done}", status_code=303)
+    def action_route(action: str) -> Any:
+        async def act(name: Name, request: Request) -> Response:
+            if not same_origin(request):
+                return page(request, "Refused", "<p>Refused.</p>", 403)
+            async with api.connection() as conn:
+                row = await api.store.schedule_get(conn, name)
+                if row is None:
+                    return page(request, "Not found", f"<p>No schedule {r.e(name)}.</p>", 404)
+                if action == "delete":
+                    await api.store.schedule_delete(conn, name)
+                else:
+                    await set_enabled(api, conn, row, action == "resume")
+            done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[action]
+            return RedirectResponse(f"/ui/schedules?done={name}+{done}", status_code=303)
 
-    @app.post("/ui/schedules/{name}/pause", include_in_schema=False)
-    async def ui_schedule_pause(name: Name, request: Request) -> Response:
-        return await act(name, "pause", request)
+        return act
 
-    @app.post("/ui/schedules/{name}/resume", include_in_schema=False)
-    async def ui_schedule_resume(name: Name, request: Request) -> Response:
-        return await act(name, "resume", request)
-
-    @app.post("/ui/schedules/{name}/delete", include_in_schema=False)
-    async def ui_schedule_delete(name: Name, request: Request) -> Response:
-        return await act(name, "delete", request)
+    for action in ("pause", "resume", "delete"):
+        app.post(f"/ui/schedules/{{name}}/{action}", include_in_schema=False)(action_route(action))

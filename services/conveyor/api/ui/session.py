@@ -1,4 +1,4 @@
-"""The dashboard's login, session cookie, CSRF tokens and security headers.
+"""The dashboard's login, session cookie, CSRF tokens, security headers and page frame.
 
 - Login: ``/ui/login`` takes a key once and sets ``conveyor_session`` = ``<key id>.<expiry>.<mac>``
   with mac = HMAC-SHA256(the key's stored hash, id and expiry): every replica can check it
@@ -8,29 +8,22 @@
 - CSRF: every form POST carries ``csrf``: HMAC(the key's hash, the session cookie) when logged
   in; with auth disabled, the value of a random ``conveyor_csrf`` cookie (double submit).
   A request authenticated by an ``Authorization`` header carries no ambient credential and needs
-  none. Checked by ``auth.Auth`` before the route runs.
+  none. ``auth.Auth`` checks the cookie and the token before the route runs.
 - Every page: a strict Content-Security-Policy (scripts and styles from ``/ui/static`` only, no
   inline script), ``nosniff``, ``frame-ancestors 'none'``, same-origin referrers, ``no-store``."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from ..auth import CSRF, CURRENT, SESSION, SESSION_SECONDS, Auth, AuthError, session_cookie
 from . import render as r
 
-if TYPE_CHECKING:
-    from ..auth import Auth, AuthError, Principal
-
-SESSION, CSRF = "conveyor_session", "conveyor_csrf"
-SESSION_SECONDS = 12 * 3600
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -43,10 +36,6 @@ HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-
-
-def _mac(key_hash: bytes, text: str) -> str:
-    return hmac.new(key_hash, text.encode(), hashlib.sha256).hexdigest()
 
 
 def _https(request: Request) -> bool:
@@ -65,48 +54,15 @@ def _cookie(response: Response, request: Request, name: str, value: str, max_age
     )
 
 
-async def from_cookie(auth: Auth, request: Request) -> Principal | None:
-    value = request.cookies.get(SESSION)
-    if not value or len(value) > 200:
-        return None
-    key_id, _, rest = value.partition(".")
-    expiry, _, mac = rest.partition(".")
-    if not expiry.isdigit() or int(expiry) < time.time():
-        return None
-    row = await auth.keys.row(key_id)
-    if row is None or row.revoked_at is not None:
-        return None
-    if not hmac.compare_digest(_mac(row.key_hash, f"session.{key_id}.{expiry}"), mac):
-        return None
-    return auth.principal(row, "session", session=value)
-
-
 def csrf_token(request: Request) -> str:
     """The token forms of this page carry."""
-    from ..auth import CURRENT
-
     p = CURRENT.get()
-    if p is not None and p.via == "session" and p.session:
-        return _mac(p.key_hash, "csrf." + p.session)[:32]
+    if p is not None and (session := p.session_csrf()):
+        return session
     token = request.cookies.get(CSRF) or getattr(request.state, "new_csrf", None)
     if not token:
         token = request.state.new_csrf = secrets.token_urlsafe(24)
     return str(token)
-
-
-async def check_csrf(request: Request, p: Principal) -> None:
-    from ..auth import AuthError
-
-    form = parse_qs((await request.body()).decode("utf-8", "replace"))
-    sent = (form.get("csrf") or [request.headers.get("x-csrf-token", "")])[0]
-    if p.via == "session" and p.session:
-        expected = _mac(p.key_hash, "csrf." + p.session)[:32]
-    else:
-        expected = request.cookies.get(CSRF, "")
-    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
-        raise AuthError(
-            403, "csrf_failed", "missing or wrong CSRF token: reload the page", html=True
-        )
 
 
 def html(request: Request, body: str, status: int = 200) -> HTMLResponse:
@@ -116,6 +72,34 @@ def html(request: Request, body: str, status: int = 200) -> HTMLResponse:
     if new:
         _cookie(response, request, CSRF, new, SESSION_SECONDS)
     return response
+
+
+def page(request: Request, title: str, body: str, status: int = 200) -> Response:
+    """A page in the dashboard's frame, naming the logged-in key."""
+    p = CURRENT.get()
+    user = p.name if p is not None and p.via == "session" else ""
+    return html(request, r.page(title, body, user=user), status)
+
+
+def allows(scope: str) -> bool:
+    """May the current caller use ``scope`` (everyone may with auth disabled)?"""
+    p = CURRENT.get()
+    return p is None or p.allows(scope)
+
+
+def same_origin(request: Request) -> bool:
+    """CSRF: browsers send Origin (and Sec-Fetch-Site) on form POSTs; refuse another site's."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+
+
+async def form(request: Request) -> dict[str, str]:
+    """A form POST's fields (the first value of each)."""
+    data = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+    # browsers submit a field's newlines as CRLF: an error text from a traceback has LF
+    return {k: v[0].replace("\r\n", "\n") for k, v in data.items()}
 
 
 def _login_form(request: Request, message: str = "") -> str:
@@ -152,7 +136,7 @@ def _safe_next(value: str) -> str:
     return value if ok else "/ui"
 
 
-def add_login_routes(app: FastAPI, same_origin: Any) -> None:
+def add_login_routes(app: FastAPI) -> None:
     @app.get("/ui/login", include_in_schema=False)
     async def ui_login(request: Request) -> Response:
         if app.state.auth.settings.auth != "required":
@@ -161,18 +145,16 @@ def add_login_routes(app: FastAPI, same_origin: Any) -> None:
 
     @app.post("/ui/login", include_in_schema=False)
     async def ui_login_post(request: Request) -> Response:
-        form = {
-            k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()
-        }
+        fields = await form(request)
         auth: Auth = app.state.auth
         if not same_origin(request):
             return html(request, r.page("Refused", "<p>Refused.</p>"), 403)
-        row = await auth.keys.verify(form.get("key", "").strip())
+        row = await auth.keys.verify(fields.get("key", "").strip())
         if row is None:
             return html(request, _login_form(request, "invalid API key"), 401)
-        expiry = int(time.time()) + SESSION_SECONDS
-        value = f"{row.key_id}.{expiry}.{_mac(row.key_hash, f'session.{row.key_id}.{expiry}')}"
-        response = RedirectResponse(_safe_next(form.get("next", "/ui")), status_code=303)
+        expiry = str(int(time.time()) + SESSION_SECONDS)
+        value = session_cookie(row.key_id, row.key_hash, expiry)
+        response = RedirectResponse(_safe_next(fields.get("next", "/ui")), status_code=303)
         _cookie(response, request, SESSION, value, SESSION_SECONDS)
         return response
 

@@ -4,44 +4,21 @@ failed. Rendered with ``render`` (every value escaped by ``e``), read-only: no f
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import HTMLResponse, Response
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
-from ...store import JobType
 from ..attempts import HasConnection
+from ..types_routes import type_dict
 from . import render as r
+from .session import page
 
 COUNTED = ("PENDING", "SCHEDULED", "RETRYING", "IN_PROGRESS", "FAILED")
 # the limits a type may carry (job features: fleet-wide concurrency, rate limit, pause); shown
 # when the type's data has them
 LIMITS = (("concurrency", "concurrency"), ("rate_limit", "rate limit"), ("paused", "paused"))
-
-
-def _basic(t: JobType) -> dict[str, Any]:
-    return {
-        "name": t.name,
-        "max_retries": t.max_retries,
-        "timeout_seconds": t.timeout_seconds,
-        "retry_delays": list(t.retry_delays),
-        "first_seen": t.first_seen,
-        "last_seen": t.last_seen,
-    }
-
-
-def _type_dict() -> Callable[[JobType], dict[str, Any]]:
-    """``GET /types``'s own rendering of a type when the API has that route (the job-features
-    module), so this page shows exactly what the API answers; else the defaults alone."""
-    try:
-        module = importlib.import_module("conveyor.api.types_routes")
-    except ImportError:
-        return _basic
-    found: Callable[[JobType], dict[str, Any]] = getattr(module, "type_dict", _basic)
-    return found
 
 
 def _delays(value: Any) -> str:
@@ -80,10 +57,8 @@ def types_table(types: list[dict[str, Any]], counts: dict[str, dict[str, int]]) 
 
 
 def add_types_page(app: FastAPI, api: HasConnection) -> None:
-    type_dict = _type_dict()
-
     @app.get("/ui/types", include_in_schema=False)
-    async def ui_types() -> Response:
+    async def ui_types(request: Request) -> Response:
         async with api.connection() as conn:
             types = [type_dict(t) for t in await api.store.job_type_list(conn)]
             backlog = await api.store.job_backlog(conn)
@@ -95,4 +70,4 @@ def add_types_page(app: FastAPI, api: HasConnection) -> None:
             '<p class="muted">Defaults come from the handlers (what a job leaves out); a job '
             f"submitted with its own values keeps them. As of {r.e(r.when(now))}.</p>"
         )
-        return HTMLResponse(r.page("Job types", body), headers={"Cache-Control": "no-store"})
+        return page(request, "Job types", body)
