@@ -206,12 +206,10 @@ def test_the_root_is_the_public_api() -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="five cycles are being taken apart")
 def test_no_import_cycles() -> None:
     assert import_cycles(SERVICES / "conveyor") == []
 
 
-@pytest.mark.xfail(strict=True, reason="private names are being moved to public homes")
 def test_no_import_of_another_modules_private_name() -> None:
     assert import_graph(SERVICES / "conveyor")[1] == []
 
