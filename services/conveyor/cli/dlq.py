@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..core.config import Settings
@@ -50,10 +52,9 @@ def _line(d: dict[str, Any]) -> str:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from ..broker.inspect import Inspector
+    from ..broker.inspect import Inspector  # aio-pika: imported by the commands that use it
     from ..broker.topology import Topology
     from ..maintenance import deadletters as dl
-    from ..store import for_schema
 
     settings = Settings()
     try:
@@ -71,9 +72,8 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         topology = Topology(settings.namespace, settings.queue_type)
         inspector = Inspector(settings.amqp_url, topology, name="conveyor-dlq")
         try:
-            async with database(settings, "conveyor-dlq") as conn:
+            async with database(settings, "conveyor-dlq") as (store, conn):
                 pool = _OneConnection(conn)
-                store = for_schema(settings.db_schema)
                 if args.action == "list":
                     # a stale letter stays stale (attempts only grow): drop it as we pass, so
                     # a redrive from the dashboard or the API leaves nothing behind here
@@ -137,14 +137,6 @@ class _OneConnection:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    def acquire(self) -> Any:
-        conn = self.conn
-
-        class _Held:
-            async def __aenter__(self) -> Any:
-                return conn
-
-            async def __aexit__(self, *exc: object) -> None:
-                return None
-
-        return _Held()
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        yield self.conn

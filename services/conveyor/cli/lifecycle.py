@@ -14,8 +14,10 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
+from ..core.backoff import Backoff
 from ..core.config import Settings
 from ..core.logging import event
+from ..store.connect import check_database, is_misconfigured
 from .support import CliError
 
 log = logging.getLogger("conveyor")
@@ -99,8 +101,6 @@ async def start_with_retry(
     (one line, exit 2) rather than a retry loop that never ends. ``stop`` (a signal) ends the
     wait at once, even during an attempt that hangs (a broker that accepts and never answers):
     the process exits 0, without a traceback."""
-    from ..core.backoff import Backoff
-    from ..store.connect import check_database, is_misconfigured
 
     async def attempt() -> None:
         await check_database(settings.database_url)

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 
 from ..core.config import Settings
-from .support import CliError, database, json_line, shown, when
+from ..core.limits import check_concurrency, parse_rate
+from ..job_types import router_types
+from ..schedule_ops import register_router_schedules
+from ..store import Store
+from .support import database, json_line, run, shown, when
 
 
 def add_parser(sub: Any) -> None:
@@ -41,18 +44,13 @@ def _limit_value(text: str | None, parse: Any) -> Any:
 
 
 def cmd_types(args: argparse.Namespace) -> int:
-    from ..api.types_routes import type_dict
-    from ..core.limits import check_concurrency, parse_rate
-    from ..job_types import router_types
-    from ..schedule_ops import register_router_schedules
-    from ..store import for_schema
+    from ..api.types_routes import type_dict  # FastAPI and uvicorn: only for this command
     from . import processes
 
     settings = Settings()
-    store = for_schema(settings.db_schema)
     router = processes.load_router(args.app) if args.action == "register" else None
 
-    async def change(conn: Any) -> int:
+    async def change(store: Store, conn: Any) -> int:
         name = args.type
         if args.action in ("pause", "resume"):
             found = await store.type_set_paused(conn, name, args.action == "pause")
@@ -85,9 +83,9 @@ def cmd_types(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> int:
-        async with database(settings) as conn:
+        async with database(settings) as (store, conn):
             if args.action in ("pause", "resume", "limit"):
-                return await change(conn)
+                return await change(store, conn)
             if router is not None:
                 wanted = [t.strip() for t in args.types.split(",")] if args.types else None
                 rows = router_types(router, wanted)
@@ -111,7 +109,5 @@ def cmd_types(args: argparse.Namespace) -> int:
                 )
             return 0
 
-    try:
-        return asyncio.run(go())
-    except (ValueError, LookupError) as exc:  # --types naming a type the router lacks
-        raise CliError(f"{type(exc).__name__}: {exc}") from None
+    # LookupError: --types naming a type the router lacks
+    return run(go(), (ValueError, LookupError), named=True)
