@@ -24,11 +24,13 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.exceptions import AMQPChannelError
 from pamqp.commands import Basic
 
+from ..core.backoff import ceiling
 from ..core.logging import event
 from ..core.metrics import Metrics
 from . import frames, wire
+from .cluster import connect
 from .frames import PublishFailed as PublishFailed  # re-exported: the relay catches it
-from .topology import Topology, connect
+from .topology import Topology
 
 log = logging.getLogger("conveyor.publisher")
 
@@ -286,8 +288,7 @@ class Publisher:
         reason = str(exc)[:300] or type(exc).__name__
         previous = self._failing.get(key)
         failures = (previous.failures if previous else 0) + 1
-        base, cap = self.declare_backoff
-        delay = min(cap, base * 2 ** (failures - 1))
+        delay = ceiling(failures, *self.declare_backoff)
         error = DeclarationFailed(name, reason)
         self._failing[key] = _Failing(name, error, failures, self.clock() + delay)
         self.metrics.declare_failed.labels(name, type(exc).__name__).inc()

@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
     s = sub.add_parser("roles", help="least-privilege PostgreSQL grants per component")
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = actions.add_parser("sql", help="print the GRANT statements (deploy/postgres-roles.sql)")
-    for component in ("api", "publisher", "worker", "sweeper"):
+    for component in COMPONENTS:
         q.add_argument(
             f"--{component}",
             default=f"conveyor_{component}",
