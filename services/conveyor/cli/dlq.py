@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import sys
 import uuid
@@ -13,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..core.config import Settings
-from .support import CliError, check_broker, confirm, database, json_doc, json_line
+from .support import CliError, check_broker, confirm, database, json_doc, listing
 
 
 def add_parser(sub: Any) -> None:
@@ -97,12 +98,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                             f"{'job':<36}  {'type':<24} {'attempt':>7}  {'status':<11} "
                             f"{'':<5}  error"
                         )
-                    for letter, _ in seen:
-                        d = letter.as_dict()
-                        if args.json:
-                            json_line(d)
-                        else:
-                            print(_line(d))
+                    listing([letter.as_dict() for letter, _ in seen], args.json, dict, _line)
                     return 0
                 match = dl.selector(ids, args.type, args.all)
                 if bulk and not args.yes:
@@ -115,15 +111,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                     ):
                         print("nothing purged", file=sys.stderr)
                         return 1
-                if args.action == "redrive":
-                    decide = dl.redrive_decision(match)
-                else:
-                    decide = dl.purge_decision(match)
-                seen = await dl.scan(inspector, pool, store, decide)
-                summary: dict[str, int] = {}
-                for _, decision in seen:
-                    summary[decision] = summary.get(decision, 0) + 1
-                json_doc({"scanned": len(seen), **summary})
+                decide = dl.redrive_decision if args.action == "redrive" else dl.purge_decision
+                seen = await dl.scan(inspector, pool, store, decide(match))
+                json_doc({"scanned": len(seen), **collections.Counter(d for _, d in seen)})
                 return 0
         finally:
             await inspector.close()

@@ -16,7 +16,7 @@ from ..api.resource import decode_cursor, encode_cursor
 from ..api.resource import resource as job_resource
 from ..core.config import Settings
 from ..store import JobRow, Store
-from .support import CliError, database, json_doc, json_line, run, when
+from .support import CliError, database, json_doc, json_line, listing, run, when
 from .support import job_id as parse_job_id
 
 STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED"]
@@ -104,11 +104,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             )
             more = len(rows) > args.limit
             rows = rows[: args.limit]
-            for r in rows:
-                if args.json:
-                    json_line(resource(r))
-                else:
-                    sys.stdout.write(_list_line(r) + "\n")
+            listing(rows, args.json, resource, _list_line)
             if not (more and rows):
                 return 0
             if not args.all:

@@ -15,10 +15,11 @@ from ..broker.permissions import rabbitmqctl_commands
 from ..core.apikeys import new_key, parse_scopes
 from ..core.config import Settings
 from ..core.secrets import mask_url
+from ..store import ApiKeyRow
 from ..store.bounds import component_bounds
 from ..store.connect import connect_options
 from ..store.roles import COMPONENTS, ensure_login_roles, grant_existing, roles_sql
-from .support import database, guarded, json_line, run, when
+from .support import database, guarded, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -127,26 +128,29 @@ async def revoke_key(settings: Settings, name: str) -> int:
 async def _list(settings: Settings, as_json: bool = False) -> int:
     async with database(settings) as (store, conn):
         rows = await store.api_key_list(conn)
-    for k in rows:
-        if as_json:  # no REST route lists keys: the row's own names (never the key)
-            json_line(
-                {
-                    "name": k.name,
-                    "key_id": k.key_id,
-                    "scopes": list(k.scopes),
-                    "created_at": k.created_at,
-                    "revoked_at": k.revoked_at,
-                }
-            )
-            continue
-        revoked = f"revoked {when(k.revoked_at)}" if k.revoked_at else "active"
-        print(
-            f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
-            f"created {when(k.created_at)}  {revoked}"
-        )
+    listing(rows, as_json, _key_record, _key_line)
     if not rows and not as_json:
         print("no keys: conveyor keys create --name NAME --scopes jobs:read,jobs:write")
     return 0
+
+
+def _key_record(k: ApiKeyRow) -> dict[str, Any]:
+    """No REST route lists keys: the row's own names (never the key, never its hash)."""
+    return {
+        "name": k.name,
+        "key_id": k.key_id,
+        "scopes": list(k.scopes),
+        "created_at": k.created_at,
+        "revoked_at": k.revoked_at,
+    }
+
+
+def _key_line(k: ApiKeyRow) -> str:
+    revoked = f"revoked {when(k.revoked_at)}" if k.revoked_at else "active"
+    return (
+        f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
+        f"created {when(k.created_at)}  {revoked}"
+    )
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

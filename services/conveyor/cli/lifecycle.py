@@ -51,9 +51,11 @@ def listen_socket(
     return sock
 
 
-def check_port(host: str, port: int, *, flag: str) -> None:
-    """``listen_socket``'s check for a port a part binds later itself (the probes)."""
-    listen_socket(host, port, flag=flag).close()
+def check_health_port(port: int | None) -> None:
+    """``listen_socket``'s check for ``--health-port`` (None: none), which the probes bind
+    later themselves."""
+    if port is not None:
+        listen_socket("0.0.0.0", port, flag="--health-port").close()
 
 
 def _free_port(family: socket.AddressFamily, host: str, port: int) -> int:

@@ -21,10 +21,11 @@ from ..store.connect import database_name
 from . import dlq, jobs, keys, schedules, types
 from .dev import cmd_dev
 from .keys import auth_banner, grant_roles, role_passwords
-from .lifecycle import check_port, listen_socket, start_with_retry
+from .lifecycle import check_health_port, listen_socket, start_with_retry
 from .support import CliError, guarded
 
 SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
+HEALTH_PORT = "serve /healthz, /readyz and /metrics on this port"
 
 # Function-local imports below are the services' heavy modules (uvicorn, aio-pika, Alembic, the
 # worker): `conveyor --help` and the operator commands do not load them.
@@ -86,8 +87,7 @@ def cmd_publisher(args: argparse.Namespace) -> int:
     from . import processes
 
     settings = Settings()
-    if args.health_port is not None:
-        check_port("0.0.0.0", args.health_port, flag="--health-port")
+    check_health_port(args.health_port)
     processes.run(
         lambda stop: processes.run_publisher(
             settings, stop, maintenance=not args.no_maintenance, health_port=args.health_port
@@ -100,8 +100,7 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     from . import processes
 
     settings = Settings()
-    if args.health_port is not None:
-        check_port("0.0.0.0", args.health_port, flag="--health-port")
+    check_health_port(args.health_port)
     processes.run(lambda stop: processes.run_sweeper(settings, stop, health_port=args.health_port))
     return 0
 
@@ -132,8 +131,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
     port = args.health_port if args.health_port is not None else settings.worker_health_port
-    if port is not None:
-        check_port("0.0.0.0", port, flag="--health-port")
+    check_health_port(port)
 
     adopt_orphans()  # a handler's double-forked process stays ours to kill at exit
 
@@ -210,19 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="relay only; run `conveyor sweeper` separately",
     )
-    s.add_argument(
-        "--health-port",
-        type=int,
-        default=None,
-        help="serve /healthz, /readyz and /metrics on this port",
-    )
+    s.add_argument("--health-port", type=int, help=HEALTH_PORT)
     s.set_defaults(func=cmd_publisher)
 
     s = sub.add_parser("sweeper", help="run only the maintenance duties")
     s.add_argument(
         "--health-port",
         type=int,
-        default=None,
         help="serve /healthz (503 when a duty has not completed a pass within its interval "
         "plus CONVEYOR_MAINTENANCE_DEADLINE), /readyz and /metrics",
     )
@@ -249,12 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight jobs get to finish on SIGTERM (default "
         "CONVEYOR_SHUTDOWN_GRACE or 25)",
     )
-    s.add_argument(
-        "--health-port",
-        type=int,
-        default=None,
-        help="serve /healthz, /readyz and /metrics on this port",
-    )
+    s.add_argument("--health-port", type=int, help=HEALTH_PORT)
     s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("dev", help="API + publisher + maintenance + worker in one process")

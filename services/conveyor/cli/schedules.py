@@ -12,7 +12,7 @@ import orjson
 from ..core.config import Settings
 from ..job_types import KnownTypes
 from ..schedule_ops import build_schedule, resume_at
-from .support import database, json_line, run, when
+from .support import database, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -55,12 +55,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     async def go() -> int:
         async with database(settings) as (store, conn):
             if args.action == "list":
-                rows = await store.schedule_list(conn)
-                for r in rows:
-                    if args.json:
-                        json_line(schedule_dict(r))
-                    else:
-                        print(_line(r))
+                listing(await store.schedule_list(conn), args.json, schedule_dict, _line)
                 return 0
             if args.action == "add":
                 priority: int | str = args.priority

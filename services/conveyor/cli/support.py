@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from datetime import UTC
 from typing import Any, TextIO, TypeVar
 
@@ -167,7 +167,19 @@ def guarded(run: Callable[[], int], command: str) -> int:
 
 def json_line(data: Any) -> None:
     """One JSON object on one line (JSON Lines: `| jq`, `| head` and `grep` work)."""
-    sys.stdout.write(orjson.dumps(data, default=str).decode() + "\n")
+    sys.stdout.write(json_text(data) + "\n")
+
+
+def listing(
+    items: Iterable[T], as_json: bool, record: Callable[[T], Any], line: Callable[[T], str]
+) -> None:
+    """Each item as one JSON object per line (``--json``: ``record``) or one text ``line``."""
+    for item in items:
+        sys.stdout.write((json_text(record(item)) if as_json else line(item)) + "\n")
+
+
+def json_text(data: Any) -> str:
+    return orjson.dumps(data, default=str).decode()
 
 
 def json_doc(data: Any) -> None:

@@ -12,7 +12,7 @@ from ..core.limits import check_concurrency, parse_rate
 from ..job_types import router_types
 from ..schedule_ops import register_router_schedules
 from ..store import Store
-from .support import database, json_line, run, shown, when
+from .support import database, listing, run, shown, when
 
 
 def add_parser(sub: Any) -> None:
@@ -41,6 +41,17 @@ def add_parser(sub: Any) -> None:
 
 def _limit_value(text: str | None, parse: Any) -> Any:
     return None if text is None or text.lower() == "none" else parse(text)
+
+
+def _line(t: Any, rate_limit: Any) -> str:
+    delays = ",".join(map(str, t.retry_delays)) or "-"
+    timeout = "-" if t.timeout_seconds is None else f"{t.timeout_seconds:g}s"
+    return (
+        f"{t.name:<32} {'PAUSED' if t.paused else 'active':<6} concurrency={shown(t.concurrency)}"
+        f" rate_limit={shown(rate_limit)} running={t.running}"
+        f" max_retries={shown(t.max_retries)} timeout={timeout}"
+        f" retry_delays={delays} last_seen={when(t.last_seen)}"
+    )
 
 
 def cmd_types(args: argparse.Namespace) -> int:
@@ -93,20 +104,8 @@ def cmd_types(args: argparse.Namespace) -> int:
                 await register_router_schedules(conn, router, wanted, store=store)
                 print(f"registered {', '.join(r.name for r in rows) or 'nothing'}")
                 return 0
-            for t in await store.job_type_list(conn):
-                d = type_dict(t)
-                if args.json:
-                    json_line(d)
-                    continue
-                delays = ",".join(map(str, t.retry_delays)) or "-"
-                timeout = "-" if t.timeout_seconds is None else f"{t.timeout_seconds:g}s"
-                state = "PAUSED" if t.paused else "active"
-                print(
-                    f"{t.name:<32} {state:<6} concurrency={shown(t.concurrency)}"
-                    f" rate_limit={shown(d['rate_limit'])} running={t.running}"
-                    f" max_retries={shown(t.max_retries)} timeout={timeout}"
-                    f" retry_delays={delays} last_seen={when(t.last_seen)}"
-                )
+            known = await store.job_type_list(conn)
+            listing(known, args.json, type_dict, lambda t: _line(t, type_dict(t)["rate_limit"]))
             return 0
 
     # LookupError: --types naming a type the router lacks
