@@ -219,7 +219,7 @@ def _both(
 
 async def preflight(settings: Settings) -> str | None:
     """One clear line when PostgreSQL or RabbitMQ cannot be reached, else None."""
-    from ..broker.cluster import reachable  # aio-pika: imported when a service starts
+    from ..broker.cluster import reachable  # aio-pika: `conveyor api` never loads it
 
     try:  # the server, not the database: `conveyor migrate` creates that
         await check_server(settings.database_url, timeout=3)
