@@ -31,6 +31,12 @@ async def test_an_unusable_database_or_broker_is_one_line(settings: Settings) ->
         (["dlq", "list"], {"CONVEYOR_AMQP_URL": "amqp://guest:s3cret@127.0.0.1:1/"},
          ["cannot reach RabbitMQ at amqp://guest:***@127.0.0.1:1/"]),
         (["jobs", "list", "--cursor", "not-a-cursor"], {}, ["invalid cursor"]),
+        # every command that reads the database says it the same way (support.database)
+        (["keys", "list"], {"CONVEYOR_DB_SCHEMA": "never_migrated"},
+         ["database schema 'never_migrated' is not migrated", "run `conveyor migrate`"]),
+        (["schedules", "list"],
+         {"CONVEYOR_DATABASE_URL": "postgresql://postgres:s3cret@127.0.0.1:1/conveyor"},
+         ["cannot use PostgreSQL at postgresql://postgres:***@127.0.0.1:1/conveyor"]),
     ]  # fmt: skip
     results = await asyncio.gather(*(_run(args, _env(settings, **env)) for args, env, _ in cases))
     for (args, _, expected), (code, out, err) in zip(cases, results, strict=True):

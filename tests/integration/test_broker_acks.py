@@ -58,17 +58,17 @@ async def test_acks_on_a_closed_channel_do_nothing_and_the_next_channel_starts_o
             acks.track(d)
         await first.close()  # unacked deliveries go back to the queue
         assert await acks.ack(old[:2]) >= 1  # no exception from the closed channel
-        assert acks.outstanding == 2
+        assert acks.status().held == 2
 
         second = await conn.channel()
         await second.set_qos(prefetch_count=10)
         new = await _deliveries(second, queue, 4)  # the same messages, tags from 1 again
         for d in new:
             acks.track(d)
-        assert acks.outstanding == 4  # the old channel's bookkeeping is gone
+        assert acks.status().held == 4  # the old channel's bookkeeping is gone
         assert await acks.ack(old[2:]) == 2  # strays: ignored by the closed channel
         assert await acks.ack(new[:3]) == 1  # one basic.ack(multiple) for tags 1-3
-        assert acks.outstanding == 1
+        assert acks.status().held == 1
         await acks.ack(new[3:])
         await second.close()
         assert await _depth(settings.amqp_url, queue) == 0  # all four acked on the new channel

@@ -41,8 +41,8 @@ async def test_a_finished_prefix_goes_in_one_frame() -> None:
     assert log[-1] == (5, False)
     assert await acks.ack([msgs[3]]) == 1
     assert log[-1] == (4, False)  # the only outstanding one below 6
-    assert acks.outstanding == 1
-    assert await acks.ack([msgs[5]]) == 1 and acks.outstanding == 0
+    assert acks.status().held == 1
+    assert await acks.ack([msgs[5]]) == 1 and acks.status().held == 0
 
 
 async def test_a_gap_stops_the_multiple() -> None:
@@ -75,7 +75,7 @@ async def test_a_new_channel_starts_over() -> None:
     new = _messages(2, object(), log)  # tags restart at 1 after a reconnect
     for m in new:
         acks.track(m)
-    assert acks.outstanding == 2
+    assert acks.status().held == 2
     await acks.ack(new)
     assert log == [(2, True)]
 

@@ -51,10 +51,6 @@ class Acks:
             del self._held[tag]
             self._compact()
 
-    @property
-    def outstanding(self) -> int:
-        return len(self._held)
-
     def status(self) -> AckStatus:
         return AckStatus(held=len(self._held), tracked=len(self._heap))
 

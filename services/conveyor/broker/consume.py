@@ -30,7 +30,8 @@ from aio_pika.abc import (
 from aiormq.abc import DeliveredMessage
 
 from ..core.jobs import DEFAULT_PRIORITY
-from .topology import Topology, connect
+from .cluster import connect
+from .topology import Topology
 from .wire import MalformedMessage, decode, traceparent_of
 
 __all__ = ["Delivery", "MalformedMessage", "Subscription", "job_id_of"]
@@ -81,22 +82,21 @@ class Delivery:
             DEFAULT_PRIORITY if properties.priority is None else properties.priority,
         )
 
-    async def ack(self, multiple: bool = False) -> None:
+    async def _send(self, method: str, **options: bool) -> None:
         if self._settle is not None and self.delivery_tag is not None:
             with contextlib.suppress(Exception):  # a closed channel: the broker requeues it
-                await self._settle.basic_ack(self.delivery_tag, multiple=multiple)
+                await getattr(self._settle, method)(self.delivery_tag, **options)
+
+    async def ack(self, multiple: bool = False) -> None:
+        await self._send("basic_ack", multiple=multiple)
 
     async def reject(self, requeue: bool = False) -> None:
         """To the dead-letter queue (``requeue=False``)."""
-        if self._settle is not None and self.delivery_tag is not None:
-            with contextlib.suppress(Exception):
-                await self._settle.basic_reject(self.delivery_tag, requeue=requeue)
+        await self._send("basic_reject", requeue=requeue)
 
     async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
         """Back to its queue, for another consumer."""
-        if self._settle is not None and self.delivery_tag is not None:
-            with contextlib.suppress(Exception):
-                await self._settle.basic_nack(self.delivery_tag, multiple=multiple, requeue=requeue)
+        await self._send("basic_nack", multiple=multiple, requeue=requeue)
 
 
 OnDelivery = Callable[[Delivery], Awaitable[None]]
@@ -247,12 +247,7 @@ class Subscription:
     @property
     def connected(self) -> bool:
         conn, channel = self.connection, self.channel
-        return (
-            conn is not None
-            and not conn.is_closed
-            and channel is not None
-            and (not channel.is_closed)
-        )
+        return not (conn is None or conn.is_closed or channel is None or channel.is_closed)
 
     @property
     def consuming(self) -> bool:

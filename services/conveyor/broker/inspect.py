@@ -12,7 +12,8 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from . import wire
-from .topology import Topology, connect
+from .cluster import connect
+from .topology import Topology
 
 
 class DepthUnknown(Exception):

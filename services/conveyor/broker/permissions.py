@@ -30,14 +30,14 @@ def permissions(
 ) -> tuple[str, str, str]:
     """(configure, write, read) regexes; ``types``: the worker's job types (default: all)."""
     ns = re.escape(namespace)
-    # work queues: ``queue.<type>``, and in quorum mode the high band ``high.<type>`` too
+    # work queues: ``queue.<type>``, and in quorum mode the high band ``high.<type>`` too; any
+    # type's: a job type may contain dots (core.jobs.TYPE_PATTERN)
+    anyq = "(queue|high)\\.[A-Za-z0-9][A-Za-z0-9_.-]*"
     queues = (
         "(queue|high)\\.(" + "|".join(re.escape(check_type(t)) for t in types) + ")"
         if types
-        else "(queue|high)\\.[A-Za-z0-9][A-Za-z0-9_.-]*"
+        else anyq
     )
-    # any type's queue: a job type may contain dots (core.jobs.TYPE_PATTERN)
-    anyq = "(queue|high)\\.[A-Za-z0-9][A-Za-z0-9_.-]*"
     base = "exchange|dead_letter|dead_letter\\.queue"  # declare_base
     if component == "publisher":
         conf = f"^{ns}\\.({base}|retry\\.[^.]+|{anyq})$"

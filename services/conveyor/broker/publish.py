@@ -24,11 +24,13 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.exceptions import AMQPChannelError
 from pamqp.commands import Basic
 
+from ..core.backoff import ceiling
 from ..core.logging import event
 from ..core.metrics import Metrics
 from . import frames, wire
+from .cluster import connect
 from .frames import PublishFailed as PublishFailed  # re-exported: the relay catches it
-from .topology import Topology, connect
+from .topology import Topology
 
 log = logging.getLogger("conveyor.publisher")
 
@@ -210,16 +212,11 @@ class Publisher:
             else:
                 pending.append(i)
         tps = traceparents or [None] * len(rows)
+        out = [self._outbound(rows[i], routes[i], tps[i]) for i in pending]
         if frames.one_write_possible(channel):
-            sent = await frames.publish_together(
-                channel,
-                [self._outbound(rows[i], routes[i], tps[i]) for i in pending],
-                self.publish_timeout,
-            )
+            sent = await frames.publish_together(channel, out, self.publish_timeout)
         else:  # another aiormq: one basic_publish per message
-            sent = await asyncio.gather(
-                *(self._publish(channel, rows[i], routes[i], tps[i]) for i in pending)
-            )
+            sent = await asyncio.gather(*(self._publish(channel, m) for m in out))
         for i, result in zip(pending, sent, strict=True):
             results[i] = result
         return results
@@ -232,16 +229,14 @@ class Publisher:
             wire.properties(str(row.job_id), row.priority, traceparent),
         )
 
-    async def _publish(
-        self, channel: Any, row: Outgoing, route: Route, traceparent: str | None = None
-    ) -> BaseException | None:
-        """Publish one row and wait for its confirm; the error instead of raising it."""
+    async def _publish(self, channel: Any, message: frames.Outbound) -> BaseException | None:
+        """Publish one message and wait for its confirm; the error instead of raising it."""
         try:
             result = await channel.basic_publish(
-                route.body,
-                exchange=route.exchange,
-                routing_key=self.topology.routing_key(row.job_type, row.priority),
-                properties=wire.properties(str(row.job_id), row.priority, traceparent),
+                message.body,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                properties=message.properties,
                 mandatory=True,
                 timeout=self.publish_timeout,
             )
@@ -299,8 +294,7 @@ class Publisher:
         reason = str(exc)[:300] or type(exc).__name__
         previous = self._failing.get(key)
         failures = (previous.failures if previous else 0) + 1
-        base, cap = self.declare_backoff
-        delay = min(cap, base * 2 ** (failures - 1))
+        delay = ceiling(failures, *self.declare_backoff)
         error = DeclarationFailed(name, reason)
         self._failing[key] = _Failing(name, error, failures, self.clock() + delay)
         self.metrics.declare_failed.labels(name, type(exc).__name__).inc()

@@ -31,13 +31,11 @@ from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
     AbstractQueue,
-    AbstractRobustConnection,
     ExchangeType,
 )
 from pamqp.common import FieldTable
 
 from ..core.jobs import DEFAULT_PRIORITY, check_type, pen_name_suffix
-from . import cluster
 
 QUEUE_TYPES = ("classic", "quorum")
 HIGH_ROUTING_PREFIX = "!high."
@@ -161,15 +159,3 @@ class Topology:
         )
         await queue.bind(exchange, routing_key="")
         return queue
-
-
-async def connect(url: str, *, name: str, timeout: float = 5.0) -> AbstractRobustConnection:
-    """A robust connection (reconnects by itself) named after the component; ``url`` may list
-    several nodes of one cluster (``cluster.connect``)."""
-    return await cluster.connect(url, name=name, timeout=timeout)
-
-
-async def reachable(url: str, *, timeout: float = 3.0) -> None:
-    """Open and close one plain connection (to any node listed): raises when RabbitMQ cannot
-    be reached."""
-    await cluster.reachable(url, timeout=timeout)

@@ -1,24 +1,26 @@
 """``conveyor dev``: API, publisher (with the maintenance duties) and a worker in one process,
-on one metrics registry, migrating first; without keys on loopback only (``keys.dev_auth``)."""
+on one metrics registry, migrating first; without keys on loopback only (``dev_auth``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 
 from ..core.config import Settings
 from ..core.logging import say
+from .keys import auth_banner
+from .lifecycle import listen_socket, start_with_retry
+from .support import CliError
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    # the services, uvicorn, aio-pika, Alembic: imported when the command runs, not for --help
     from ..core.metrics import Metrics
     from ..store.migrate import MigrationError, migrate
     from ..worker import Worker
     from . import processes
-    from .keys import auth_banner, dev_auth
-    from .lifecycle import listen_socket, start_with_retry
-    from .support import CliError
 
     settings, refusal = dev_auth(Settings(), args.host)
     if refusal:
@@ -72,6 +74,21 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     processes.run(main)
     return 0
+
+
+def dev_auth(settings: Settings, host: str) -> tuple[Settings, str | None]:
+    """``conveyor dev``: auth disabled unless CONVEYOR_AUTH says otherwise, and then loopback
+    only. Returns the settings, or a refusal."""
+    from .processes import loopback  # uvicorn: imported when the command runs
+
+    if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
+        settings = settings.model_copy(update={"auth": "disabled"})
+    if settings.auth == "disabled" and not loopback(host):
+        return settings, (
+            f"refusing --host {host} with auth disabled: bind 127.0.0.1 (the default), or set "
+            "CONVEYOR_AUTH=required and use API keys"
+        )
+    return settings, None
 
 
 def banner(url: str, security: str, types: list[str]) -> None:

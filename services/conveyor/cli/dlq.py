@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..core.config import Settings
-from .support import CliError, check_broker, confirm, database, json_doc, json_line
+from .support import CliError, check_broker, confirm, database, json_doc, listing
 
 
 def add_parser(sub: Any) -> None:
@@ -50,10 +53,9 @@ def _line(d: dict[str, Any]) -> str:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from ..broker.inspect import Inspector
+    from ..broker.inspect import Inspector  # aio-pika: imported by the commands that use it
     from ..broker.topology import Topology
     from ..maintenance import deadletters as dl
-    from ..store import for_schema
 
     settings = Settings()
     try:
@@ -71,9 +73,8 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         topology = Topology(settings.namespace, settings.queue_type)
         inspector = Inspector(settings.amqp_url, topology, name="conveyor-dlq")
         try:
-            async with database(settings, "conveyor-dlq") as conn:
+            async with database(settings, "conveyor-dlq") as (store, conn):
                 pool = _OneConnection(conn)
-                store = for_schema(settings.db_schema)
                 if args.action == "list":
                     # a stale letter stays stale (attempts only grow): drop it as we pass, so
                     # a redrive from the dashboard or the API leaves nothing behind here
@@ -97,12 +98,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                             f"{'job':<36}  {'type':<24} {'attempt':>7}  {'status':<11} "
                             f"{'':<5}  error"
                         )
-                    for letter, _ in seen:
-                        d = letter.as_dict()
-                        if args.json:
-                            json_line(d)
-                        else:
-                            print(_line(d))
+                    listing([letter.as_dict() for letter, _ in seen], args.json, dict, _line)
                     return 0
                 match = dl.selector(ids, args.type, args.all)
                 if bulk and not args.yes:
@@ -115,15 +111,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                     ):
                         print("nothing purged", file=sys.stderr)
                         return 1
-                if args.action == "redrive":
-                    decide = dl.redrive_decision(match)
-                else:
-                    decide = dl.purge_decision(match)
-                seen = await dl.scan(inspector, pool, store, decide)
-                summary: dict[str, int] = {}
-                for _, decision in seen:
-                    summary[decision] = summary.get(decision, 0) + 1
-                json_doc({"scanned": len(seen), **summary})
+                decide = dl.redrive_decision if args.action == "redrive" else dl.purge_decision
+                seen = await dl.scan(inspector, pool, store, decide(match))
+                json_doc({"scanned": len(seen), **collections.Counter(d for _, d in seen)})
                 return 0
         finally:
             await inspector.close()
@@ -137,14 +127,6 @@ class _OneConnection:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    def acquire(self) -> Any:
-        conn = self.conn
-
-        class _Held:
-            async def __aenter__(self) -> Any:
-                return conn
-
-            async def __aexit__(self, *exc: object) -> None:
-                return None
-
-        return _Held()
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        yield self.conn

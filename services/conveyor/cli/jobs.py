@@ -6,13 +6,17 @@ prints what the API answers, one JSON object per line (JSON Lines; ``show`` adds
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import uuid
 from typing import Any
 
+import orjson
+
+from ..api.resource import decode_cursor, encode_cursor
+from ..api.resource import resource as job_resource
 from ..core.config import Settings
-from .support import CliError, database, json_doc, json_line, when
+from ..store import JobRow, Store
+from .support import CliError, database, json_doc, json_line, listing, run, when
 from .support import job_id as parse_job_id
 
 STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED"]
@@ -43,8 +47,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _text(row: Any, attempts: list[dict[str, Any]]) -> str:
-    import orjson
-
     retries = f"{row.retry_count} of {row.max_retries if row.max_retries is not None else '?'}"
     fields = [
         ("id", row.id),
@@ -84,19 +86,15 @@ def _list_line(r: Any) -> str:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from ..api.attempts import attempt_dict
-    from ..api.resource import decode_cursor, encode_cursor
-    from ..api.resource import resource as job_resource
-    from ..store import JobRow, for_schema
+    from ..api.attempts import attempt_dict  # FastAPI: imported by the commands that use it
 
     settings = Settings()
-    store = for_schema(settings.db_schema)
 
     def resource(row: JobRow) -> dict[str, Any]:
         # the API's own rendering (orjson writes its times as +00:00, as the API does)
         return job_resource(row, tracebacks=True)
 
-    async def page(conn: Any) -> int:
+    async def page(store: Store, conn: Any) -> int:
         if args.limit < 1:
             raise CliError("--limit must be at least 1")
         after = decode_cursor(args.cursor) if args.cursor else None
@@ -106,11 +104,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             )
             more = len(rows) > args.limit
             rows = rows[: args.limit]
-            for r in rows:
-                if args.json:
-                    json_line(resource(r))
-                else:
-                    sys.stdout.write(_list_line(r) + "\n")
+            listing(rows, args.json, resource, _list_line)
             if not (more and rows):
                 return 0
             if not args.all:
@@ -120,12 +114,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             after = rows[-1].id
 
     async def go() -> int:
-        async with database(settings) as conn:
+        async with database(settings) as (store, conn):
             if args.action == "list":
-                return await page(conn)
-            return await one(conn, parse_job_id(args.id))
+                return await page(store, conn)
+            return await one(store, conn, parse_job_id(args.id))
 
-    async def one(conn: Any, job_id: uuid.UUID) -> int:
+    async def one(store: Store, conn: Any, job_id: uuid.UUID) -> int:
         attempts: list[dict[str, Any]] = []
         if args.action == "show":
             row = await store.job_get(conn, job_id)
@@ -161,7 +155,4 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
     if args.action != "list":
         parse_job_id(args.id)  # a malformed id: one line, before any connection
-    try:
-        return int(asyncio.run(go()))
-    except ValueError as exc:  # a malformed cursor
-        raise CliError(str(exc)) from None
+    return run(go())  # a ValueError: a malformed cursor

@@ -5,12 +5,21 @@ the least-privilege PostgreSQL grants (``store/roles.py``)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+import asyncpg
+
+from ..broker.permissions import rabbitmqctl_commands
+from ..core.apikeys import new_key, parse_scopes
 from ..core.config import Settings
+from ..core.secrets import mask_url
+from ..store import ApiKeyRow
+from ..store.bounds import component_bounds
+from ..store.connect import connect_options
+from ..store.roles import COMPONENTS, ensure_login_roles, grant_existing, roles_sql
+from .support import database, guarded, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -33,7 +42,7 @@ def add_parser(sub: Any) -> None:
     s = sub.add_parser("roles", help="least-privilege PostgreSQL grants per component")
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = actions.add_parser("sql", help="print the GRANT statements (deploy/postgres-roles.sql)")
-    for component in ("api", "publisher", "worker", "sweeper"):
+    for component in COMPONENTS:
         q.add_argument(
             f"--{component}",
             default=f"conveyor_{component}",
@@ -45,27 +54,8 @@ def add_parser(sub: Any) -> None:
     s.set_defaults(func=cmd_roles)
 
 
-def dev_auth(settings: Settings, host: str) -> tuple[Settings, str | None]:
-    """``conveyor dev``: auth disabled unless CONVEYOR_AUTH says otherwise, and then loopback
-    only. Returns the settings, or a refusal."""
-    import os
-
-    from .processes import loopback
-
-    if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
-        settings = settings.model_copy(update={"auth": "disabled"})
-    if settings.auth == "disabled" and not loopback(host):
-        return settings, (
-            f"refusing --host {host} with auth disabled: bind 127.0.0.1 (the default), or set "
-            "CONVEYOR_AUTH=required and use API keys"
-        )
-    return settings, None
-
-
 def auth_banner(settings: Settings, *, dev: bool = False) -> str:
     """What a starting API says about auth (and, for dev, where its services are, masked)."""
-    from ..core.secrets import mask_url
-
     if settings.auth == "disabled":
         text = (
             "auth disabled (loopback only)" if dev else "auth DISABLED: whoever reaches it is admin"
@@ -80,9 +70,6 @@ def auth_banner(settings: Settings, *, dev: bool = False) -> str:
 
 
 def cmd_roles(args: argparse.Namespace) -> int:
-    from ..broker.permissions import rabbitmqctl_commands
-    from ..store.roles import COMPONENTS, roles_sql
-
     try:
         settings = Settings()
         if args.action == "amqp":
@@ -100,8 +87,6 @@ def cmd_roles(args: argparse.Namespace) -> int:
 def role_passwords(environ: Mapping[str, str]) -> dict[str, str]:
     """``conveyor migrate --create-roles``: each component's password from
     ``CONVEYOR_<COMPONENT>_DB_PASSWORD``; raises ValueError naming the missing ones."""
-    from ..store.roles import COMPONENTS
-
     names = {c: f"CONVEYOR_{c.upper()}_DB_PASSWORD" for c in COMPONENTS}
     missing = [n for n in names.values() if not environ.get(n)]
     if missing:
@@ -112,12 +97,6 @@ def role_passwords(environ: Mapping[str, str]) -> dict[str, str]:
 async def grant_roles(settings: Settings, passwords: Mapping[str, str] | None = None) -> list[str]:
     """``conveyor migrate --grant-roles``: the grants to the default roles that exist; with
     ``passwords`` (``--create-roles``), first create those roles or set their passwords."""
-    import asyncpg
-
-    from ..store.bounds import component_bounds
-    from ..store.connect import connect_options
-    from ..store.roles import ensure_login_roles, grant_existing
-
     conn = await asyncpg.connect(settings.database_url, **connect_options(settings.db_pooler))
     try:
         if passwords:
@@ -130,113 +109,71 @@ async def grant_roles(settings: Settings, passwords: Mapping[str, str] | None = 
 
 async def create_key(settings: Settings, name: str, scopes: str) -> str:
     """The new key (raises ValueError for bad scopes or a name in use)."""
-    from ..core.apikeys import new_key, parse_scopes
-    from ..store import for_schema
-    from ..store.connect import create_pool
-
     wanted = parse_scopes(scopes)
     if not name.strip() or len(name) > 100:
         raise ValueError("a key name is 1 to 100 characters")
     key, key_id, key_hash = new_key()
-    pool = await create_pool(
-        settings.database_url,
-        application_name="conveyor-cli",
-        max_size=1,
-        pooler=settings.db_pooler,
-    )
-    try:
-        async with pool.acquire() as conn:
-            ok = await for_schema(settings.db_schema).api_key_insert(
-                conn, key_id, name, key_hash, wanted
-            )
-    finally:
-        await pool.close()
+    async with database(settings) as (store, conn):
+        ok = await store.api_key_insert(conn, key_id, name, key_hash, wanted)
     if not ok:
         raise ValueError(f"an active key is already named {name!r}: revoke it or pick a name")
     return key
 
 
 async def revoke_key(settings: Settings, name: str) -> int:
-    from ..store import for_schema
-    from ..store.connect import create_pool
-
-    pool = await create_pool(
-        settings.database_url,
-        application_name="conveyor-cli",
-        max_size=1,
-        pooler=settings.db_pooler,
-    )
-    try:
-        async with pool.acquire() as conn:
-            return await for_schema(settings.db_schema).api_key_revoke(conn, name)
-    finally:
-        await pool.close()
+    async with database(settings) as (store, conn):
+        return await store.api_key_revoke(conn, name)
 
 
 async def _list(settings: Settings, as_json: bool = False) -> int:
-    from ..store import for_schema
-    from ..store.connect import create_pool
-    from .support import json_line, when
-
-    pool = await create_pool(
-        settings.database_url,
-        application_name="conveyor-cli",
-        max_size=1,
-        pooler=settings.db_pooler,
-    )
-    try:
-        async with pool.acquire() as conn:
-            rows = await for_schema(settings.db_schema).api_key_list(conn)
-    finally:
-        await pool.close()
-    for k in rows:
-        if as_json:  # no REST route lists keys: the row's own names (never the key)
-            json_line(
-                {
-                    "name": k.name,
-                    "key_id": k.key_id,
-                    "scopes": list(k.scopes),
-                    "created_at": k.created_at,
-                    "revoked_at": k.revoked_at,
-                }
-            )
-            continue
-        revoked = f"revoked {when(k.revoked_at)}" if k.revoked_at else "active"
-        print(
-            f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
-            f"created {when(k.created_at)}  {revoked}"
-        )
+    async with database(settings) as (store, conn):
+        rows = await store.api_key_list(conn)
+    listing(rows, as_json, _key_record, _key_line)
     if not rows and not as_json:
         print("no keys: conveyor keys create --name NAME --scopes jobs:read,jobs:write")
     return 0
 
 
+def _key_record(k: ApiKeyRow) -> dict[str, Any]:
+    """No REST route lists keys: the row's own names (never the key, never its hash)."""
+    return {
+        "name": k.name,
+        "key_id": k.key_id,
+        "scopes": list(k.scopes),
+        "created_at": k.created_at,
+        "revoked_at": k.revoked_at,
+    }
+
+
+def _key_line(k: ApiKeyRow) -> str:
+    revoked = f"revoked {when(k.revoked_at)}" if k.revoked_at else "active"
+    return (
+        f"{k.name:<24} cvk_{k.key_id}_…  {','.join(k.scopes):<28} "
+        f"created {when(k.created_at)}  {revoked}"
+    )
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
-    settings = Settings()
-    try:
-        if args.action == "create":
-            key = asyncio.run(create_key(settings, args.name, args.scopes))
-            print(key)
-            print(
-                f"key {args.name!r} created: this is the only time it is shown; send it as "
-                "'Authorization: Bearer <key>'",
-                file=sys.stderr,
-            )
-            return 0
-        if args.action == "revoke":
-            if asyncio.run(revoke_key(settings, args.name)) == 0:
-                print(f"conveyor keys: no active key named {args.name!r}", file=sys.stderr)
-                return 1
-            print(
-                f"key {args.name!r} revoked (refused by every API within "
-                f"{settings.auth_cache_seconds:g} s)",
-                file=sys.stderr,
-            )
-            return 0
-        return asyncio.run(_list(settings, args.json))
-    except ValueError as exc:
-        print(f"conveyor keys: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        print(f"conveyor keys: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    return guarded(lambda: _keys(args, Settings()), "keys")  # its own exit code when called alone
+
+
+def _keys(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "create":
+        print(run(create_key(settings, args.name, args.scopes), failed=True))
+        print(
+            f"key {args.name!r} created: this is the only time it is shown; send it as "
+            "'Authorization: Bearer <key>'",
+            file=sys.stderr,
+        )
+        return 0
+    if args.action == "revoke":
+        if run(revoke_key(settings, args.name), failed=True) == 0:
+            print(f"conveyor keys: no active key named {args.name!r}", file=sys.stderr)
+            return 1
+        print(
+            f"key {args.name!r} revoked (refused by every API within "
+            f"{settings.auth_cache_seconds:g} s)",
+            file=sys.stderr,
+        )
+        return 0
+    return run(_list(settings, args.json), failed=True)

@@ -14,8 +14,10 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
+from ..core.backoff import Backoff
 from ..core.config import Settings
 from ..core.logging import event
+from ..store.connect import check_database, is_misconfigured
 from .support import CliError
 
 log = logging.getLogger("conveyor")
@@ -49,9 +51,11 @@ def listen_socket(
     return sock
 
 
-def check_port(host: str, port: int, *, flag: str) -> None:
-    """``listen_socket``'s check for a port a part binds later itself (the probes)."""
-    listen_socket(host, port, flag=flag).close()
+def check_health_port(port: int | None) -> None:
+    """``listen_socket``'s check for ``--health-port`` (None: none), which the probes bind
+    later themselves."""
+    if port is not None:
+        listen_socket("0.0.0.0", port, flag="--health-port").close()
 
 
 def _free_port(family: socket.AddressFamily, host: str, port: int) -> int:
@@ -99,8 +103,6 @@ async def start_with_retry(
     (one line, exit 2) rather than a retry loop that never ends. ``stop`` (a signal) ends the
     wait at once, even during an attempt that hangs (a broker that accepts and never answers):
     the process exits 0, without a traceback."""
-    from ..core.backoff import Backoff
-    from ..store.connect import check_database, is_misconfigured
 
     async def attempt() -> None:
         await check_database(settings.database_url)

@@ -8,69 +8,63 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-import orjson
+from pydantic import ValidationError
 
+from ..broker import LIBRARY_LOGGERS
 from ..core import tracing
 from ..core.config import Settings
+from ..core.limits import parse_weights
 from ..core.logging import configure, say
-from .lifecycle import check_port, listen_socket, start_with_retry
+from ..core.secrets import MaskedStream
+from ..store.connect import database_name
+from . import dlq, jobs, keys, schedules, types
+from .dev import cmd_dev
+from .keys import auth_banner, grant_roles, role_passwords
+from .lifecycle import check_health_port, listen_socket, start_with_retry
 from .support import CliError, guarded
 
 SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
+HEALTH_PORT = "serve /healthz, /readyz and /metrics on this port"
 
-
-def _settings() -> Settings:
-    return Settings()
-
-
-def _print(data: Any) -> None:
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+# Function-local imports below are the services' heavy modules (uvicorn, aio-pika, Alembic, the
+# worker): `conveyor --help` and the operator commands do not load them.
 
 
 # ---------------------------------------------------------------------------- commands
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from ..store.connect import database_name
     from ..store.migrate import MigrationError, migrate
 
-    settings = _settings()
+    settings = Settings()
     try:
         created = migrate(settings.database_url, schema=settings.db_schema)
     except OSError as exc:
-        print(f"conveyor migrate: cannot reach PostgreSQL: {exc}", file=sys.stderr)
-        return 2
+        raise CliError(f"cannot reach PostgreSQL: {exc}") from None
     except MigrationError as exc:
-        print(f"conveyor migrate: {exc}", file=sys.stderr)
-        return 1
+        raise CliError(str(exc), code=1) from None
     name = database_name(settings.database_url)
     print(
         f"database {name!r} {'created and ' if created else ''}migrated to head "
         f"(schema {settings.db_schema!r})"
     )
     if args.grant_roles or args.create_roles:
-        from .keys import grant_roles, role_passwords
-
         try:
             passwords = role_passwords(os.environ) if args.create_roles else None
             granted = asyncio.run(grant_roles(settings, passwords))
         except Exception as exc:  # no traceback: one line naming what failed
-            print(f"conveyor migrate: roles: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
+            raise CliError(f"roles: {type(exc).__name__}: {exc}", code=1) from None
         print(f"granted least privileges to {', '.join(granted) or 'no role (none exists)'}")
     return 0
 
 
 def cmd_api(args: argparse.Namespace) -> int:
     from . import processes
-    from .keys import auth_banner
 
-    settings = _settings()
+    settings = Settings()
     if args.workers < 1:
-        print("conveyor api: --workers must be at least 1", file=sys.stderr)
-        return 2
+        raise CliError("--workers must be at least 1")
     sock = listen_socket(args.host, args.port)  # a port in use: one line, before anything runs
     several = f" ({args.workers} processes)" if args.workers > 1 else ""
     say(
@@ -92,9 +86,8 @@ def cmd_api(args: argparse.Namespace) -> int:
 def cmd_publisher(args: argparse.Namespace) -> int:
     from . import processes
 
-    settings = _settings()
-    if args.health_port is not None:
-        check_port("0.0.0.0", args.health_port, flag="--health-port")
+    settings = Settings()
+    check_health_port(args.health_port)
     processes.run(
         lambda stop: processes.run_publisher(
             settings, stop, maintenance=not args.no_maintenance, health_port=args.health_port
@@ -106,9 +99,8 @@ def cmd_publisher(args: argparse.Namespace) -> int:
 def cmd_sweeper(args: argparse.Namespace) -> int:
     from . import processes
 
-    settings = _settings()
-    if args.health_port is not None:
-        check_port("0.0.0.0", args.health_port, flag="--health-port")
+    settings = Settings()
+    check_health_port(args.health_port)
     processes.run(lambda stop: processes.run_sweeper(settings, stop, health_port=args.health_port))
     return 0
 
@@ -118,12 +110,12 @@ def _types(value: str | None) -> list[str] | None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from ..core.limits import parse_weights
     from ..worker import Worker
+    from ..worker.exiting import adopt_orphans, hard_exit
     from ..worker.health import serve_health
     from . import processes
 
-    settings = _settings()
+    settings = Settings()
     if args.shutdown_grace is not None:
         settings = settings.model_copy(update={"shutdown_grace": args.shutdown_grace})
     router = processes.load_router(args.app)
@@ -136,14 +128,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
             weights=parse_weights(args.weights),
         )
     except ValueError as exc:
-        print(f"conveyor worker: {exc}", file=sys.stderr)
-        return 2
+        raise CliError(str(exc)) from None
 
     port = args.health_port if args.health_port is not None else settings.worker_health_port
-    if port is not None:
-        check_port("0.0.0.0", port, flag="--health-port")
-
-    from ..worker.exiting import adopt_orphans, hard_exit
+    check_health_port(port)
 
     adopt_orphans()  # a handler's double-forked process stays ours to kill at exit
 
@@ -223,19 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="relay only; run `conveyor sweeper` separately",
     )
-    s.add_argument(
-        "--health-port",
-        type=int,
-        default=None,
-        help="serve /healthz, /readyz and /metrics on this port",
-    )
+    s.add_argument("--health-port", type=int, help=HEALTH_PORT)
     s.set_defaults(func=cmd_publisher)
 
     s = sub.add_parser("sweeper", help="run only the maintenance duties")
     s.add_argument(
         "--health-port",
         type=int,
-        default=None,
         help="serve /healthz (503 when a duty has not completed a pass within its interval "
         "plus CONVEYOR_MAINTENANCE_DEADLINE), /readyz and /metrics",
     )
@@ -262,12 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight jobs get to finish on SIGTERM (default "
         "CONVEYOR_SHUTDOWN_GRACE or 25)",
     )
-    s.add_argument(
-        "--health-port",
-        type=int,
-        default=None,
-        help="serve /healthz, /readyz and /metrics on this port",
-    )
+    s.add_argument("--health-port", type=int, help=HEALTH_PORT)
     s.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("dev", help="API + publisher + maintenance + worker in one process")
@@ -275,37 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--concurrency", type=int, default=16)
-    from .dev import cmd_dev
-
     s.set_defaults(func=cmd_dev)
-
-    from .jobs import add_parser as add_jobs
-
-    add_jobs(sub)
-
-    from .dlq import add_parser as add_dlq
-
-    add_dlq(sub)
-
-    from .types import add_parser as add_types
-
-    add_types(sub)
-
-    from .keys import add_parser as add_keys
-
-    add_keys(sub)
-    from .schedules import add_parser as add_schedules
-
-    add_schedules(sub)
+    for group in (jobs, dlq, types, keys, schedules):
+        group.add_parser(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pydantic import ValidationError
-
-    from ..broker import LIBRARY_LOGGERS
-    from ..core.secrets import MaskedStream
-
     if not isinstance(sys.stderr, MaskedStream):  # no credential in any message or traceback
         sys.stderr = MaskedStream(sys.stderr)
     args = build_parser().parse_args(argv)

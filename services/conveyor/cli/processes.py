@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import ipaddress
 import logging
 import socket
 import sys
@@ -14,15 +15,27 @@ from typing import Any
 
 import uvicorn
 
+from ..broker import LIBRARY_LOGGERS
+from ..core import tracing
 from ..core.config import Settings
-from ..core.logging import event
+from ..core.logging import configure, event
 from ..core.metrics import Metrics
-from ..core.secrets import mask_url
+from ..core.probes import serve_probes
+from ..core.secrets import MaskedStream, mask_url
 from ..router import JobRouter
+from ..store.connect import check_server
 from .lifecycle import install_signals, start_with_retry
 from .support import CliError
 
 log = logging.getLogger("conveyor")
+# every API server: uvicorn's loggers go to ours (one format: CONVEYOR_LOG_FORMAT), no access log
+_UVICORN: dict[str, Any] = {
+    "lifespan": "on",
+    "log_level": "warning",
+    "log_config": None,
+    "access_log": False,
+    "timeout_graceful_shutdown": 10,
+}
 
 
 class _Server(uvicorn.Server):
@@ -74,18 +87,8 @@ def api_server(
 ) -> _Server:
     from ..api.app import create_app
 
-    config = uvicorn.Config(
-        create_app(settings, metrics=metrics),
-        host=host,
-        port=port,
-        loop="none",
-        lifespan="on",
-        log_level="warning",
-        log_config=None,  # uvicorn's loggers go to ours: one format (CONVEYOR_LOG_FORMAT)
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
-    return _Server(config)
+    app = create_app(settings, metrics=metrics)
+    return _Server(uvicorn.Config(app, host=host, port=port, loop="none", **_UVICORN))
 
 
 def api_app() -> Any:
@@ -93,10 +96,6 @@ def api_app() -> Any:
     worker (a fresh interpreter, started by spawn): settings come from the environment the
     parent passed on, and logging is configured again, as ``cli.main`` did in the parent."""
     from ..api.app import create_app
-    from ..broker import LIBRARY_LOGGERS
-    from ..core import tracing
-    from ..core.logging import configure
-    from ..core.secrets import MaskedStream
 
     if not isinstance(sys.stderr, MaskedStream):  # as cli.main: no credential in any message
         sys.stderr = MaskedStream(sys.stderr)
@@ -119,11 +118,7 @@ def serve_api_workers(sock: socket.socket, workers: int) -> None:
         host=host,
         port=port,
         workers=workers,
-        lifespan="on",
-        log_level="warning",
-        log_config=None,  # uvicorn's loggers go to ours: one format (CONVEYOR_LOG_FORMAT)
-        access_log=False,
-        timeout_graceful_shutdown=10,
+        **_UVICORN,
     )
     try:
         Multiprocess(config, sockets=[sock]).run()
@@ -155,7 +150,6 @@ async def run_publisher(
     health_port: int | None = None,
     metrics: Metrics | None = None,
 ) -> None:
-    from ..core.probes import serve_probes
     from ..maintenance.sweeper import Sweeper
     from ..publisher.relay import Relay, probes
 
@@ -189,7 +183,6 @@ async def run_publisher(
 async def run_sweeper(
     settings: Settings, stop: asyncio.Event, *, health_port: int | None = None
 ) -> None:
-    from ..core.probes import serve_probes
     from ..maintenance.sweeper import Sweeper
 
     sweeper = Sweeper(settings)
@@ -226,8 +219,7 @@ def _both(
 
 async def preflight(settings: Settings) -> str | None:
     """One clear line when PostgreSQL or RabbitMQ cannot be reached, else None."""
-    from ..broker.topology import reachable
-    from ..store.connect import check_server
+    from ..broker.cluster import reachable  # aio-pika: `conveyor api` never loads it
 
     try:  # the server, not the database: `conveyor migrate` creates that
         await check_server(settings.database_url, timeout=3)
@@ -250,8 +242,6 @@ async def preflight(settings: Settings) -> str | None:
 
 def loopback(host: str) -> bool:
     """Is ``host`` a loopback address (or ``localhost``)?"""
-    import ipaddress
-
     if host.lower() in ("localhost", "localhost."):
         return True
     try:

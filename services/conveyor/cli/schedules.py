@@ -4,14 +4,15 @@ database (like ``conveyor jobs``); the same rules and 422 messages as ``POST /sc
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 
 import orjson
 
 from ..core.config import Settings
-from .support import json_line, when
+from ..jobs.schedules import build_schedule, resume_at
+from ..jobs.types import KnownTypes
+from .support import database, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -47,79 +48,55 @@ def _line(row: Any) -> str:
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
-    from ..api.schedules import schedule_dict
-    from ..core.errors import InvalidJob
-    from ..jobs.schedules import build_schedule, resume_at
-    from ..jobs.types import KnownTypes
-    from ..store import for_schema
-    from ..store.connect import create_pool
+    from ..api.schedules import schedule_dict  # FastAPI: imported by the command that uses it
 
     settings = Settings()
-    store = for_schema(settings.db_schema)
 
     async def go() -> int:
-        pool = await create_pool(
-            settings.database_url, application_name="conveyor-cli", pooler=settings.db_pooler
-        )
-        try:
-            async with pool.acquire() as conn:
-                if args.action == "list":
-                    rows = await store.schedule_list(conn)
-                    for r in rows:
-                        if args.json:
-                            json_line(schedule_dict(r))
-                        else:
-                            print(_line(r))
-                    return 0
-                if args.action == "add":
-                    priority: int | str = args.priority
-                    if isinstance(priority, str) and priority.isdigit():
-                        priority = int(priority)
-                    new = build_schedule(
-                        args.name,
-                        args.type,
-                        payload=orjson.loads(args.payload),
-                        cron=args.cron,
-                        every_seconds=args.every,
-                        timezone=args.timezone,
-                        priority=priority,
-                        enabled=not args.paused,
-                        catch_up=args.catch_up,
-                        now=await store.db_clock(conn),
-                        source="cli",
-                    )
-                    if not settings.accept_unknown_types:  # the API's rule: no type no worker runs
-                        await KnownTypes(store).check(conn, [new.job_type])
-                    done = await store.schedule_upsert(conn, new)
-                    assert done is not None
-                    print(("created " if done[1] else "replaced ") + _line(done[0]))
-                    return 0
-                row = await store.schedule_get(conn, args.name)
-                if row is None:
-                    print(f"conveyor schedules: no schedule {args.name}", file=sys.stderr)
-                    return 1
-                if args.action == "delete":
-                    await store.schedule_delete(conn, args.name)
-                    print(f"deleted {args.name}")
-                    return 0
-                enabled = args.action == "resume"
-                after = await store.schedule_set_enabled(
-                    conn,
-                    args.name,
-                    enabled,
-                    resume_at(row, await store.db_clock(conn)) if enabled else None,
-                )
-                assert after is not None
-                print(_line(after))
+        async with database(settings) as (store, conn):
+            if args.action == "list":
+                listing(await store.schedule_list(conn), args.json, schedule_dict, _line)
                 return 0
-        finally:
-            await pool.close()
+            if args.action == "add":
+                priority: int | str = args.priority
+                if isinstance(priority, str) and priority.isdigit():
+                    priority = int(priority)
+                new = build_schedule(
+                    args.name,
+                    args.type,
+                    payload=orjson.loads(args.payload),
+                    cron=args.cron,
+                    every_seconds=args.every,
+                    timezone=args.timezone,
+                    priority=priority,
+                    enabled=not args.paused,
+                    catch_up=args.catch_up,
+                    now=await store.db_clock(conn),
+                    source="cli",
+                )
+                if not settings.accept_unknown_types:  # the API's rule: no type no worker runs
+                    await KnownTypes(store).check(conn, [new.job_type])
+                done = await store.schedule_upsert(conn, new)
+                assert done is not None
+                print(("created " if done[1] else "replaced ") + _line(done[0]))
+                return 0
+            row = await store.schedule_get(conn, args.name)
+            if row is None:
+                print(f"conveyor schedules: no schedule {args.name}", file=sys.stderr)
+                return 1
+            if args.action == "delete":
+                await store.schedule_delete(conn, args.name)
+                print(f"deleted {args.name}")
+                return 0
+            enabled = args.action == "resume"
+            after = await store.schedule_set_enabled(
+                conn,
+                args.name,
+                enabled,
+                resume_at(row, await store.db_clock(conn)) if enabled else None,
+            )
+            assert after is not None
+            print(_line(after))
+            return 0
 
-    try:
-        return asyncio.run(go())
-    except (InvalidJob, orjson.JSONDecodeError, ValueError) as exc:
-        print(f"conveyor schedules: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        print(f"conveyor schedules: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    return run(go(), failed=True)  # ValueError: InvalidJob, a --payload that is not JSON

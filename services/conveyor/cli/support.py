@@ -1,33 +1,45 @@
 """What the operator commands share: one line instead of a traceback when PostgreSQL or RabbitMQ
-cannot be used, a quiet exit when the reader of stdout goes away (``conveyor jobs list | head
--1``), JSON Lines and text output, and the confirmation before a bulk change."""
+cannot be used (``CliError``, ``database``, ``check_broker``, ``run``), a quiet exit when the
+reader of stdout goes away (``conveyor jobs list | head -1``), JSON Lines and text output, and
+the confirmation before a bulk change."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TextIO
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from datetime import UTC
+from typing import Any, TextIO, TypeVar
 
+import asyncpg
 import orjson
 
+from ..broker import LIBRARY_LOGGERS
 from ..core.config import Settings
 from ..core.logging import say
 from ..core.secrets import mask_url
+from ..store import Store, for_schema
+from ..store.connect import create_pool, database_name, is_unavailable, is_unmigrated
 
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a process killed by it (`set -o pipefail` sees this)
+T = TypeVar("T")
 
 
 class CliError(Exception):
-    """A failure told in one line on stderr (exit code 2), never a traceback."""
+    """A failure told in one line on stderr, never a traceback; the exit code is ``code`` (2:
+    the command was used wrongly or cannot reach what it needs; 1: it ran and failed)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def job_id(text: str) -> Any:
+def job_id(text: str) -> uuid.UUID:
     """A job id from the command line, or a ``CliError`` in the user's words."""
-    import uuid
-
     try:
         return uuid.UUID(text)
     except ValueError:
@@ -38,8 +50,6 @@ def job_id(text: str) -> Any:
 
 def when(value: Any) -> str:
     """A time for human output: UTC, with its zone."""
-    from datetime import UTC
-
     return "-" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
@@ -54,10 +64,6 @@ def shown(value: Any) -> str:
 
 def database_error(exc: BaseException, settings: Settings) -> CliError | None:
     """The one line for an error that means the database cannot be used (None: another error)."""
-    import asyncpg
-
-    from ..store.connect import database_name, is_unavailable, is_unmigrated
-
     url = mask_url(settings.database_url)
     if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
         name = database_name(settings.database_url)
@@ -75,18 +81,18 @@ def database_error(exc: BaseException, settings: Settings) -> CliError | None:
 
 
 @contextlib.asynccontextmanager
-async def database(settings: Settings, name: str = "conveyor-cli") -> AsyncIterator[Any]:
-    """One connection for an operator command; a database that cannot be reached, does not
-    exist or is not migrated becomes a ``CliError``."""
-    from ..store.connect import create_pool
-
+async def database(
+    settings: Settings, name: str = "conveyor-cli"
+) -> AsyncIterator[tuple[Store, Any]]:
+    """The store and one connection for an operator command; a database that cannot be
+    reached, does not exist or is not migrated becomes a ``CliError``."""
     try:
         pool = await create_pool(
             settings.database_url, application_name=name, max_size=1, pooler=settings.db_pooler
         )
         try:
             async with pool.acquire() as conn:
-                yield conn
+                yield for_schema(settings.db_schema), conn
         finally:
             await pool.close()
     except (CliError, BrokenPipeError):  # stdout's reader left: not the database's doing
@@ -98,10 +104,31 @@ async def database(settings: Settings, name: str = "conveyor-cli") -> AsyncItera
         raise error from exc
 
 
+def run(
+    main: Coroutine[Any, Any, T],
+    usage: tuple[type[Exception], ...] = (ValueError,),
+    *,
+    named: bool = False,
+    failed: bool = False,
+) -> T:
+    """Run a command's coroutine. An error in ``usage`` (the command's input is wrong) is a
+    ``CliError`` (exit 2), preceded by its type's name when ``named``; with ``failed``, any
+    other error is one line naming its type, exit 1."""
+    try:
+        return asyncio.run(main)
+    except (CliError, BrokenPipeError):
+        raise
+    except usage as exc:
+        raise CliError(f"{type(exc).__name__}: {exc}" if named else str(exc)) from None
+    except Exception as exc:
+        if not failed:
+            raise
+        raise CliError(f"{type(exc).__name__}: {exc}", code=1) from None
+
+
 async def check_broker(settings: Settings) -> None:
     """``CliError`` when RabbitMQ cannot be reached."""
-    from ..broker import LIBRARY_LOGGERS
-    from ..broker.topology import reachable
+    from ..broker.cluster import reachable  # aio-pika: only the commands that use RabbitMQ
 
     loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]
@@ -127,7 +154,7 @@ def guarded(run: Callable[[], int], command: str) -> int:
         return code
     except CliError as exc:
         say(f"conveyor {command}: {exc}", level=logging.ERROR)  # JSON in the json log format
-        return 2
+        return exc.code
     except BrokenPipeError:
         # the reader is gone: send what Python still holds for stdout to /dev/null, so the
         # interpreter's final flush does not print "Exception ignored ... BrokenPipeError"
@@ -140,7 +167,19 @@ def guarded(run: Callable[[], int], command: str) -> int:
 
 def json_line(data: Any) -> None:
     """One JSON object on one line (JSON Lines: `| jq`, `| head` and `grep` work)."""
-    sys.stdout.write(orjson.dumps(data, default=str).decode() + "\n")
+    sys.stdout.write(json_text(data) + "\n")
+
+
+def listing(
+    items: Iterable[T], as_json: bool, record: Callable[[T], Any], line: Callable[[T], str]
+) -> None:
+    """Each item as one JSON object per line (``--json``: ``record``) or one text ``line``."""
+    for item in items:
+        sys.stdout.write((json_text(record(item)) if as_json else line(item)) + "\n")
+
+
+def json_text(data: Any) -> str:
+    return orjson.dumps(data, default=str).decode()
 
 
 def json_doc(data: Any) -> None:

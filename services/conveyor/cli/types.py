@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 
 from ..core.config import Settings
-from .support import CliError, database, json_line, shown, when
+from ..core.limits import check_concurrency, parse_rate
+from ..jobs.types import register_router_schedules, router_types
+from ..store import Store
+from .support import database, listing, run, shown, when
 
 
 def add_parser(sub: Any) -> None:
@@ -40,18 +42,25 @@ def _limit_value(text: str | None, parse: Any) -> Any:
     return None if text is None or text.lower() == "none" else parse(text)
 
 
+def _line(t: Any, rate_limit: Any) -> str:
+    delays = ",".join(map(str, t.retry_delays)) or "-"
+    timeout = "-" if t.timeout_seconds is None else f"{t.timeout_seconds:g}s"
+    return (
+        f"{t.name:<32} {'PAUSED' if t.paused else 'active':<6} concurrency={shown(t.concurrency)}"
+        f" rate_limit={shown(rate_limit)} running={t.running}"
+        f" max_retries={shown(t.max_retries)} timeout={timeout}"
+        f" retry_delays={delays} last_seen={when(t.last_seen)}"
+    )
+
+
 def cmd_types(args: argparse.Namespace) -> int:
-    from ..api.types_routes import type_dict
-    from ..core.limits import check_concurrency, parse_rate
-    from ..jobs.types import register_router_schedules, router_types
-    from ..store import for_schema
+    from ..api.types_routes import type_dict  # FastAPI and uvicorn: only for this command
     from . import processes
 
     settings = Settings()
-    store = for_schema(settings.db_schema)
     router = processes.load_router(args.app) if args.action == "register" else None
 
-    async def change(conn: Any) -> int:
+    async def change(store: Store, conn: Any) -> int:
         name = args.type
         if args.action in ("pause", "resume"):
             found = await store.type_set_paused(conn, name, args.action == "pause")
@@ -84,9 +93,9 @@ def cmd_types(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> int:
-        async with database(settings) as conn:
+        async with database(settings) as (store, conn):
             if args.action in ("pause", "resume", "limit"):
-                return await change(conn)
+                return await change(store, conn)
             if router is not None:
                 wanted = [t.strip() for t in args.types.split(",")] if args.types else None
                 rows = router_types(router, wanted)
@@ -94,23 +103,9 @@ def cmd_types(args: argparse.Namespace) -> int:
                 await register_router_schedules(conn, router, wanted, store=store)
                 print(f"registered {', '.join(r.name for r in rows) or 'nothing'}")
                 return 0
-            for t in await store.job_type_list(conn):
-                d = type_dict(t)
-                if args.json:
-                    json_line(d)
-                    continue
-                delays = ",".join(map(str, t.retry_delays)) or "-"
-                timeout = "-" if t.timeout_seconds is None else f"{t.timeout_seconds:g}s"
-                state = "PAUSED" if t.paused else "active"
-                print(
-                    f"{t.name:<32} {state:<6} concurrency={shown(t.concurrency)}"
-                    f" rate_limit={shown(d['rate_limit'])} running={t.running}"
-                    f" max_retries={shown(t.max_retries)} timeout={timeout}"
-                    f" retry_delays={delays} last_seen={when(t.last_seen)}"
-                )
+            known = await store.job_type_list(conn)
+            listing(known, args.json, type_dict, lambda t: _line(t, type_dict(t)["rate_limit"]))
             return 0
 
-    try:
-        return asyncio.run(go())
-    except (ValueError, LookupError) as exc:  # --types naming a type the router lacks
-        raise CliError(f"{type(exc).__name__}: {exc}") from None
+    # LookupError: --types naming a type the router lacks
+    return run(go(), (ValueError, LookupError), named=True)

@@ -1,8 +1,15 @@
-"""Reconnect pacing for background loops."""
+"""Reconnect pacing for background loops, and the one exponential ladder they climb."""
 
 from __future__ import annotations
 
 import random
+
+
+def ceiling(failures: int, base: float, cap: float) -> float:
+    """The longest wait after ``failures`` failures in a row: ``base``, doubled per failure,
+    at most ``cap``. The exponent stops at 64 (2.0 ** 1024 is no float: an outage of a thousand
+    failures would otherwise raise OverflowError in the loop waiting it out)."""
+    return min(cap, base * 2.0 ** min(failures - 1, 64))
 
 
 class Backoff:
@@ -15,7 +22,7 @@ class Backoff:
 
     def next(self) -> float:
         self.failures += 1
-        return random.uniform(0, min(self.cap, self.base * 2 ** (self.failures - 1)))
+        return random.uniform(0, ceiling(self.failures, self.base, self.cap))
 
     def reset(self) -> None:
         self.failures = 0

@@ -114,32 +114,9 @@ def new_job_id() -> uuid.UUID:
 # from a bounded set. Handler-configured ``retry_delays`` are used exactly; the default
 # exponential backoff and ``Retry(delay=...)`` snap to this ladder of pens.
 PEN_LADDER: tuple[int, ...] = (
-    1,
-    2,
-    3,
-    5,
-    7,
-    10,
-    15,
-    20,
-    30,
-    45,
-    60,
-    90,
-    120,
-    180,
-    300,
-    450,
-    600,
-    900,
-    1200,
-    1800,
-    2700,
-    3600,
-    5400,
-    7200,
-    10800,
-    21600,
+    *(1, 2, 3, 5, 7, 10, 15, 20, 30, 45),  # seconds
+    *(60, 90, 120, 180, 300, 450, 600, 900, 1200, 1800, 2700),  # 1 to 45 minutes
+    *(3600, 5400, 7200, 10800, 21600),  # 1 to 6 hours
 )
 
 

@@ -54,7 +54,6 @@ class _JsonFormatter(logging.Formatter):
         return mask(orjson.dumps(line, default=str).decode())
 
 
-FORMATS = ("text", "json")
 _format = "text"  # set by ``configure``: how ``say`` writes
 
 

@@ -9,6 +9,7 @@ import bisect
 import collections
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -51,83 +52,60 @@ def observe_many(child: Any, values: Sequence[float]) -> None:
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.jobs_submitted = Counter(
-            "conveyor_jobs_submitted", "Jobs accepted by the API", ["type"], registry=r
+        counter = partial(Counter, registry=self.registry)
+        gauge = partial(Gauge, registry=self.registry)
+        histogram = partial(Histogram, registry=self.registry)
+        self.jobs_submitted = counter(
+            "conveyor_jobs_submitted", "Jobs accepted by the API", ["type"]
         )
-        self.api_errors = Counter(
-            "conveyor_api_errors", "API error responses", ["status"], registry=r
+        self.api_errors = counter("conveyor_api_errors", "API error responses", ["status"])
+        self.outbox_published = counter(
+            "conveyor_outbox_published", "Outbox rows published and confirmed", ["destination"]
         )
-        self.outbox_published = Counter(
-            "conveyor_outbox_published",
-            "Outbox rows published and confirmed",
-            ["destination"],
-            registry=r,
+        self.outbox_failed = counter(
+            "conveyor_outbox_publish_failed", "Outbox rows whose publish failed (row kept)"
         )
-        self.outbox_failed = Counter(
-            "conveyor_outbox_publish_failed",
-            "Outbox rows whose publish failed (row kept)",
-            registry=r,
+        self.jobs_finished = counter(
+            "conveyor_jobs_finished", "Attempts finished, by outcome", ["type", "outcome"]
         )
-        self.jobs_finished = Counter(
-            "conveyor_jobs_finished",
-            "Attempts finished, by outcome",
-            ["type", "outcome"],
-            registry=r,
-        )
-        self.messages_dropped = Counter(
+        self.messages_dropped = counter(
             "conveyor_messages_dropped",
             "Deliveries acknowledged without running (duplicate, finished, unknown job)",
             ["reason"],
-            registry=r,
         )
-        self.messages_rejected = Counter(
-            "conveyor_messages_rejected",
-            "Deliveries rejected to the dead-letter queue",
-            ["reason"],
-            registry=r,
+        self.messages_rejected = counter(
+            "conveyor_messages_rejected", "Deliveries rejected to the dead-letter queue", ["reason"]
         )
-        self.jobs_held = Counter(
+        self.jobs_held = counter(
             "conveyor_jobs_held",
             "Jobs of a paused or limited type held back through a pen",
             ["type"],
-            registry=r,
         )
-        self.fenced_writes = Counter(
-            "conveyor_fenced_writes",
-            "State writes refused because the attempt was superseded",
-            registry=r,
+        self.fenced_writes = counter(
+            "conveyor_fenced_writes", "State writes refused because the attempt was superseded"
         )
-        self.maintenance = Counter(
-            "conveyor_maintenance", "Jobs touched by maintenance duties", ["duty"], registry=r
+        self.maintenance = counter(
+            "conveyor_maintenance", "Jobs touched by maintenance duties", ["duty"]
         )
-        self.declare_failed = Counter(
+        self.declare_failed = counter(
             "conveyor_broker_declare_failed",
             "Queue or pen declarations the broker refused (the rows wait in the outbox)",
             ["queue", "reason"],
-            registry=r,
         )
-        self.queue_depth_failed = Counter(
+        self.queue_depth_failed = counter(
             "conveyor_queue_depth_failed",
             "Queue depth reads that failed (the reconciler skipped the type for that pass)",
             ["type"],
-            registry=r,
         )
-        self.reconciled = Counter(
-            "conveyor_reconciled",
-            "Jobs re-published by the reconciler (message lost)",
-            ["type"],
-            registry=r,
+        self.reconciled = counter(
+            "conveyor_reconciled", "Jobs re-published by the reconciler (message lost)", ["type"]
         )
-        self.job_duration = Histogram(
-            "conveyor_job_duration_seconds", "Handler run time", ["type"], registry=r
-        )
-        self.job_wait = Histogram(
+        self.job_duration = histogram("conveyor_job_duration_seconds", "Handler run time", ["type"])
+        self.job_wait = histogram(
             "conveyor_job_wait_seconds",
             "Queue wait of an attempt: due (run_at or creation) to claim",
             ["type"],
             buckets=WAIT_BUCKETS,
-            registry=r,
         )
         # per job on the worker: children looked up once
         self.job_duration_of = Children(self.job_duration)
@@ -135,35 +113,29 @@ class Metrics:
         self.jobs_finished_of = Children(self.jobs_finished)
         # Gauges refreshed from the database and the broker every few seconds
         # (``maintenance.gauges``), never by a query per scrape.
-        self.jobs = Gauge(
+        self.jobs = gauge(
             "conveyor_jobs",
             "Jobs by type and status (COMPLETED and CANCELLED are not counted: "
             "see conveyor_jobs_finished_total)",
             ["type", "status"],
-            registry=r,
         )
-        self.jobs_estimated = Gauge(
+        self.jobs_estimated = gauge(
             "conveyor_jobs_estimated",
             "1 where conveyor_jobs{type,status} is the planner's "
             "estimate (above the exact-count cap), 0 where it is an exact count",
             ["type", "status"],
-            registry=r,
         )
-        self.queue_messages = Gauge(
+        self.queue_messages = gauge(
             "conveyor_queue_messages",
             "Messages in a queue: ready (from the broker) and unacked (held by this worker)",
             ["queue", "state"],
-            registry=r,
         )
-        self.outbox_rows = Gauge(
-            "conveyor_outbox_rows", "Outbox rows waiting to be published", registry=r
+        self.outbox_rows = gauge("conveyor_outbox_rows", "Outbox rows waiting to be published")
+        self.outbox_lag = gauge(
+            "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row"
         )
-        self.outbox_lag = Gauge(
-            "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row", registry=r
-        )
-        self.leases_expired = Gauge(
+        self.leases_expired = gauge(
             "conveyor_leases_expired",
             "Running jobs whose lease expired and that maintenance "
             "has not recovered yet (the stuck_jobs view)",
-            registry=r,
         )

@@ -165,29 +165,14 @@ def current() -> str | None:
     return _traceparent(trace.get_current_span())
 
 
-class _Static:
-    """What ``submitting`` yields with tracing off: the context to store, no span."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: str | None) -> None:
-        self.value = value
-
-    def __enter__(self) -> str | None:
-        return self.value
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def submitting(
     route: str | None, incoming: str | None = None
 ) -> contextlib.AbstractContextManager[str | None]:
     """Around a submit: yields the ``traceparent`` to store with the job(s). ``route``: the API
     route (a server span is started for it, child of ``incoming``); None for ``enqueue()``,
     whose caller's span is the parent."""
-    if _tracer is None:
-        return _Static(valid(incoming) if incoming is not None else current())
+    if _tracer is None:  # the context to store, no span
+        return contextlib.nullcontext(valid(incoming) if incoming is not None else current())
     return _submitting(route, valid(incoming))
 
 
