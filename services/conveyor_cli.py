@@ -2,27 +2,29 @@
 and its commands takes a second or more, and a Ctrl-C in that time must end the command quietly
 (exit 130, as ``conveyor.cli.support.guarded`` does once a command runs), not print the import's
 ``KeyboardInterrupt`` traceback, and never be lost (an import that catches ``BaseException``
-would swallow the exception and the command would start anyway). So while the package imports,
-SIGINT ends the process at once; then the previous handler is back for the command."""
+would swallow the exception and the command would start anyway). So from this module's first
+line until the package has imported, SIGINT ends the process at once; then the previous handler
+is back for the command. The handler is installed through ``_signal``, the C module: importing
+``signal`` itself (enum, functools, collections) takes long enough to be interrupted."""
 
-from __future__ import annotations
-
+import _signal  # type: ignore[import-not-found]
 import os
-import signal
 import sys
-from types import FrameType
+from typing import Any
 
 
-def _quit(signum: int, frame: FrameType | None) -> None:
+def _quit(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
 
 
+_PREVIOUS = _signal.signal(_signal.SIGINT, _quit)
+
+
 def main() -> int:
-    previous = signal.signal(signal.SIGINT, _quit)
     try:
         from conveyor.cli.main import main as run
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(_signal.SIGINT, _PREVIOUS)
     try:
         return run()
     except KeyboardInterrupt:
