@@ -4,6 +4,7 @@ from .core.errors import ConveyorError, Retry
 from .core.jobs import Status
 from .enqueue import JobSpec, enqueue, enqueue_many
 from .router import Job, JobRouter
+from .workflows import Workflow, cancel_workflow, chain, chord, enqueue_workflow, group
 
 __all__ = [
     "ConveyorError",
@@ -12,6 +13,12 @@ __all__ = [
     "JobSpec",
     "Retry",
     "Status",
+    "Workflow",
+    "cancel_workflow",
+    "chain",
+    "chord",
     "enqueue",
     "enqueue_many",
+    "enqueue_workflow",
+    "group",
 ]

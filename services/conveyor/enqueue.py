@@ -176,7 +176,7 @@ def spec_hash(spec: JobSpec) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-async def _raw_connection(conn: Any) -> Any:
+async def raw_connection(conn: Any) -> Any:
     """The asyncpg connection behind ``conn`` (asyncpg, SQLAlchemy AsyncSession/AsyncConnection)."""
     if hasattr(conn, "fetch") and hasattr(conn, "transaction"):
         return conn  # asyncpg.Connection or a pool proxy
@@ -233,7 +233,7 @@ async def enqueue(
     return (await enqueue_many(conn, [spec], schema=schema))[0]
 
 
-def _store(schema: str | None) -> Store:
+def store_for(schema: str | None) -> Store:
     """Every statement names the schema: the caller's connection keeps its own search_path."""
     return for_schema(schema or os.environ.get("CONVEYOR_DB_SCHEMA") or DEFAULT_SCHEMA)
 
@@ -246,8 +246,8 @@ async def enqueue_many(
     ``notify`` wakes the publishers at commit (``pg_notify``); at very high enqueue rates from
     many concurrent transactions pass ``notify=False`` and rely on the relay's polling, since
     NOTIFY serialises commits."""
-    store = _store(schema)
-    raw = await _raw_connection(conn)
+    store = store_for(schema)
+    raw = await raw_connection(conn)
     rows = [build_job(s) for s in specs]
     await check_for_enqueue(raw, store, {r.job_type for r in rows})
     with tracing.submitting(None) as trace_context:  # tracing: the caller's span is the parent

@@ -16,9 +16,9 @@ from .drain import DrainedAttempt, DrainResult, drain, schema_store
 async def register_types(conn: Any, router: JobRouter, *, schema: str | None = None) -> None:
     """Register ``router``'s job types (as a worker does when it starts), so ``enqueue`` accepts
     them before any worker ran."""
-    from ..enqueue import _raw_connection
+    from ..enqueue import raw_connection
 
-    raw = await _raw_connection(conn)
+    raw = await raw_connection(conn)
     await register_router_types(raw, router, schema=schema_store(schema).schema)
 
 

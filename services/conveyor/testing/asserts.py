@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..enqueue import _raw_connection
+from ..enqueue import raw_connection
 from ..router import Job, JobRouter
 from ..store import JobRow
 from ..worker.followups import build_followup
@@ -28,7 +28,7 @@ async def all_enqueued(
 ) -> list[JobRow]:
     """The waiting jobs (of ``type``, or of every type), oldest first. ``payload`` and ``meta``
     match the jobs holding at least those keys with those values (JSON containment)."""
-    raw = await _raw_connection(conn)
+    raw = await raw_connection(conn)
     return await schema_store(schema).testing_waiting(
         raw, type, payload=payload, meta=meta, unique_key=unique_key
     )

@@ -16,7 +16,7 @@ from typing import Any
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..core.metrics import Metrics
-from ..enqueue import _raw_connection
+from ..enqueue import raw_connection
 from ..router import Job, JobRouter
 from ..store import Store, for_schema
 from ..store.schema import DEFAULT_SCHEMA
@@ -92,7 +92,7 @@ class _OneConnection:
 async def _as_pool(conn_or_pool: Any) -> Any:
     if hasattr(conn_or_pool, "acquire") and not hasattr(conn_or_pool, "transaction"):
         return conn_or_pool  # an asyncpg pool
-    return _OneConnection(await _raw_connection(conn_or_pool))
+    return _OneConnection(await raw_connection(conn_or_pool))
 
 
 def schema_store(schema: str | None) -> Store:
@@ -198,6 +198,8 @@ class _Drain:
             retry_count=row.retry_count,
             max_retries=row.max_retries,
             meta=row.meta or {},
+            workflow_id=row.workflow_id,
+            dependencies=row.parents or {},
         )
         running = Running(
             job, self.router.handlers.get(job.type), row.timeout_seconds, self.executor.clock()
