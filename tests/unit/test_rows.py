@@ -45,7 +45,7 @@ def _distinct_record(
     ("cls", "json_fields"),
     [
         (JobRow, {"payload", "result", "progress", "meta"}),
-        (ClaimedJob, {"payload", "meta"}),
+        (ClaimedJob, {"payload", "meta", "parents"}),
     ],
 )
 def test_from_record_puts_each_column_in_its_field(cls: type, json_fields: set[str]) -> None:

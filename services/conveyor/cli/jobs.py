@@ -12,10 +12,11 @@ import uuid
 from typing import Any
 
 from ..core.config import Settings
+from ..core.jobs import Status
 from .support import CliError, database, json_doc, json_line, when
 from .support import job_id as parse_job_id
 
-STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED"]
+STATUSES = [s.value for s in Status]
 
 
 def add_parser(sub: Any) -> None:

@@ -43,6 +43,7 @@ from .stats import StatsStatements
 from .testing import TestingStatements
 from .types import TypeStatements
 from .unique import Inserted, UniqueStatements
+from .workflows import WorkflowStatements
 
 
 class Store(
@@ -61,6 +62,7 @@ class Store(
     UniqueStatements,
     ScheduleStatements,
     TestingStatements,
+    WorkflowStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 

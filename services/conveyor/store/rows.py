@@ -136,11 +136,14 @@ class ClaimedJob:
     wait_seconds: float = 0.0  # due (run_at, or created_at) → this claim
     trace_context: str | None = None  # the submit's traceparent (tracing)
     meta: dict[str, Any] | None = None
+    workflow_id: uuid.UUID | None = None
+    # a workflow job's dependencies: key -> {"status", "result"}
+    parents: dict[str, dict[str, Any]] | None = None
 
     @classmethod
     def from_record(cls, r: Any) -> ClaimedJob:
         """A row of a claim statement (``job_claim_many``, ``job_claim_controlled``)."""
-        meta = r["meta"]
+        meta, parents = r["meta"], r["parents"]
         return _build(
             cls,
             _CLAIMED_JOB,
@@ -156,6 +159,8 @@ class ClaimedJob:
                 r["wait"],
                 r["trace_context"],
                 None if meta is None else orjson.loads(meta),
+                r["workflow_id"],
+                None if parents is None else orjson.loads(parents),
             ),
         )
 

@@ -16,7 +16,7 @@ from ...core.jobs import Status
 from ...store import AttemptRow, JobRow
 from ..resource import error_summary
 
-ACTIVE = ["SCHEDULED", "PENDING", "RETRYING", "IN_PROGRESS", "FAILED"]
+ACTIVE = ["WAITING", "SCHEDULED", "PENDING", "RETRYING", "IN_PROGRESS", "FAILED"]
 
 
 def e(value: Any) -> str:
@@ -199,7 +199,13 @@ def job_detail(
         ("last error", err(row.last_error)),
     ]
     actions = []
-    running = (Status.PENDING, Status.SCHEDULED, Status.RETRYING, Status.IN_PROGRESS)
+    running = (
+        Status.WAITING,
+        Status.PENDING,
+        Status.SCHEDULED,
+        Status.RETRYING,
+        Status.IN_PROGRESS,
+    )
     if can_cancel and row.status in running:
         actions.append(button(f"/ui/jobs/{row.id}/cancel", "Cancel", csrf=csrf))
     if can_retry and row.status in (Status.FAILED, Status.CANCELLED):

@@ -16,7 +16,7 @@ from ...store import JobType
 from ..attempts import HasConnection
 from . import render as r
 
-COUNTED = ("PENDING", "SCHEDULED", "RETRYING", "IN_PROGRESS", "FAILED")
+COUNTED = ("WAITING", "PENDING", "SCHEDULED", "RETRYING", "IN_PROGRESS", "FAILED")
 # the limits a type may carry (job features: fleet-wide concurrency, rate limit, pause); shown
 # when the type's data has them
 LIMITS = (("concurrency", "concurrency"), ("rate_limit", "rate limit"), ("paused", "paused"))

@@ -92,9 +92,9 @@ UPDATE __schema__.jobs SET
     cancel_requested = true,
     finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
     lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
-    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS') THEN run_at END,
+    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS', 'WAITING') THEN run_at END,
     updated_at = now()
-WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
+WHERE id = $1 AND status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
 RETURNING id
 
 -- name: job_redrive

@@ -22,7 +22,10 @@ WITH RECURSIVE t(job_type) AS (
 SELECT t.job_type AS type, c.status, c.n
 FROM t
 CROSS JOIN LATERAL (
-    SELECT 'PENDING'::text AS status, count(*) AS n
+    SELECT 'WAITING'::text AS status, count(*) AS n
+        FROM (SELECT FROM __schema__.jobs j
+              WHERE j.job_type = t.job_type AND j.status = 'WAITING' LIMIT $1) x
+    UNION ALL SELECT 'PENDING'::text AS status, count(*) AS n
         FROM (SELECT FROM __schema__.jobs j
               WHERE j.job_type = t.job_type AND j.status = 'PENDING' LIMIT $1) x
     UNION ALL SELECT 'SCHEDULED'::text AS status, count(*) AS n
