@@ -26,9 +26,9 @@ from typing import Any
 from .core import tracing
 from .core.errors import InvalidJob
 from .core.jobs import new_job_id
-from .job_types import check_for_enqueue
 from .jobs.connection import asyncpg_connection, schema_store
 from .jobs.spec import JobSpec, build_job
+from .jobs.types import check_for_enqueue
 from .store import NewJob
 from .store.schema_workflows import ON_FAILURE
 from .store.workflows import WorkflowJob, WorkflowRow

@@ -38,6 +38,9 @@ def define_workflows(metadata: sa.MetaData, jobs: sa.Table) -> None:
             "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        # POST /workflows' Idempotency-Key and the request it was used with (migration 0017)
+        sa.Column("idempotency_key", sa.Text(), nullable=True),
+        sa.Column("request_hash", sa.Text(), nullable=True),
         sa.CheckConstraint(f"status IN ({statuses})", name="workflows_status_check"),
         sa.CheckConstraint(f"on_failure IN ({policies})", name="workflows_on_failure_check"),
     )
@@ -51,6 +54,12 @@ def define_workflows(metadata: sa.MetaData, jobs: sa.Table) -> None:
         "workflows_finished_idx",
         workflows.c.finished_at,
         postgresql_where=workflows.c.status != "RUNNING",
+    )
+    sa.Index(
+        "workflows_idempotency_key_idx",
+        workflows.c.idempotency_key,
+        unique=True,
+        postgresql_where=workflows.c.idempotency_key.isnot(None),
     )
     deps = sa.Table(
         "job_dependencies",
