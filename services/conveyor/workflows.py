@@ -223,19 +223,25 @@ def chord(header: Any, body: Any, *, name: str = "chord", on_failure: str = "can
 
 
 async def enqueue_workflow(
-    conn: Any, workflow: Workflow, *, notify: bool = True, schema: str | None = None
+    conn: Any,
+    workflow: Workflow,
+    *,
+    notify: bool = True,
+    schema: str | None = None,
+    built: tuple[list[tuple[str, NewJob]], list[tuple[uuid.UUID, uuid.UUID]]] | None = None,
 ) -> uuid.UUID:
     """Submit ``workflow`` on ``conn`` (asyncpg, SQLAlchemy AsyncSession/AsyncConnection),
     joining its transaction (in one of its own when ``conn`` is an asyncpg connection outside
     any). Returns the workflow's id. A workflow job whose idempotency or unique key names an
     existing job is refused (``InvalidJob``, after the insert: the caller's transaction must
-    roll back, as ``async with conn.transaction()`` does)."""
-    rows, edges = workflow.build()
+    roll back, as ``async with conn.transaction()`` does). ``built``: ``workflow.build()``
+    already checked by the caller against its own policy (the API's job types and limits)."""
+    rows, edges = built or workflow.build()
     raw = await asyncpg_connection(conn)
     if callable(getattr(raw, "is_in_transaction", None)) and not raw.is_in_transaction():
         async with raw.transaction():
-            return await _submit(raw, workflow, rows, edges, notify, schema)
-    return await _submit(raw, workflow, rows, edges, notify, schema)
+            return await _submit(raw, workflow, rows, edges, notify, schema, built is None)
+    return await _submit(raw, workflow, rows, edges, notify, schema, built is None)
 
 
 async def _submit(
@@ -245,10 +251,12 @@ async def _submit(
     edges: list[tuple[uuid.UUID, uuid.UUID]],
     notify: bool,
     schema: str | None,
+    check_types: bool,
 ) -> uuid.UUID:
     store = schema_store(schema)
     jobs = [row for _, row in rows]
-    await check_for_enqueue(raw, store, {r.job_type for r in jobs})
+    if check_types:
+        await check_for_enqueue(raw, store, {r.job_type for r in jobs})
     with tracing.submitting(None) as trace_context:
         result = await store.job_insert_checked(raw, jobs, trace_context)
     for key, row in rows:

@@ -62,6 +62,11 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("DELETE", "/schedules/{name}"): ADMIN,
     ("POST", "/schedules/{name}/pause"): ADMIN,
     ("POST", "/schedules/{name}/resume"): ADMIN,
+    # workflows: as jobs
+    ("POST", "/workflows"): WRITE,
+    ("GET", "/workflows"): READ,
+    ("GET", "/workflows/{workflow_id}"): READ,
+    ("POST", "/workflows/{workflow_id}/cancel"): WRITE,
     # dashboard
     ("GET", "/ui/login"): OPEN,
     ("POST", "/ui/login"): OPEN,

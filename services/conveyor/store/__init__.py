@@ -43,6 +43,7 @@ from .stats import StatsStatements
 from .testing import TestingStatements
 from .types import TypeStatements
 from .unique import Inserted, UniqueStatements
+from .workflow_pages import WorkflowPageStatements
 from .workflows import WorkflowStatements
 
 
@@ -63,6 +64,7 @@ class Store(
     ScheduleStatements,
     TestingStatements,
     WorkflowStatements,
+    WorkflowPageStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 

@@ -86,6 +86,8 @@ class JobRow:
     finished_at: datetime | None
     progress: dict[str, Any] | None = None  # {"percent", "message", "updated_at"}
     meta: dict[str, Any] | None = None
+    workflow_id: uuid.UUID | None = None  # a workflow job's (read by job_get and job pages)
+    depends_on: tuple[uuid.UUID, ...] = ()  # the ids of the jobs it waits for
 
     @classmethod
     def from_record(cls, r: Any) -> JobRow:
@@ -117,6 +119,8 @@ class JobRow:
                 r["finished_at"],
                 None if progress is None else orjson.loads(progress),
                 None if meta is None else orjson.loads(meta),
+                r.get("workflow_id"),
+                tuple(r.get("depends_on") or ()),
             ),
         )
 

@@ -24,7 +24,9 @@ GROUP BY job_type ORDER BY job_type
 SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
+    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                       WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
 FROM __schema__.jobs
 WHERE id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
   AND id >= COALESCE(:since::uuid, '00000000-0000-0000-0000-000000000000')
@@ -57,7 +59,9 @@ WITH RECURSIVE t(job_type) AS (
 SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
+    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                       WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
 FROM __schema__.jobs
 WHERE id = ANY(ARRAY(SELECT id FROM page))
 ORDER BY id DESC
