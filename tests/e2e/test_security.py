@@ -67,6 +67,8 @@ def _requests(job: str, cancelled: str, wf: str) -> dict[tuple[str, str], tuple[
         ("POST", "/schedules/{name}/pause"): (("POST", "/schedules/m-pause/pause", {}), 200),
         ("POST", "/schedules/{name}/resume"): (("POST", "/schedules/m-resume/resume", {}), 200),
         ("GET", "/ui/types"): (("GET", "/ui/types", {}), 200),
+        ("GET", "/ui/workflows"): (("GET", "/ui/workflows", {}), 200),
+        ("GET", "/ui/workflows/{workflow_id}"): (("GET", f"/ui/workflows/{wf}", {}), 200),
         ("GET", "/ui/schedules"): (("GET", "/ui/schedules", {}), 200),
         ("POST", "/ui/schedules/{name}/pause"): (
             ("POST", "/ui/schedules/m-ui-pause/pause", form), 303),

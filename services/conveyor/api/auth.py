@@ -78,6 +78,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/ui/jobs/{job_id}/cancel"): WRITE,
     ("POST", "/ui/jobs/{job_id}/retry"): ADMIN,
     ("GET", "/ui/types"): READ,
+    ("GET", "/ui/workflows"): READ,
+    ("GET", "/ui/workflows/{workflow_id}"): READ,
     ("GET", "/ui/schedules"): READ,
     ("POST", "/ui/schedules/{name}/pause"): ADMIN,
     ("POST", "/ui/schedules/{name}/resume"): ADMIN,

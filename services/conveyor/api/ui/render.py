@@ -63,6 +63,7 @@ def page(title: str, body: str, *, user: str = "") -> str:
         for p, t in (
             ("/ui", "Overview"),
             ("/ui/jobs", "Jobs"),
+            ("/ui/workflows", "Workflows"),
             ("/ui/dead", "Dead letters"),
             ("/ui/types", "Types"),
             ("/ui/schedules", "Schedules"),
