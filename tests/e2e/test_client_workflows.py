@@ -56,45 +56,47 @@ MAP_REDUCE = [
 
 async def test_async_client_submits_and_waits_for_a_workflow(settings: Settings) -> None:
     await _register(settings.database_url)
-    async with running_stack(settings, router) as stack:
-        async with AsyncClient(str(stack.client.base_url)) as c:
-            wf = await c.submit_workflow("squares", MAP_REDUCE, idempotency_key="sq-1")
-            assert wf.status == "RUNNING" and wf.jobs["sum"]["status"] == "WAITING"
-            again = await c.submit_workflow("squares", MAP_REDUCE, idempotency_key="sq-1")
-            assert again.id == wf.id
-            with pytest.raises(Conflict):
-                await c.submit_workflow("other", MAP_REDUCE, idempotency_key="sq-1")
-            done = await c.wait_workflow(wf.id, timeout=30)
-            assert done.status == "COMPLETED" and done.counts["completed"] == 4
-            result = await c.get(done.jobs["sum"]["id"])
-            assert result.result == {"sum": 14}
-            assert result.raw["workflow_id"] == str(wf.id)
-            assert len(result.raw["depends_on"]) == 3
+    async with (
+        running_stack(settings, router) as stack,
+        AsyncClient(str(stack.client.base_url)) as c,
+    ):
+        wf = await c.submit_workflow("squares", MAP_REDUCE, idempotency_key="sq-1")
+        assert wf.status == "RUNNING" and wf.jobs["sum"]["status"] == "WAITING"
+        again = await c.submit_workflow("squares", MAP_REDUCE, idempotency_key="sq-1")
+        assert again.id == wf.id
+        with pytest.raises(Conflict):
+            await c.submit_workflow("other", MAP_REDUCE, idempotency_key="sq-1")
+        done = await c.wait_workflow(wf.id, timeout=30)
+        assert done.status == "COMPLETED" and done.counts["completed"] == 4
+        result = await c.get(done.jobs["sum"]["id"])
+        assert result.result == {"sum": 14}
+        assert result.raw["workflow_id"] == str(wf.id)
+        assert len(result.raw["depends_on"]) == 3
 
-            idle = await c.submit_workflow(
-                "idle", [workflow_job("a", "wf_idle"), workflow_job("b", "wf_idle", after=["a"])]
-            )
-            with pytest.raises(WaitTimeout) as late:
-                await c.wait_workflow(idle.id, timeout=0.5)
-            assert late.value.job.status == "RUNNING" and "workflow" in str(late.value)
-            cancelled = await c.cancel_workflow(idle.id)
-            assert cancelled.status == "CANCELLED" and cancelled.finished
-            assert (await c.wait_workflow(idle.id, timeout=1)).status == "CANCELLED"
+        idle = await c.submit_workflow(
+            "idle", [workflow_job("a", "wf_idle"), workflow_job("b", "wf_idle", after=["a"])]
+        )
+        with pytest.raises(WaitTimeout) as late:
+            await c.wait_workflow(idle.id, timeout=0.5)
+        assert late.value.job.status == "RUNNING" and "workflow" in str(late.value)
+        cancelled = await c.cancel_workflow(idle.id)
+        assert cancelled.status == "CANCELLED" and cancelled.finished
+        assert (await c.wait_workflow(idle.id, timeout=1)).status == "CANCELLED"
 
-            page = await c.list_workflows(limit=1)
-            assert [w.id for w in page.workflows] == [idle.id] and page.next_cursor
-            rest = await c.list_workflows(limit=5, cursor=page.next_cursor)
-            assert [w.id for w in rest.workflows] == [wf.id] and rest.next_cursor is None
-            named = await c.list_workflows(name="squares", status="COMPLETED")
-            assert [w.id for w in named.workflows] == [wf.id]
+        page = await c.list_workflows(limit=1)
+        assert [w.id for w in page.workflows] == [idle.id] and page.next_cursor
+        rest = await c.list_workflows(limit=5, cursor=page.next_cursor)
+        assert [w.id for w in rest.workflows] == [wf.id] and rest.next_cursor is None
+        named = await c.list_workflows(name="squares", status="COMPLETED")
+        assert [w.id for w in named.workflows] == [wf.id]
 
-            cycle = [workflow_job("a", "wf_idle", after=["b"]), workflow_job("b", "wf_idle",
-                                                                          after=["a"])]  # fmt: skip
-            with pytest.raises(InvalidRequest) as invalid:
-                await c.submit_workflow("cycle", cycle)
-            assert invalid.value.error == "invalid_workflow" and "cycle" in invalid.value.detail
-            with pytest.raises(NotFound):
-                await c.get_workflow(uuid.uuid4())
+        cycle = [workflow_job("a", "wf_idle", after=["b"]), workflow_job("b", "wf_idle",
+                                                                      after=["a"])]  # fmt: skip
+        with pytest.raises(InvalidRequest) as invalid:
+            await c.submit_workflow("cycle", cycle)
+        assert invalid.value.error == "invalid_workflow" and "cycle" in invalid.value.detail
+        with pytest.raises(NotFound):
+            await c.get_workflow(uuid.uuid4())
 
 
 async def test_sync_client_in_a_thread(settings: Settings) -> None:

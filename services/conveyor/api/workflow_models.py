@@ -35,7 +35,7 @@ class WorkflowJobIn(SubmitJob):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"key": "report", "type": "build_report", "after": ["fetch"]}],
+            "examples": [{"key": "fetch", "type": "fetch_data", "payload": {"day": "2026-11-25"}}],
             "not": {"required": ["run_at", "delay_seconds"]},
         },
     )

@@ -228,7 +228,7 @@ def add_workflow_routes(app: FastAPI, api: Api) -> None:
         "first workflow.",
         responses={
             200: {"model": WorkflowResource, "description": "Idempotent replay: the workflow."},
-            **errors(409, 413, 422, 503),
+            **errors(400, 409, 413, 422, 503),
         },
         openapi_extra={"parameters": submit_headers()[:1]},
     )

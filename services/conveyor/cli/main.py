@@ -294,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .schedules import add_parser as add_schedules
 
     add_schedules(sub)
+    from .workflows import add_parser as add_workflows
+
+    add_workflows(sub)
     return p
 
 
