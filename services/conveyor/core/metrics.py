@@ -161,6 +161,12 @@ class Metrics:
         self.outbox_lag = Gauge(
             "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row", registry=r
         )
+        self.workflows = Gauge(
+            "conveyor_workflows",
+            "Workflows by status (finished ones until retention deletes them)",
+            ["status"],
+            registry=r,
+        )
         self.leases_expired = Gauge(
             "conveyor_leases_expired",
             "Running jobs whose lease expired and that maintenance "
