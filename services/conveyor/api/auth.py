@@ -92,7 +92,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
 # mounted static files (no data): open
 OPEN_MOUNTS = ("/ui/static", "/docs-assets")
 # routes that count against CONVEYOR_RATE_LIMIT
-SUBMITS = frozenset({("POST", "/jobs"), ("POST", "/jobs/batch")})
+SUBMITS = frozenset({("POST", "/jobs"), ("POST", "/jobs/batch"), ("POST", "/workflows")})
 
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 

@@ -106,8 +106,29 @@ class WorkflowSummary(BaseModel):
     counts: WorkflowCounts
 
 
+_ID, _JOB = "0193a0c4-1b2c-7d7e-8000-1f6b2e1c4a01", "0193a0c4-1b2c-7d7e-8000-1f6b2e1c4a02"
+_RESOURCE = {
+    "id": _ID,
+    "name": "nightly-report",
+    "status": "RUNNING",
+    "on_failure": "cancel",
+    "created_at": "2026-11-26T02:00:00Z",
+    "finished_at": None,
+    "counts": {"jobs": 2, "waiting": 1, "queued": 0, "running": 1, "completed": 0,
+               "failed": 0, "cancelled": 0},
+    "jobs": [
+        {"key": "fetch", "id": _JOB, "type": "fetch_data", "status": "IN_PROGRESS",
+         "after": [], "depends_on": [], "last_error": None},
+        {"key": "report", "id": "0193a0c4-1b2c-7d7e-8000-1f6b2e1c4a03", "type": "build_report",
+         "status": "WAITING", "after": ["fetch"], "depends_on": [_JOB], "last_error": None},
+    ],
+}  # fmt: skip
+
+
 class WorkflowResource(WorkflowSummary):
     """A workflow with each of its jobs."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [_RESOURCE]})
 
     jobs: list[WorkflowJobState] = Field(
         description="Its jobs, by id (the order they were created in)."

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import hashlib
 import uuid
 from typing import Annotated, Any
@@ -176,8 +177,8 @@ class WorkflowApi:
                 if seen is None:
                     raise
                 return 200, seen
-            for r in rows:
-                api.metrics.jobs_submitted.labels(r.job_type).inc()
+            for job_type, n in collections.Counter(r.job_type for r in rows).items():
+                api.metrics.jobs_submitted.labels(job_type).inc(n)
             return 201, await self.read(conn, workflow_id)
 
     async def page(
