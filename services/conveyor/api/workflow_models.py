@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic.config import JsonDict
 
 from ..core.jobs import Status
 from ..workflows import DEFAULT_MAX_JOBS, MAX_KEY_LENGTH
@@ -107,7 +108,7 @@ class WorkflowSummary(BaseModel):
 
 
 _ID, _JOB = "0193a0c4-1b2c-7d7e-8000-1f6b2e1c4a01", "0193a0c4-1b2c-7d7e-8000-1f6b2e1c4a02"
-_RESOURCE = {
+_RESOURCE: JsonDict = {
     "id": _ID,
     "name": "nightly-report",
     "status": "RUNNING",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import hashlib
 import uuid
 from typing import Annotated, Any
@@ -146,6 +147,16 @@ class WorkflowApi:
             raise IdempotencyConflict(DIFFERENT_WORKFLOW)
         return await self.read(conn, found[0])
 
+    async def insert(
+        self, conn: Any, wf: Workflow, built: Any, key: str | None, digest: str
+    ) -> uuid.UUID:
+        """The workflow's rows, and its Idempotency-Key (a second holder of the key violates
+        the unique index), in the caller's transaction."""
+        workflow_id = await enqueue_workflow(conn, wf, schema=self.api.store.schema, built=built)
+        if key is not None:
+            await self.api.store.workflow_set_idempotency_key(conn, workflow_id, key, digest)
+        return workflow_id
+
     async def submit(self, body: SubmitWorkflow, key: str | None, size: int) -> tuple[int, Any]:
         api = self.api
         limit = api.settings.max_payload_bytes
@@ -162,24 +173,28 @@ class WorkflowApi:
             check_horizon(rows, api.settings.max_schedule_days)
             if api.known_types is not None:
                 await api.known_types.check(conn, [r.job_type for r in rows])
+            # thousands of jobs may take seconds: no command timeout while the server answers
+            # probes (``Api.long``, as a batch), in one transaction
+            tx = conn.transaction()
+            await tx.start()
             try:
-                async with conn.transaction():
-                    workflow_id = await enqueue_workflow(
-                        conn, wf, schema=api.store.schema, built=built
-                    )
-                    if key is not None:
-                        await api.store.workflow_set_idempotency_key(conn, workflow_id, key, digest)
-            except asyncpg.UniqueViolationError as exc:
+                workflow_id = await api.long(conn, lambda c: self.insert(c, wf, built, key, digest))
+            except BaseException as exc:
+                with contextlib.suppress(Exception):  # the connection may be terminated
+                    await tx.rollback()
                 # the same key submitted at once: the first commit holds it
-                if key is None or exc.constraint_name != KEY_INDEX:
-                    raise
-                seen = await self.replay(conn, key, digest)
-                if seen is None:
-                    raise
-                return 200, seen
+                if (
+                    isinstance(exc, asyncpg.UniqueViolationError)
+                    and exc.constraint_name == KEY_INDEX
+                    and key is not None
+                    and (seen := await self.replay(conn, key, digest)) is not None
+                ):
+                    return 200, seen
+                raise
+            await tx.commit()
             for job_type, n in collections.Counter(r.job_type for r in rows).items():
                 api.metrics.jobs_submitted.labels(job_type).inc(n)
-            return 201, await self.read(conn, workflow_id)
+            return 201, await api.long(conn, lambda c: self.read(c, workflow_id))
 
     async def page(
         self, status: str | None, name: str | None, limit: int, cursor: str | None
@@ -197,13 +212,15 @@ class WorkflowApi:
         }
 
     async def cancel(self, workflow_id: uuid.UUID) -> dict[str, Any]:
-        async with self.api.connection() as conn:
-            async with conn.transaction():
-                try:
-                    await cancel_workflow(conn, workflow_id, schema=self.api.store.schema)
-                except LookupError:
-                    raise JobNotFound(f"no workflow {workflow_id}") from None
-            return await self.read(conn, workflow_id)
+        api = self.api
+        async with api.connection() as conn:
+            try:  # one statement (it locks and cancels every open job): Api.long
+                await api.long(
+                    conn, lambda c: cancel_workflow(c, workflow_id, schema=api.store.schema)
+                )
+            except LookupError:
+                raise JobNotFound(f"no workflow {workflow_id}") from None
+            return await api.long(conn, lambda c: self.read(c, workflow_id))
 
 
 def add_workflow_routes(app: FastAPI, api: Api) -> None:
@@ -249,8 +266,8 @@ def add_workflow_routes(app: FastAPI, api: Api) -> None:
         responses=errors(404, 422, 503),
     )
     async def get_workflow_route(workflow_id: uuid.UUID) -> Response:
-        async with api.connection() as conn:
-            return _json(await service.read(conn, workflow_id))
+        async with api.connection() as conn:  # a workflow of thousands of jobs: Api.long
+            return _json(await api.long(conn, lambda c: service.read(c, workflow_id)))
 
     @app.get(
         "/workflows",
