@@ -4,6 +4,7 @@ naming its workflow and dependencies. The scopes are test_security.py's route ma
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -191,3 +192,17 @@ async def test_openapi_documents_the_workflow_operations(stack: Stack) -> None:
     schemas = spec["components"]["schemas"]
     assert schemas["SubmitWorkflow"]["examples"]
     assert {"workflow_id", "depends_on"} <= set(schemas["JobResource"]["properties"])
+
+
+async def test_the_same_key_at_once_makes_one_workflow(
+    stack: Stack, db: asyncpg.Connection
+) -> None:
+    h = {"Idempotency-Key": "raced"}
+    for _ in range(3):
+        answers = await asyncio.gather(
+            *(stack.client.post("/workflows", json=FAN, headers=h) for _ in range(4))
+        )
+        codes = sorted(a.status_code for a in answers)
+        assert codes in ([200, 200, 200, 200], [200, 200, 200, 201]), [a.text for a in answers]
+        assert len({a.json()["id"] for a in answers}) == 1
+    assert await _rows(db) == (1, 4, 4, 1)
