@@ -132,7 +132,7 @@ class WorkflowResource(WorkflowSummary):
     model_config = ConfigDict(json_schema_extra={"examples": [_RESOURCE]})
 
     jobs: list[WorkflowJobState] = Field(
-        description="Its jobs, by id (the order they were created in)."
+        description="Its jobs, each after the jobs it waits for (level by level, by key)."
     )
 
 

@@ -15,6 +15,7 @@ from ...workflows import get_workflow
 from ..attempts import HasConnection
 from ..auth import CURRENT
 from ..resource import error_summary
+from ..workflows import ordered
 from . import render as r
 from .session import html
 
@@ -53,6 +54,7 @@ def workflows_table(rows: list[WorkflowRow]) -> str:
 
 
 def workflow_detail(row: WorkflowRow, jobs: list[WorkflowJob]) -> str:
+    jobs = ordered(jobs)
     ids = {j.key: j.id for j in jobs}
     fields = [
         ("id", row.id),
