@@ -55,6 +55,8 @@ async def test_workflow_pages_over_http(settings: Settings, db: asyncpg.Connecti
         assert f'href="/ui/jobs/{jobs["a"]}">a</a>' in row
         assert f'href="/ui/jobs/{jobs["b"]}">b</a>' in row
         assert (await c.get(f"/ui/workflows/{uuid.uuid4()}")).status_code == 404
+        job_page = (await c.get(f"/ui/jobs/{jobs['report']}")).text  # and back to the workflow
+        assert f'href="/ui/workflows/{wf["id"]}"' in job_page
 
         for i in range(51):  # a second page
             await c.post("/workflows", json={"name": f"w{i}", "jobs": [{"key": "k", "type": "t"}]})

@@ -223,8 +223,10 @@ def job_detail(
         ]
         for a in attempts
     ]
+    wf = row.workflow_id
+    workflow = f'<p id="workflow">Workflow {link(f"/ui/workflows/{wf}", wf)}</p>' if wf else ""
     return (
-        f'<div class="actions">{"".join(actions)}</div>'
+        f'<div class="actions">{"".join(actions)}</div>{workflow}'
         + table(["field", "value"], [[e(k), e(v)] for k, v in fields], id_="fields")
         + f'<h2>Payload</h2><pre id="payload">{pretty(row.payload)}</pre>'
         + f'<h2>Result</h2><pre id="result">{pretty(row.result)}</pre>'
