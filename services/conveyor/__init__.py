@@ -5,6 +5,7 @@ from .core.jobs import Status
 from .enqueue import enqueue, enqueue_many
 from .jobs.spec import JobSpec
 from .router import Job, JobRouter
+from .workflows import Workflow, cancel_workflow, chain, chord, enqueue_workflow, group
 
 __all__ = [
     "ConveyorError",
@@ -13,6 +14,12 @@ __all__ = [
     "JobSpec",
     "Retry",
     "Status",
+    "Workflow",
+    "cancel_workflow",
+    "chain",
+    "chord",
     "enqueue",
     "enqueue_many",
+    "enqueue_workflow",
+    "group",
 ]

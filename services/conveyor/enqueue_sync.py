@@ -13,6 +13,9 @@ from typing import Any
 from .enqueue import enqueue_many as enqueue_many_async
 from .jobs.spec import JobSpec
 from .store.sync import SyncConnection, run_sync
+from .workflows import Workflow
+from .workflows import cancel_workflow as cancel_workflow_async
+from .workflows import enqueue_workflow as enqueue_workflow_async
 
 
 def _psycopg_connection(conn: Any) -> Any:
@@ -71,3 +74,17 @@ def enqueue_many(
     """Several jobs in one statement on ``conn`` (the caller's transaction)."""
     sync = SyncConnection(_psycopg_connection(conn))
     return run_sync(enqueue_many_async(sync, specs, notify=notify, schema=schema))
+
+
+def enqueue_workflow(
+    conn: Any, workflow: Workflow, *, notify: bool = True, schema: str | None = None
+) -> uuid.UUID:
+    """``conveyor.enqueue_workflow`` on a synchronous connection (the caller's transaction)."""
+    sync = SyncConnection(_psycopg_connection(conn))
+    return run_sync(enqueue_workflow_async(sync, workflow, notify=notify, schema=schema))
+
+
+def cancel_workflow(conn: Any, workflow_id: uuid.UUID, *, schema: str | None = None) -> int:
+    """``conveyor.cancel_workflow`` on a synchronous connection."""
+    sync = SyncConnection(_psycopg_connection(conn))
+    return run_sync(cancel_workflow_async(sync, workflow_id, schema=schema))

@@ -65,6 +65,9 @@ class Job:
     retry_count: int = 0
     max_retries: int = 0
     meta: dict[str, Any] = field(default_factory=dict)  # the submit's ``meta`` ({} when none)
+    workflow_id: uuid.UUID | None = None  # None: not a workflow's job
+    # a workflow job's dependencies by key: {"status": ..., "result": ...} (``parents``)
+    dependencies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _cancel: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _hooks: JobHooks | None = field(default=None, repr=False)
 
@@ -73,6 +76,17 @@ class Job:
         """True once someone asked to cancel this job (or the lease was lost): stop early; the
         attempt's result will be discarded."""
         return self._cancel.is_set()
+
+    @property
+    def parents(self) -> dict[str, Any]:
+        """Each dependency's result by its key in the workflow. Under ``on_failure="continue"``
+        a dependency that did not complete shows None: ``parent_statuses`` says why."""
+        return {k: d["result"] for k, d in self.dependencies.items()}
+
+    @property
+    def parent_statuses(self) -> dict[str, str]:
+        """Each dependency's status (COMPLETED, FAILED or CANCELLED) by its key."""
+        return {k: d["status"] for k, d in self.dependencies.items()}
 
     async def wait_cancelled(self) -> None:
         await self._cancel.wait()

@@ -25,7 +25,7 @@ from ..stack import free_port, running_stack
 Req = tuple[str, str, dict[str, Any]]
 
 
-def _requests(job: str, cancelled: str) -> dict[tuple[str, str], tuple[Req, int]]:
+def _requests(job: str, cancelled: str, wf: str) -> dict[tuple[str, str], tuple[Req, int]]:
     """(method, template) → (a request, its status with the right scope)."""
     form = {"headers": {"content-type": "application/x-www-form-urlencoded"}}
     batch = {"json": {"jobs": [{"type": "e"}]}}
@@ -37,6 +37,11 @@ def _requests(job: str, cancelled: str) -> dict[tuple[str, str], tuple[Req, int]
         ("GET", "/jobs/{job_id}/attempts"): (("GET", f"/jobs/{job}/attempts", {}), 200),
         ("POST", "/jobs/{job_id}/cancel"): (("POST", f"/jobs/{job}/cancel", {}), 409),
         ("POST", "/jobs/{job_id}/retry"): (("POST", f"/jobs/{cancelled}/retry", {}), 200),
+        ("POST", "/workflows"): (("POST", "/workflows", {"json": WORKFLOW}), 201),
+        ("GET", "/workflows"): (("GET", "/workflows", {}), 200),
+        ("GET", "/workflows/{workflow_id}"): (("GET", f"/workflows/{wf}", {}), 200),
+        ("POST", "/workflows/{workflow_id}/cancel"): (
+            ("POST", f"/workflows/{wf}/cancel", {}), 200),
         ("GET", "/ui"): (("GET", "/ui", {}), 200),
         ("GET", "/ui/fragment/overview"): (("GET", "/ui/fragment/overview", {}), 200),
         ("GET", "/ui/jobs"): (("GET", "/ui/jobs", {}), 200),
@@ -62,6 +67,8 @@ def _requests(job: str, cancelled: str) -> dict[tuple[str, str], tuple[Req, int]
         ("POST", "/schedules/{name}/pause"): (("POST", "/schedules/m-pause/pause", {}), 200),
         ("POST", "/schedules/{name}/resume"): (("POST", "/schedules/m-resume/resume", {}), 200),
         ("GET", "/ui/types"): (("GET", "/ui/types", {}), 200),
+        ("GET", "/ui/workflows"): (("GET", "/ui/workflows", {}), 200),
+        ("GET", "/ui/workflows/{workflow_id}"): (("GET", f"/ui/workflows/{wf}", {}), 200),
         ("GET", "/ui/schedules"): (("GET", "/ui/schedules", {}), 200),
         ("POST", "/ui/schedules/{name}/pause"): (
             ("POST", "/ui/schedules/m-ui-pause/pause", form), 303),
@@ -72,6 +79,7 @@ def _requests(job: str, cancelled: str) -> dict[tuple[str, str], tuple[Req, int]
     }  # fmt: skip
 
 
+WORKFLOW = {"name": "w", "jobs": [{"key": "k", "type": "echo"}]}
 SCHEDULES = ("m-get", "m-del", "m-pause", "m-resume", "m-ui-pause", "m-ui-resume", "m-ui-delete")
 
 
@@ -97,7 +105,8 @@ async def test_every_route_by_key(settings: Settings, db: asyncpg.Connection) ->
         r = await c.post(f"/jobs/{cancelled}/cancel", headers=bearer(keys["jobs:write"]))
         assert r.status_code == 200, r.text
         await c.post(f"/jobs/{job}/cancel", headers=bearer(keys["jobs:write"]))
-        specific = _requests(job, cancelled)
+        r = await c.post("/workflows", json=WORKFLOW, headers=bearer(keys["jobs:write"]))
+        specific = _requests(job, cancelled, r.json()["id"])
         rows, failures = [], []
         for (method, path), need in sorted(ROUTE_SCOPES.items()):
             if need == OPEN:

@@ -136,3 +136,29 @@ async def test_every_registered_type_has_its_series_from_the_first_refresh(
     series = {s.labels["type"] for m in metrics.registry.collect() if m.name == "conveyor_jobs"
               for s in m.samples}  # fmt: skip
     assert len(series) == registered, (len(series), registered)
+
+
+async def test_workflows_by_status(
+    db: asyncpg.Connection, parts: tuple[Metrics, Sweeper, Relay]
+) -> None:
+    """``conveyor_workflows{status}``: every status has its series (0 included) from the first
+    refresh, and a workflow that finishes moves from RUNNING to its final status."""
+    from conveyor.workflows import Workflow, cancel_workflow, enqueue_workflow
+
+    metrics, sweeper, _ = parts
+    gauges = Gauges(metrics, sweeper.store, sweeper.pool, sweeper.topology)
+    await gauges.refresh_once()
+    for status in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED"):
+        assert _value(metrics, "conveyor_workflows", status=status) == 0
+    ids = []
+    for i in range(3):
+        wf = Workflow(f"w{i}")
+        wf.add("first", "a")
+        wf.add("then", "a", after=["first"])
+        ids.append(await enqueue_workflow(db, wf))
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_workflows", status="RUNNING") == 3
+    await cancel_workflow(db, ids[0])
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_workflows", status="RUNNING") == 2
+    assert _value(metrics, "conveyor_workflows", status="CANCELLED") == 1

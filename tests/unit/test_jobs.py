@@ -105,4 +105,5 @@ def test_snap_and_pen_names() -> None:
 def test_every_status_has_transitions_and_terminal_ones_only_redrive() -> None:
     assert set(TRANSITIONS) == set(Status)
     assert TRANSITIONS[Status.COMPLETED] == frozenset()
-    assert TRANSITIONS[Status.FAILED] == {Status.PENDING}
+    # a redriven workflow job whose dependencies are unmet waits for them (WAITING)
+    assert TRANSITIONS[Status.FAILED] == {Status.PENDING, Status.WAITING}

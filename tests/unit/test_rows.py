@@ -33,6 +33,8 @@ def _distinct_record(
             record[column] = "RETRYING"
         elif f.name == "id":
             value = record[column] = uuid.uuid4()
+        elif f.name == "depends_on":  # an array column: a tuple of job ids
+            value = record[column] = (uuid.uuid4(), uuid.uuid4())
         elif "_at" in f.name:
             value = record[column] = t0 + timedelta(seconds=i)
         else:
@@ -45,7 +47,7 @@ def _distinct_record(
     ("cls", "json_fields"),
     [
         (JobRow, {"payload", "result", "progress", "meta"}),
-        (ClaimedJob, {"payload", "meta"}),
+        (ClaimedJob, {"payload", "meta", "parents"}),
     ],
 )
 def test_from_record_puts_each_column_in_its_field(cls: type, json_fields: set[str]) -> None:

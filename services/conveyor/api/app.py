@@ -23,6 +23,7 @@ from .service import Api
 from .types_routes import add_type_routes
 from .ui import add_ui
 from .ui.session import refused_page
+from .workflows import add_workflow_routes
 
 log = logging.getLogger("conveyor.api")
 
@@ -58,13 +59,14 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     add_attempt_routes(app, api)
     add_type_routes(app, api)
     add_schedule_routes(app, api)
+    add_workflow_routes(app, api)
     add_ui(app, api)
     install_docs(app)
     errors.install(app, metrics)
     openapi.install(app)
 
     def limit_for(path: str) -> int:
-        if path.endswith("/jobs/batch"):
+        if path.endswith(("/jobs/batch", "/workflows")):
             return settings.max_body_bytes
         return settings.max_payload_bytes + 64 * 1024
 

@@ -67,6 +67,11 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("DELETE", "/schedules/{name}"): ADMIN,
     ("POST", "/schedules/{name}/pause"): ADMIN,
     ("POST", "/schedules/{name}/resume"): ADMIN,
+    # workflows: as jobs
+    ("POST", "/workflows"): WRITE,
+    ("GET", "/workflows"): READ,
+    ("GET", "/workflows/{workflow_id}"): READ,
+    ("POST", "/workflows/{workflow_id}/cancel"): WRITE,
     # dashboard
     ("GET", "/ui/login"): OPEN,
     ("POST", "/ui/login"): OPEN,
@@ -78,6 +83,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/ui/jobs/{job_id}/cancel"): WRITE,
     ("POST", "/ui/jobs/{job_id}/retry"): ADMIN,
     ("GET", "/ui/types"): READ,
+    ("GET", "/ui/workflows"): READ,
+    ("GET", "/ui/workflows/{workflow_id}"): READ,
     ("GET", "/ui/schedules"): READ,
     ("POST", "/ui/schedules/{name}/pause"): ADMIN,
     ("POST", "/ui/schedules/{name}/resume"): ADMIN,
@@ -90,7 +97,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
 # mounted static files (no data): open
 OPEN_MOUNTS = ("/ui/static", "/docs-assets")
 # routes that count against CONVEYOR_RATE_LIMIT
-SUBMITS = frozenset({("POST", "/jobs"), ("POST", "/jobs/batch")})
+SUBMITS = frozenset({("POST", "/jobs"), ("POST", "/jobs/batch"), ("POST", "/workflows")})
 
 SESSION, CSRF = "conveyor_session", "conveyor_csrf"  # the dashboard's cookies
 SESSION_SECONDS = 12 * 3600

@@ -313,6 +313,12 @@ class JobResource(ResourceOptions):
     started_at: datetime | None = Field(description="Last attempt started at.")
     finished_at: datetime | None = Field(description="Reached a terminal status at.")
     progress: Progress | None = Field(default=None, description="The handler's last report.")
+    workflow_id: uuid.UUID | None = Field(
+        default=None, description="The workflow the job belongs to; null for a plain job."
+    )
+    depends_on: list[uuid.UUID] = Field(
+        default_factory=list, description="The ids of the jobs it waits for (in its workflow)."
+    )
 
     @classmethod
     def from_row(cls, row: Any) -> JobResource:

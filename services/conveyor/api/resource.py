@@ -50,6 +50,8 @@ def resource(row: JobRow, *, tracebacks: bool = False) -> dict[str, Any]:
         "finished_at": row.finished_at,
         "progress": row.progress,
         "meta": row.meta,
+        "workflow_id": row.workflow_id,
+        "depends_on": list(row.depends_on),
     }
 
 

@@ -15,11 +15,12 @@ import orjson
 from ..api.resource import decode_cursor, encode_cursor
 from ..api.resource import resource as job_resource
 from ..core.config import Settings
+from ..core.jobs import Status
 from ..store import JobRow, Store
 from .support import CliError, database, json_doc, json_line, listing, run, when
 from .support import job_id as parse_job_id
 
-STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "RETRYING", "COMPLETED", "FAILED", "CANCELLED"]
+STATUSES = [s.value for s in Status]
 
 
 def add_parser(sub: Any) -> None:

@@ -18,7 +18,7 @@ from ..core.limits import parse_weights
 from ..core.logging import configure, say
 from ..core.secrets import MaskedStream
 from ..store.connect import database_name
-from . import dlq, jobs, keys, schedules, types
+from . import dlq, jobs, keys, schedules, types, workflows
 from .dev import cmd_dev
 from .keys import auth_banner, grant_roles, role_passwords
 from .lifecycle import check_health_port, listen_socket, start_with_retry
@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--concurrency", type=int, default=16)
     s.set_defaults(func=cmd_dev)
-    for group in (jobs, dlq, types, keys, schedules):
+    for group in (jobs, dlq, types, keys, schedules, workflows):
         group.add_parser(sub)
     return p
 

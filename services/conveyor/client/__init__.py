@@ -7,6 +7,12 @@
         done = c.wait(job.id, timeout=30)       # the finished job: COMPLETED, FAILED, CANCELLED
         print(done.status, done.result, done.error)
 
+Workflows (jobs that wait for other jobs)::
+
+    jobs = [workflow_job("fetch", "fetch_data"), workflow_job("report", "build", after=["fetch"])]
+    wf = c.submit_workflow("nightly", jobs, idempotency_key="nightly-2026-11-25")
+    done = c.wait_workflow(wf.id, timeout=600)   # COMPLETED, FAILED or CANCELLED
+
 Errors are typed (``NotFound`` 404, ``Conflict`` 409, ``InvalidRequest`` 422, ``RateLimited``
 429 with ``retry_after``, ``Unavailable`` 503, ``Unauthorized`` 401, ``Forbidden`` 403, all
 ``ApiError``). ``wait`` polls ``GET /jobs/{id}`` with a backoff from 50 ms to 1 s, so a short
@@ -23,7 +29,16 @@ from typing import Any, TypeVar
 import httpx
 
 from . import common
-from .common import TERMINAL, Call, JobInfo, JobPage, job_body
+from .common import (
+    TERMINAL,
+    Call,
+    JobInfo,
+    JobPage,
+    WorkflowInfo,
+    WorkflowPage,
+    job_body,
+    workflow_job,
+)
 from .errors import (
     ApiError,
     BadRequest,
@@ -61,7 +76,10 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "WaitTimeout",
+    "WorkflowInfo",
+    "WorkflowPage",
     "job_body",
+    "workflow_job",
 ]
 
 
@@ -73,7 +91,7 @@ class _Poll:
         self.deadline = time.monotonic() + timeout
         self.delay = FIRST_POLL
 
-    def next_sleep(self, job: JobInfo) -> float:
+    def next_sleep(self, job: JobInfo | WorkflowInfo) -> float:
         """Seconds to wait before polling again; ``WaitTimeout`` (``job``: as last seen) after."""
         left = self.deadline - time.monotonic()
         if left <= 0:
@@ -154,6 +172,42 @@ class Client:
             time.sleep(poll.next_sleep(job))
         return job
 
+    def submit_workflow(
+        self,
+        name: str,
+        jobs: Iterable[Mapping[str, Any]],
+        *,
+        on_failure: str = "cancel",
+        idempotency_key: str | None = None,
+    ) -> WorkflowInfo:
+        """``jobs``: as ``workflow_job`` builds them; all or none (422 for a cycle, an unknown
+        or duplicate key, an invalid job)."""
+        return self._send(common.submit_workflow(name, jobs, on_failure, idempotency_key))
+
+    def get_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowInfo:
+        return self._send(common.get_workflow(workflow_id))
+
+    def list_workflows(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> WorkflowPage:
+        return self._send(common.list_workflows(status, name, limit, cursor))
+
+    def cancel_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowInfo:
+        return self._send(common.cancel_workflow(workflow_id))
+
+    def wait_workflow(self, workflow_id: uuid.UUID | str, timeout: float = 60.0) -> WorkflowInfo:
+        """The workflow once COMPLETED, FAILED or CANCELLED; raises ``WaitTimeout`` after
+        ``timeout`` seconds."""
+        poll = _Poll(timeout)
+        while not (wf := self.get_workflow(workflow_id)).finished:
+            time.sleep(poll.next_sleep(wf))
+        return wf
+
 
 class AsyncClient:
     """The same operations, awaitable."""
@@ -220,3 +274,37 @@ class AsyncClient:
         while not (job := await self.get(job_id)).finished:  # noqa: ASYNC110 (polls the API)
             await asyncio.sleep(poll.next_sleep(job))
         return job
+
+    async def submit_workflow(
+        self,
+        name: str,
+        jobs: Iterable[Mapping[str, Any]],
+        *,
+        on_failure: str = "cancel",
+        idempotency_key: str | None = None,
+    ) -> WorkflowInfo:
+        return await self._send(common.submit_workflow(name, jobs, on_failure, idempotency_key))
+
+    async def get_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowInfo:
+        return await self._send(common.get_workflow(workflow_id))
+
+    async def list_workflows(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> WorkflowPage:
+        return await self._send(common.list_workflows(status, name, limit, cursor))
+
+    async def cancel_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowInfo:
+        return await self._send(common.cancel_workflow(workflow_id))
+
+    async def wait_workflow(
+        self, workflow_id: uuid.UUID | str, timeout: float = 60.0
+    ) -> WorkflowInfo:
+        poll = _Poll(timeout)
+        while not (wf := await self.get_workflow(workflow_id)).finished:  # noqa: ASYNC110
+            await asyncio.sleep(poll.next_sleep(wf))
+        return wf

@@ -54,6 +54,35 @@ class JobPage:
     next_cursor: str | None
 
 
+@dataclass(frozen=True)
+class WorkflowInfo:
+    """A workflow resource: ``jobs`` maps each key to its job (``key``, ``id``, ``type``,
+    ``status``, ``after``, ``depends_on``, ``last_error``; empty in list pages), ``counts``
+    its jobs by state; ``raw`` holds every field the API sent."""
+
+    id: uuid.UUID
+    name: str
+    status: str  # RUNNING, COMPLETED, FAILED, CANCELLED
+    counts: dict[str, int]
+    jobs: dict[str, dict[str, Any]]
+    raw: dict[str, Any]
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "RUNNING"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> WorkflowInfo:
+        jobs = {j["key"]: j for j in d.get("jobs", ())}
+        return cls(uuid.UUID(d["id"]), d["name"], d["status"], d["counts"], jobs, d)
+
+
+@dataclass(frozen=True)
+class WorkflowPage:
+    workflows: list[WorkflowInfo]
+    next_cursor: str | None
+
+
 def job_body(
     job_type: str,
     payload: Mapping[str, Any] | None = None,
@@ -81,6 +110,19 @@ def job_body(
     }
     body.update({k: v for k, v in options.items() if v is not None})
     return body
+
+
+def workflow_job(
+    key: str,
+    job_type: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    after: Iterable[str] = (),
+    **options: Any,
+) -> dict[str, Any]:
+    """One job of ``submit_workflow``: ``job_body``'s fields under ``key``, run once every job
+    whose key ``after`` names has completed."""
+    return {"key": key, **job_body(job_type, payload, **options), "after": list(after)}
 
 
 @dataclass(frozen=True)
@@ -138,3 +180,32 @@ def _jobs(data: dict[str, Any]) -> list[JobInfo]:
 
 def _page(data: dict[str, Any]) -> JobPage:
     return JobPage(_jobs(data), data.get("next_cursor"))
+
+
+def submit_workflow(
+    name: str, jobs: Iterable[Mapping[str, Any]], on_failure: str, key: str | None
+) -> Call[WorkflowInfo]:
+    body = {"name": name, "on_failure": on_failure, "jobs": [dict(j) for j in jobs]}
+    return Call("POST", "/workflows", WorkflowInfo.from_json, {"json": body, "headers": _idem(key)})
+
+
+def get_workflow(workflow_id: uuid.UUID | str) -> Call[WorkflowInfo]:
+    return Call("GET", f"/workflows/{workflow_id}", WorkflowInfo.from_json)
+
+
+def list_workflows(
+    status: str | None, name: str | None, limit: int, cursor: str | None
+) -> Call[WorkflowPage]:
+    params = {"status": status, "name": name, "limit": limit, "cursor": cursor}
+    return Call(
+        "GET",
+        "/workflows",
+        lambda d: WorkflowPage(
+            [WorkflowInfo.from_json(w) for w in d["workflows"]], d.get("next_cursor")
+        ),
+        {"params": {k: v for k, v in params.items() if v is not None}},
+    )
+
+
+def cancel_workflow(workflow_id: uuid.UUID | str) -> Call[WorkflowInfo]:
+    return Call("POST", f"/workflows/{workflow_id}/cancel", WorkflowInfo.from_json)

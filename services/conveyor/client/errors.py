@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 if TYPE_CHECKING:
-    from .common import JobInfo
+    from .common import JobInfo, WorkflowInfo
 
 
 class ApiError(Exception):
@@ -67,10 +67,12 @@ class Unavailable(ApiError):
 
 
 class WaitTimeout(TimeoutError):
-    """``wait`` ran out of time; ``job`` is the job as last seen."""
+    """``wait`` (``wait_workflow``) ran out of time; ``job`` is the job (the workflow) as last
+    seen."""
 
-    def __init__(self, job: JobInfo, timeout: float) -> None:
-        super().__init__(f"job {job.id} is {job.status} after {timeout} s")
+    def __init__(self, job: JobInfo | WorkflowInfo, timeout: float) -> None:
+        what = "job" if hasattr(job, "type") else "workflow"
+        super().__init__(f"{what} {job.id} is {job.status} after {timeout} s")
         self.job = job
 
 

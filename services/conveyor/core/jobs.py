@@ -16,6 +16,7 @@ from .errors import InvalidJob
 
 
 class Status(StrEnum):
+    WAITING = "WAITING"  # a workflow job whose dependencies are not all met: no message yet
     PENDING = "PENDING"
     SCHEDULED = "SCHEDULED"
     IN_PROGRESS = "IN_PROGRESS"
@@ -26,11 +27,13 @@ class Status(StrEnum):
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
-CANCELLABLE = frozenset({Status.PENDING, Status.SCHEDULED, Status.RETRYING})
+CANCELLABLE = frozenset({Status.WAITING, Status.PENDING, Status.SCHEDULED, Status.RETRYING})
 REDRIVABLE = frozenset({Status.FAILED, Status.CANCELLED})
 
 # Every status change the system makes, and who makes it. Tests walk this table.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
+    # released by its last dependency (workflows); cancelled by a failed one or by an operator
+    Status.WAITING: frozenset({Status.PENDING, Status.SCHEDULED, Status.CANCELLED}),
     Status.SCHEDULED: frozenset({Status.PENDING, Status.CANCELLED}),
     Status.PENDING: frozenset({Status.IN_PROGRESS, Status.CANCELLED}),
     Status.IN_PROGRESS: frozenset(
@@ -38,9 +41,10 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     ),
     Status.RETRYING: frozenset({Status.IN_PROGRESS, Status.CANCELLED}),
     Status.COMPLETED: frozenset(),
-    Status.FAILED: frozenset({Status.PENDING}),
-    # redrive; a cancelled job that never ran keeps its future run_at (SCHEDULED)
-    Status.CANCELLED: frozenset({Status.PENDING, Status.SCHEDULED}),
+    Status.FAILED: frozenset({Status.PENDING, Status.WAITING}),
+    # redrive; a cancelled job that never ran keeps its future run_at (SCHEDULED); a workflow
+    # job whose dependencies are unmet waits again (WAITING)
+    Status.CANCELLED: frozenset({Status.PENDING, Status.SCHEDULED, Status.WAITING}),
 }
 
 PRIORITY_NAMES = {"high": 9, "normal": 5, "low": 1}

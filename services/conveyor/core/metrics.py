@@ -134,6 +134,11 @@ class Metrics:
         self.outbox_lag = gauge(
             "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row"
         )
+        self.workflows = gauge(
+            "conveyor_workflows",
+            "Workflows by status (finished ones until retention deletes them)",
+            ["status"],
+        )
         self.leases_expired = gauge(
             "conveyor_leases_expired",
             "Running jobs whose lease expired and that maintenance "

@@ -1,7 +1,7 @@
 """Gauges from the database and the broker, refreshed every few seconds by one process (the
 sweeper, wherever it runs), never by a query per scrape: jobs by type and status, the outbox's
-size and lag, running jobs whose lease expired (the ``stuck_jobs`` view), and each work queue's
-ready messages.
+size and lag, running jobs whose lease expired (the ``stuck_jobs`` view), workflows by status,
+and each work queue's ready messages.
 
 Jobs by type and status are counted exactly up to ``exact_up_to`` (1,000) per pair, with an
 index-only scan that stops there; a pair at the cap takes the planner's estimate instead (never
@@ -21,6 +21,7 @@ from ..broker.topology import Topology
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Store
+from ..store.schema_workflows import WORKFLOW_STATUSES
 from ..store.stats import COUNTED_STATUSES
 
 log = logging.getLogger("conveyor.gauges")
@@ -65,6 +66,7 @@ class Gauges:
             rows, lag = await self.store.outbox_stats(conn)
             stuck = await self.store.job_stuck_count(conn)
             registered = await self.store.job_type_names(conn)
+            workflows = await self.store.workflow_status_counts(conn)
         zeros = {(t, s) for t in registered for s in COUNTED_STATUSES}
         for key in (self._seen | zeros) - now.keys():
             self.metrics.jobs.labels(*key).set(0)
@@ -76,6 +78,8 @@ class Gauges:
         self.metrics.outbox_rows.set(rows)
         self.metrics.outbox_lag.set(lag)
         self.metrics.leases_expired.set(stuck)
+        for status in WORKFLOW_STATUSES:
+            self.metrics.workflows.labels(status).set(workflows.get(status, 0))
         if self.queue_depth is not None:
             for job_type in sorted({t for t, _ in self._seen}):
                 queue = self.topology.work_queue(job_type)

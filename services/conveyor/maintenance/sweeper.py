@@ -35,6 +35,7 @@ log = logging.getLogger("conveyor.sweeper")
 
 BATCH = 1000
 RETENTION_INTERVAL = 3600.0
+WORKFLOWS_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Sweeper:
             "reconcile": settings.reconcile_interval,
             "retention": RETENTION_INTERVAL,
             "schedules": settings.schedules_interval,
+            "workflows": WORKFLOWS_INTERVAL,
         }
         self._passed = dict.fromkeys(self.intervals, clock())
         self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
@@ -245,12 +247,32 @@ class Sweeper:
                 await asyncio.sleep(s.retention_pause)
         while await self._unique_delete_expired() == BATCH:
             pass
+        while True:  # finished workflows go whole, with their jobs
+            async with self.pool.acquire() as conn:
+                n = await self.store.workflow_delete_expired(
+                    conn,
+                    older_than=s.retention_days * 86400,
+                    failed_older_than=s.failed_retention_days * 86400,
+                    limit=BATCH,
+                )
+            if n < BATCH:
+                break
         self._count("retention_deleted", total)
         return total
 
     async def _unique_delete_expired(self) -> int:
         async with self.pool.acquire() as conn:
             return await self.store.job_unique_delete_expired(conn, limit=BATCH)
+
+    async def finish_workflows(self) -> int:
+        """The backstop of a workflow's status (``store/workflows.py``): a running workflow
+        whose last two jobs ended at once, each seeing the other open, finishes here; one
+        finished here while a job of it was retried runs again."""
+        async with self.pool.acquire() as conn:
+            n = await self.store.workflow_finish(conn, limit=BATCH)
+            await self.store.workflow_reopen(conn)
+        self._count("workflows_finished", n)
+        return n
 
     async def enqueue_due_schedules(self, now: datetime | None = None) -> SchedulePass:
         """Enqueue one job per tick that has come (``maintenance/schedules.py``); ``now``
@@ -295,6 +317,7 @@ class Sweeper:
             "reconcile": self.reconcile,
             "retention": self.delete_expired,
             "schedules": self.enqueue_due_schedules,
+            "workflows": self.finish_workflows,
         }
         loops = [self._every(stop, n, f) for n, f in duties.items()]
         if self.gauges is not None:

@@ -46,6 +46,8 @@ from .schema import DEFAULT_SCHEMA, outbox_channel
 from .stats import StatsStatements
 from .testing import TestingStatements
 from .types import TypeStatements
+from .workflow_pages import WorkflowPageStatements
+from .workflows import WorkflowStatements
 
 
 class Store(
@@ -59,6 +61,8 @@ class Store(
     KeyStatements,
     ProbeStatements,
     TestingStatements,
+    WorkflowStatements,
+    WorkflowPageStatements,
 ):
     """The statements of one schema. Cheap to share: build it once per process (``for_schema``)."""
 

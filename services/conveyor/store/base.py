@@ -22,8 +22,8 @@ LONG_STATEMENT_TIMEOUT = 300.0
 
 class LongStatements:
     """A connection whose statements carry ``LONG_STATEMENT_TIMEOUT`` instead of the pool's
-    command timeout: the API's batch insert, which may legitimately run for seconds while a
-    liveness probe answers for the server (``api/liveness.py``)."""
+    command timeout: the API's batch and workflow inserts, which may legitimately run for seconds
+    while a liveness probe answers for the server (``api/liveness.py``)."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -39,6 +39,12 @@ class LongStatements:
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         return str(await self.conn.execute(query, *args, timeout=LONG_STATEMENT_TIMEOUT))
+
+    def transaction(self) -> Any:
+        return self.conn.transaction()
+
+    def is_in_transaction(self) -> bool:
+        return bool(self.conn.is_in_transaction())
 
 
 class Statements:

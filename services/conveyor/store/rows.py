@@ -86,6 +86,8 @@ class JobRow:
     finished_at: datetime | None
     progress: dict[str, Any] | None = None  # {"percent", "message", "updated_at"}
     meta: dict[str, Any] | None = None
+    workflow_id: uuid.UUID | None = None  # a workflow job's (read by job_get and job pages)
+    depends_on: tuple[uuid.UUID, ...] = ()  # the ids of the jobs it waits for
 
     @classmethod
     def from_record(cls, r: Any) -> JobRow:
@@ -117,6 +119,8 @@ class JobRow:
                 r["finished_at"],
                 None if progress is None else orjson.loads(progress),
                 None if meta is None else orjson.loads(meta),
+                r.get("workflow_id"),
+                tuple(r.get("depends_on") or ()),
             ),
         )
 
@@ -136,11 +140,14 @@ class ClaimedJob:
     wait_seconds: float = 0.0  # due (run_at, or created_at) → this claim
     trace_context: str | None = None  # the submit's traceparent (tracing)
     meta: dict[str, Any] | None = None
+    workflow_id: uuid.UUID | None = None
+    # a workflow job's dependencies: key -> {"status", "result"}
+    parents: dict[str, dict[str, Any]] | None = None
 
     @classmethod
     def from_record(cls, r: Any) -> ClaimedJob:
         """A row of a claim statement (``job_claim_many``, ``job_claim_controlled``)."""
-        meta = r["meta"]
+        meta, parents = r["meta"], r["parents"]
         return _build(
             cls,
             _CLAIMED_JOB,
@@ -156,6 +163,8 @@ class ClaimedJob:
                 r["wait"],
                 r["trace_context"],
                 None if meta is None else orjson.loads(meta),
+                r["workflow_id"],
+                None if parents is None else orjson.loads(parents),
             ),
         )
 

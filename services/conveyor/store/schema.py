@@ -13,6 +13,7 @@ from sqlalchemy.dialects import postgresql as pg
 
 from ..core.jobs import Status
 from .registry import check_schema
+from .schema_workflows import define_workflows
 
 DEFAULT_SCHEMA = "conveyor"
 VERSION_TABLE = "alembic_version"
@@ -164,6 +165,7 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
     from .schema_features import define_features
 
     define_features(metadata)
+    define_workflows(metadata, jobs)
 
 
 def _define_keys(metadata: sa.MetaData) -> None:

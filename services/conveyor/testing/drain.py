@@ -193,6 +193,8 @@ class _Drain:
             retry_count=row.retry_count,
             max_retries=row.max_retries,
             meta=row.meta or {},
+            workflow_id=row.workflow_id,
+            dependencies=row.parents or {},
         )
         running = Running(
             job, self.router.handlers.get(job.type), row.timeout_seconds, self.executor.clock()

@@ -270,6 +270,8 @@ class Worker:
             retry_count=row.retry_count,
             max_retries=row.max_retries,
             meta=row.meta or {},
+            workflow_id=row.workflow_id,
+            dependencies=row.parents or {},
         )
         spec = self.router.handlers.get(job.type)
         running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)

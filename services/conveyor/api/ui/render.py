@@ -16,7 +16,7 @@ from ...core.jobs import Status
 from ...store import AttemptRow, JobRow
 from ..resource import error_summary
 
-ACTIVE = ["SCHEDULED", "PENDING", "RETRYING", "IN_PROGRESS", "FAILED"]
+ACTIVE = ["WAITING", "SCHEDULED", "PENDING", "RETRYING", "IN_PROGRESS", "FAILED"]
 
 
 def e(value: Any) -> str:
@@ -63,6 +63,7 @@ def page(title: str, body: str, *, user: str = "") -> str:
         for p, t in (
             ("/ui", "Overview"),
             ("/ui/jobs", "Jobs"),
+            ("/ui/workflows", "Workflows"),
             ("/ui/dead", "Dead letters"),
             ("/ui/types", "Types"),
             ("/ui/schedules", "Schedules"),
@@ -199,7 +200,13 @@ def job_detail(
         ("last error", err(row.last_error)),
     ]
     actions = []
-    running = (Status.PENDING, Status.SCHEDULED, Status.RETRYING, Status.IN_PROGRESS)
+    running = (
+        Status.WAITING,
+        Status.PENDING,
+        Status.SCHEDULED,
+        Status.RETRYING,
+        Status.IN_PROGRESS,
+    )
     if can_cancel and row.status in running:
         actions.append(button(f"/ui/jobs/{row.id}/cancel", "Cancel", csrf=csrf))
     if can_retry and row.status in (Status.FAILED, Status.CANCELLED):
@@ -216,8 +223,10 @@ def job_detail(
         ]
         for a in attempts
     ]
+    wf = row.workflow_id
+    workflow = f'<p id="workflow">Workflow {link(f"/ui/workflows/{wf}", wf)}</p>' if wf else ""
     return (
-        f'<div class="actions">{"".join(actions)}</div>'
+        f'<div class="actions">{"".join(actions)}</div>{workflow}'
         + table(["field", "value"], [[e(k), e(v)] for k, v in fields], id_="fields")
         + f'<h2>Payload</h2><pre id="payload">{pretty(row.payload)}</pre>'
         + f'<h2>Result</h2><pre id="result">{pretty(row.result)}</pre>'

@@ -15,7 +15,7 @@ from ..types_routes import type_dict
 from . import render as r
 from .session import page
 
-COUNTED = ("PENDING", "SCHEDULED", "RETRYING", "IN_PROGRESS", "FAILED")
+COUNTED = ("WAITING", "PENDING", "SCHEDULED", "RETRYING", "IN_PROGRESS", "FAILED")
 # the limits a type may carry (job features: fleet-wide concurrency, rate limit, pause); shown
 # when the type's data has them
 LIMITS = (("concurrency", "concurrency"), ("rate_limit", "rate limit"), ("paused", "paused"))

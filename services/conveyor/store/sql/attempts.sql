@@ -69,7 +69,13 @@ WHERE j.id = ANY(:ids::uuid[])
 RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
           timeout_seconds, meta::text AS meta,
           greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
-          trace_context
+          trace_context, workflow_id,
+          -- a workflow job's dependencies as its handler sees them (key -> status, result)
+          CASE WHEN jobs.workflow_id IS NOT NULL THEN (
+              SELECT jsonb_object_agg(p.workflow_key, jsonb_build_object('status', p.status,
+                                                                         'result', p.result))
+              FROM __schema__.job_dependencies d JOIN __schema__.jobs p ON p.id = d.depends_on
+              WHERE d.job_id = jobs.id)::text END AS parents
 
 -- name: job_claim_controlled
 -- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the
@@ -131,7 +137,13 @@ WITH t AS (
               j.retry_count, j.max_retries, j.timeout_seconds, j.meta::text AS meta,
               j.trace_context,
               greatest(0, extract(epoch FROM statement_timestamp()
-                                              - COALESCE(j.run_at, j.created_at)))::float8 AS wait
+                                              - COALESCE(j.run_at, j.created_at)))::float8 AS wait,
+              j.workflow_id, CASE WHEN j.workflow_id IS NOT NULL THEN (
+                  SELECT jsonb_object_agg(p.workflow_key, jsonb_build_object(
+                      'status', p.status, 'result', p.result))
+                  FROM __schema__.job_dependencies d
+                  JOIN __schema__.jobs p ON p.id = d.depends_on
+                  WHERE d.job_id = j.id)::text END AS parents  -- as in job_claim_many
 ), keep AS (
     SELECT name, id, att FROM listed UNION ALL SELECT job_type, id, attempts FROM upd
 ), starts AS (
@@ -196,9 +208,10 @@ WITH t AS (
     SELECT id, job_type, priority, 'retry', delay FROM held WHERE delay > 0
 )
 SELECT false AS held, id, job_type, payload, priority, attempts, retry_count, max_retries,
-       timeout_seconds, meta, trace_context, wait FROM upd
+       timeout_seconds, meta, trace_context, wait, workflow_id, parents FROM upd
 UNION ALL
-SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay FROM held
+SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay, NULL, NULL
+FROM held
 
 -- name: job_release_held
 -- Jobs a worker held in hand for a concurrency slot and gives up (its drain): back through the

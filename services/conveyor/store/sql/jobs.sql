@@ -69,7 +69,9 @@ FROM ins
 SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
+    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                       WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
 FROM __schema__.jobs WHERE id = $1
 
 -- name: job_get_by_idempotency_key
@@ -92,9 +94,9 @@ UPDATE __schema__.jobs SET
     cancel_requested = true,
     finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
     lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
-    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS') THEN run_at END,
+    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS', 'WAITING') THEN run_at END,
     updated_at = now()
-WHERE id = $1 AND status IN ('PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
+WHERE id = $1 AND status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
 RETURNING id
 
 -- name: job_redrive

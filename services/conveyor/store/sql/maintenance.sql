@@ -158,14 +158,15 @@ SELECT pg_try_advisory_xact_lock(hashtextextended('__schema__:reconcile:' || $1,
 -- Retention, in small batches, oldest first: COMPLETED/CANCELLED jobs finished more than ``$1``
 -- seconds ago (``jobs_done_idx``) and FAILED ones more than ``$2`` seconds ago
 -- (``jobs_failed_idx``); an idle pass reads an empty range of each. A job's attempts go with it
--- (``job_attempts`` has no foreign key, see ``schema.py``).
+-- (``job_attempts`` has no foreign key, see ``schema.py``). A workflow's jobs go with their
+-- workflow, once it has finished (``workflow_delete_expired``).
 WITH done AS (
     SELECT id FROM __schema__.jobs WHERE status IN ('COMPLETED', 'CANCELLED')
-      AND finished_at < now() - make_interval(secs => $1)
+      AND finished_at < now() - make_interval(secs => $1) AND workflow_id IS NULL
     ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
 ), failed AS (
     SELECT id FROM __schema__.jobs WHERE status = 'FAILED'
-      AND finished_at < now() - make_interval(secs => $2)
+      AND finished_at < now() - make_interval(secs => $2) AND workflow_id IS NULL
     ORDER BY finished_at LIMIT greatest($3 - (SELECT count(*) FROM done), 0) FOR UPDATE SKIP LOCKED
 ), d AS (
     SELECT id FROM done UNION ALL SELECT id FROM failed

@@ -22,7 +22,10 @@ WITH RECURSIVE t(job_type) AS (
 SELECT t.job_type AS type, c.status, c.n
 FROM t
 CROSS JOIN LATERAL (
-    SELECT 'PENDING'::text AS status, count(*) AS n
+    SELECT 'WAITING'::text AS status, count(*) AS n
+        FROM (SELECT FROM __schema__.jobs j
+              WHERE j.job_type = t.job_type AND j.status = 'WAITING' LIMIT $1) x
+    UNION ALL SELECT 'PENDING'::text AS status, count(*) AS n
         FROM (SELECT FROM __schema__.jobs j
               WHERE j.job_type = t.job_type AND j.status = 'PENDING' LIMIT $1) x
     UNION ALL SELECT 'SCHEDULED'::text AS status, count(*) AS n
@@ -81,7 +84,9 @@ GROUP BY job_type ORDER BY job_type
 SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
+    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                       WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
 FROM __schema__.jobs
 WHERE id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
   AND id >= COALESCE(:since::uuid, '00000000-0000-0000-0000-000000000000')
@@ -114,7 +119,9 @@ WITH RECURSIVE t(job_type) AS (
 SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
+    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                       WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
 FROM __schema__.jobs
 WHERE id = ANY(ARRAY(SELECT id FROM page))
 ORDER BY id DESC

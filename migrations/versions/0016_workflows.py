@@ -1,0 +1,431 @@
+"""workflows: jobs that wait for other jobs (``conveyor.workflows``, docs/workflows.md)
+
+- ``job_status`` gains ``WAITING``: a job with unfinished dependencies. It has no outbox row,
+  so no message, until its last dependency completes. PostgreSQL refuses a new enum value's use
+  in the transaction that adds it (a view, an index predicate or a SQL function naming it), so
+  the ``ALTER TYPE`` runs in an autocommit block of its own (``IF NOT EXISTS``: a re-run after a
+  failure later in this revision finds it there).
+- ``workflows``: one row per workflow; ``status`` RUNNING until every job is final, then
+  COMPLETED, FAILED (a job failed), CANCELLED (``cancel_workflow``, or a job cancelled).
+- ``jobs.workflow_id`` / ``workflow_key`` / ``deps_pending`` (the dependencies not yet
+  satisfied) and ``job_dependencies(job_id, depends_on)``. No foreign keys: their per-row checks
+  would cost every plain job's insert and delete a trigger call.
+- Triggers on ``jobs`` status changes of workflow jobs only (``WHEN (NEW.workflow_id IS NOT
+  NULL ...)``: a plain job pays the test of one column). Every path that changes a status, the
+  worker's completions, cancels, lease recovery, redrive, operator SQL, goes through them:
+  ``workflow_job_settled`` (AFTER) releases dependents whose counter reaches 0 (a decrement of
+  the child's row: the row lock serialises concurrent parents, so exactly one transaction sees
+  0 and releases), cancels them (``on_failure = 'cancel'``), brings cascade-cancelled dependents
+  back to WAITING when a job is retried, and finishes the workflow when its last open job ends;
+  ``workflow_job_redriven`` (BEFORE) keeps a redriven job WAITING while a dependency is unmet.
+- ``retry_job`` leaves a WAITING job alone and publishes only what is released; ``cancel_job``
+  cancels WAITING jobs; ``cancel_workflow(id)``; views ``running_workflows``,
+  ``blocked_jobs``, ``workflow_counts``; ``backlog`` counts WAITING jobs.
+
+Revision ID: 0016
+Revises: 0015
+Create Date: 2026-11-26
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql as pg
+
+revision: str = "0016"
+down_revision: str | None = "0015"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+OPEN = "'WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS', 'RETRYING'"
+FINAL = "'COMPLETED', 'FAILED', 'CANCELLED'"
+
+# The workflow's status from its jobs once none is open.
+DERIVED = """CASE WHEN w.cancel_requested THEN 'CANCELLED'
+         WHEN EXISTS (SELECT 1 FROM {s}.jobs x WHERE x.workflow_id = w.id
+                      AND x.status = 'FAILED') THEN 'FAILED'
+         WHEN EXISTS (SELECT 1 FROM {s}.jobs x WHERE x.workflow_id = w.id
+                      AND x.status = 'CANCELLED') THEN 'CANCELLED'
+         ELSE 'COMPLETED' END"""
+
+SETTLED = f"""
+CREATE FUNCTION {{s}}.workflow_job_settled() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    policy text;
+    stopped boolean;
+    cause text;
+    released int;
+BEGIN
+    SELECT on_failure, cancel_requested INTO policy, stopped FROM {{s}}.workflows
+    WHERE id = NEW.workflow_id;
+    IF NEW.status IN ({FINAL}) AND OLD.status NOT IN ({FINAL}) THEN
+        IF NEW.status = 'COMPLETED' OR policy = 'continue' THEN
+            -- children locked in id order (no deadlock between two releasing transactions),
+            -- then counted down by a new statement on the latest row versions: the one that
+            -- reaches 0 releases, with its outbox row and a NOTIFY at commit
+            PERFORM 1 FROM {{s}}.jobs c
+            WHERE c.id IN (SELECT d.job_id FROM {{s}}.job_dependencies d
+                           WHERE d.depends_on = NEW.id) AND c.status = 'WAITING'
+            ORDER BY c.id FOR UPDATE;
+            WITH r AS (
+                UPDATE {{s}}.jobs c SET
+                    deps_pending = c.deps_pending - 1,
+                    status = (CASE WHEN c.deps_pending > 1 THEN 'WAITING'
+                                   WHEN c.run_at > now() THEN 'SCHEDULED'
+                                   ELSE 'PENDING' END)::{{s}}.job_status,
+                    run_at = CASE WHEN c.deps_pending > 1 OR c.run_at > now() THEN c.run_at
+                                  ELSE now() END,
+                    updated_at = CASE WHEN c.deps_pending > 1 THEN c.updated_at ELSE now() END
+                FROM {{s}}.job_dependencies d
+                WHERE d.depends_on = NEW.id AND c.id = d.job_id AND c.status = 'WAITING'
+                RETURNING c.id, c.job_type, c.priority, c.status
+            ), ob AS (
+                INSERT INTO {{s}}.job_outbox (job_id, job_type, priority)
+                SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
+                    AND NOT EXISTS (SELECT 1 FROM {{s}}.job_outbox o
+                                    WHERE o.job_id = r.id AND o.destination = 'work')
+                RETURNING 1
+            )
+            SELECT count(*) INTO released FROM ob;
+            IF released > 0 THEN
+                PERFORM pg_notify('{{s}}_outbox', '');
+            END IF;
+        ELSE
+            -- every job downstream, still waiting, is cancelled naming this one
+            cause := format('dependency %s (job %s) %s', COALESCE(NEW.workflow_key, '?'),
+                            NEW.id, CASE NEW.status WHEN 'FAILED' THEN 'failed'
+                                                    ELSE 'was cancelled' END);
+            PERFORM 1 FROM {{s}}.jobs c WHERE c.id IN (
+                WITH RECURSIVE down(id) AS (
+                    SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
+                    UNION
+                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN down
+                        ON d.depends_on = down.id
+                ) SELECT id FROM down) AND c.status = 'WAITING'
+            ORDER BY c.id FOR UPDATE;
+            UPDATE {{s}}.jobs c SET status = 'CANCELLED', last_error = cause,
+                finished_at = now(), updated_at = now()
+            WHERE c.id IN (
+                WITH RECURSIVE down(id) AS (
+                    SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
+                    UNION
+                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN down
+                        ON d.depends_on = down.id
+                ) SELECT id FROM down) AND c.status = 'WAITING';
+        END IF;
+        -- the last open job finishes the workflow (two last jobs ending at once each see the
+        -- other open: the sweeper's workflow duty finishes that one)
+        IF NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE x.workflow_id = NEW.workflow_id
+                       AND x.status IN ({OPEN})) THEN
+            UPDATE {{s}}.workflows w SET status = {DERIVED.format(s="{s}")},
+                finished_at = COALESCE(w.finished_at, now())
+            WHERE w.id = NEW.workflow_id AND w.status <> {DERIVED.format(s="{s}")};
+        END IF;
+    ELSIF OLD.status IN ({FINAL}) AND NEW.status NOT IN ({FINAL}) THEN
+        -- a retry. Under 'continue' its failure counted its waiting dependents down: they count
+        -- it again. Under 'cancel' the dependents it cancelled (not those cancelled by someone:
+        -- cancel_requested) wait again, each counting its parents not completed; a dependent
+        -- coming back this way (CANCELLED -> WAITING) finds its own dependents back already.
+        IF policy = 'continue' THEN
+            UPDATE {{s}}.jobs c SET deps_pending = c.deps_pending + 1
+            FROM {{s}}.job_dependencies d
+            WHERE d.depends_on = NEW.id AND c.id = d.job_id AND c.status = 'WAITING';
+        ELSIF NOT stopped THEN
+            UPDATE {{s}}.jobs c SET status = 'WAITING', last_error = NULL, finished_at = NULL,
+                updated_at = now(),
+                deps_pending = (SELECT count(*) FROM {{s}}.job_dependencies d
+                                JOIN {{s}}.jobs p ON p.id = d.depends_on
+                                WHERE d.job_id = c.id AND p.status <> 'COMPLETED')
+            WHERE c.id IN (
+                WITH RECURSIVE down(id) AS (
+                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN {{s}}.jobs j
+                        ON j.id = d.job_id
+                    WHERE d.depends_on = NEW.id AND j.status = 'CANCELLED'
+                      AND NOT j.cancel_requested
+                    UNION
+                    SELECT d.job_id FROM {{s}}.job_dependencies d
+                        JOIN down ON d.depends_on = down.id
+                        JOIN {{s}}.jobs j ON j.id = d.job_id
+                    WHERE j.status = 'CANCELLED' AND NOT j.cancel_requested
+                ) SELECT id FROM down);
+        END IF;
+        UPDATE {{s}}.workflows SET status = 'RUNNING', finished_at = NULL
+        WHERE id = NEW.workflow_id AND status <> 'RUNNING' AND NOT cancel_requested;
+    END IF;
+    RETURN NULL;
+END
+$fn$
+"""
+
+# A redrive (retry_job, POST /jobs/{id}/retry, the DLQ tools) of a job whose dependencies are
+# not all met (completed; under ``continue``, finished) keeps it WAITING: the redriving statement
+# writes an outbox row only for a PENDING job.
+REDRIVEN = f"""
+CREATE FUNCTION {{s}}.workflow_job_redriven() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    unmet int;
+BEGIN
+    SELECT count(*) INTO unmet FROM {{s}}.job_dependencies d
+    JOIN {{s}}.jobs p ON p.id = d.depends_on
+    JOIN {{s}}.workflows w ON w.id = NEW.workflow_id
+    WHERE d.job_id = NEW.id AND CASE WHEN w.on_failure = 'continue'
+        THEN p.status NOT IN ({FINAL}) ELSE p.status <> 'COMPLETED' END;
+    IF unmet > 0 THEN
+        NEW.status := 'WAITING';
+        NEW.deps_pending := unmet;
+    END IF;
+    RETURN NEW;
+END
+$fn$
+"""
+
+RETRY_JOB = """
+CREATE OR REPLACE FUNCTION {s}.retry_job(job_id uuid) RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE
+    j {s}.jobs%ROWTYPE;
+    new_status text;
+BEGIN
+    SELECT * INTO j FROM {s}.jobs WHERE id = job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF j.status = 'IN_PROGRESS' THEN
+        RAISE EXCEPTION 'job % is IN_PROGRESS: a re-run now would throw away the running '
+            'attempt''s result; cancel it with {s}.cancel_job(), or let it finish', job_id;
+    ELSIF j.status = 'COMPLETED' THEN
+        RAISE EXCEPTION 'job % is COMPLETED: a re-run would replace its result; submit a new '
+            'job instead', job_id;
+    ELSIF j.status = 'WAITING' THEN
+        RETURN 'WAITING';  -- released when its dependencies complete
+    END IF;
+    new_status := CASE WHEN j.status = 'CANCELLED' AND j.attempts = 0 AND j.run_at > now()
+                       THEN 'SCHEDULED' WHEN j.status = 'RETRYING' THEN 'RETRYING'
+                       ELSE 'PENDING' END;
+    UPDATE {s}.jobs SET
+        status = new_status::{s}.job_status,
+        run_at = CASE WHEN new_status = 'SCHEDULED' THEN run_at
+                      WHEN j.status IN ('FAILED', 'CANCELLED') THEN NULL
+                      WHEN run_at > now() THEN now() ELSE run_at END,
+        retry_count = CASE WHEN j.status IN ('FAILED', 'CANCELLED') THEN 0 ELSE retry_count END,
+        cancel_requested = false,
+        result = NULL, finished_at = NULL, lease_expires_at = NULL, updated_at = now()
+    WHERE id = job_id
+    RETURNING status::text INTO new_status;
+    IF new_status NOT IN ('SCHEDULED', 'WAITING') AND NOT EXISTS (
+        SELECT 1 FROM {s}.job_outbox o WHERE o.job_id = j.id AND o.destination = 'work'
+    ) THEN
+        INSERT INTO {s}.job_outbox (job_id, job_type, priority)
+        VALUES (j.id, j.job_type, j.priority);
+        PERFORM pg_notify('{s}_outbox', '');
+    END IF;
+    RETURN new_status;
+END
+$fn$
+"""
+
+CANCEL_JOB = """
+CREATE OR REPLACE FUNCTION {s}.cancel_job(job_id uuid) RETURNS text LANGUAGE sql AS $fn$
+UPDATE {s}.jobs SET
+    status = (CASE WHEN status = 'IN_PROGRESS' THEN 'IN_PROGRESS' ELSE 'CANCELLED' END)
+             ::{s}.job_status,
+    cancel_requested = true,
+    finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
+    lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
+    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS', 'WAITING') THEN run_at END,
+    updated_at = now()
+WHERE id = job_id AND status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
+RETURNING status::text
+$fn$
+"""
+
+# Cancels every open job of the workflow (a running one is asked to stop), its jobs locked in id
+# order first; nothing is released after it (a release needs a WAITING job). The number of jobs
+# it cancelled or asked to stop; NULL for no such workflow.
+CANCEL_WORKFLOW = f"""
+CREATE FUNCTION {{s}}.cancel_workflow(wf uuid) RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    n int;
+BEGIN
+    UPDATE {{s}}.workflows SET cancel_requested = true,
+        status = CASE WHEN status = 'RUNNING' THEN 'CANCELLED' ELSE status END
+    WHERE id = wf;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM {{s}}.jobs WHERE workflow_id = wf AND status IN ({OPEN})
+    ORDER BY id FOR UPDATE;
+    UPDATE {{s}}.jobs SET
+        status = (CASE WHEN status = 'IN_PROGRESS' THEN 'IN_PROGRESS' ELSE 'CANCELLED' END)
+                 ::{{s}}.job_status,
+        cancel_requested = true,
+        last_error = CASE WHEN status = 'IN_PROGRESS' THEN last_error
+                          ELSE 'workflow cancelled' END,
+        finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
+        lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
+        updated_at = now()
+    WHERE workflow_id = wf AND status IN ({OPEN})
+      AND NOT (status = 'IN_PROGRESS' AND cancel_requested);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$fn$
+"""
+
+COUNTS = """
+SELECT w.id AS workflow_id, w.name, w.status, w.on_failure, w.created_at, w.finished_at,
+       now() - w.created_at AS age, c.*
+FROM {s}.workflows w CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs,
+           count(*) FILTER (WHERE j.status = 'WAITING') AS waiting,
+           count(*) FILTER (WHERE j.status IN ('PENDING', 'SCHEDULED', 'RETRYING')) AS queued,
+           count(*) FILTER (WHERE j.status = 'IN_PROGRESS') AS running,
+           count(*) FILTER (WHERE j.status = 'COMPLETED') AS completed,
+           count(*) FILTER (WHERE j.status = 'FAILED') AS failed,
+           count(*) FILTER (WHERE j.status = 'CANCELLED') AS cancelled
+    FROM {s}.jobs j WHERE j.workflow_id = w.id) c
+"""
+
+VIEWS = {
+    "workflow_counts": COUNTS,
+    "running_workflows": COUNTS + "WHERE w.status = 'RUNNING'",
+    "blocked_jobs": """
+SELECT j.id, j.workflow_id, w.name AS workflow, j.workflow_key AS key, j.job_type AS type,
+       j.deps_pending, j.created_at,
+       array_agg(p.workflow_key || ' (' || p.status || ')' ORDER BY p.workflow_key)
+           FILTER (WHERE p.status <> 'COMPLETED') AS waiting_for
+FROM {s}.jobs j
+JOIN {s}.workflows w ON w.id = j.workflow_id
+JOIN {s}.job_dependencies d ON d.job_id = j.id
+JOIN {s}.jobs p ON p.id = d.depends_on
+WHERE j.workflow_id IS NOT NULL AND j.status = 'WAITING'
+GROUP BY j.id, w.name
+""",
+}
+
+BACKLOG = """
+WITH RECURSIVE t(job_type) AS (
+    SELECT min(job_type) FROM {s}.jobs
+    UNION ALL
+    SELECT (SELECT min(j.job_type) FROM {s}.jobs j WHERE j.job_type > t.job_type)
+    FROM t WHERE t.job_type IS NOT NULL
+)
+SELECT t.job_type AS type, st.status, c.count, o.oldest
+FROM t
+CROSS JOIN unnest(ARRAY[{statuses}]::{s}.job_status[]) AS st(status)
+CROSS JOIN LATERAL (SELECT count(*) AS count FROM {s}.jobs j
+                    WHERE j.job_type = t.job_type AND j.status = st.status) c
+CROSS JOIN LATERAL (SELECT j.created_at AS oldest FROM {s}.jobs j
+                    WHERE j.job_type = t.job_type AND j.status = st.status
+                    ORDER BY j.id LIMIT 1) o
+WHERE t.job_type IS NOT NULL
+"""
+COUNTED = "'SCHEDULED', 'PENDING', 'RETRYING', 'IN_PROGRESS', 'FAILED'"
+
+
+def upgrade() -> None:
+    schema = op.get_context().version_table_schema
+    assert schema is not None
+    with op.get_context().autocommit_block():
+        op.execute(
+            f"ALTER TYPE {schema}.job_status ADD VALUE IF NOT EXISTS 'WAITING' BEFORE 'PENDING'"
+        )
+    op.execute(f"SET LOCAL search_path TO {schema}")
+    now = sa.func.now()
+    op.create_table(
+        "workflows",
+        sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("name", sa.Text(), nullable=False),
+        sa.Column("status", sa.Text(), nullable=False, server_default="RUNNING"),
+        sa.Column("on_failure", sa.Text(), nullable=False, server_default="cancel"),
+        sa.Column("cancel_requested", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint(
+            "status IN ('RUNNING', 'COMPLETED', 'FAILED', 'CANCELLED')",
+            name="workflows_status_check",
+        ),
+        sa.CheckConstraint(
+            "on_failure IN ('cancel', 'continue')", name="workflows_on_failure_check"
+        ),
+        schema=schema,
+    )
+    op.create_index(
+        "workflows_running_idx",
+        "workflows",
+        ["created_at"],
+        schema=schema,
+        postgresql_where=sa.text("status = 'RUNNING'"),
+    )
+    op.create_index(
+        "workflows_finished_idx",
+        "workflows",
+        ["finished_at"],
+        schema=schema,
+        postgresql_where=sa.text("status <> 'RUNNING'"),
+    )
+    op.create_table(
+        "job_dependencies",
+        sa.Column("job_id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("depends_on", pg.UUID(as_uuid=True), primary_key=True),
+        schema=schema,
+    )
+    op.create_index(
+        "job_dependencies_depends_on_idx", "job_dependencies", ["depends_on"], schema=schema
+    )
+    op.add_column("jobs", sa.Column("workflow_id", pg.UUID(as_uuid=True)), schema=schema)
+    op.add_column("jobs", sa.Column("workflow_key", sa.Text()), schema=schema)
+    op.add_column("jobs", sa.Column("deps_pending", sa.Integer()), schema=schema)
+    op.create_index(
+        "jobs_workflow_idx",
+        "jobs",
+        ["workflow_id", "status"],
+        schema=schema,
+        postgresql_where=sa.text("workflow_id IS NOT NULL"),
+    )
+    op.execute(SETTLED.format(s=schema))
+    op.execute(REDRIVEN.format(s=schema))
+    op.execute(f"""
+        CREATE TRIGGER jobs_workflow_settled AFTER UPDATE OF status ON {schema}.jobs
+        FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status)
+        EXECUTE FUNCTION {schema}.workflow_job_settled()""")
+    op.execute(f"""
+        CREATE TRIGGER jobs_workflow_redriven BEFORE UPDATE OF status ON {schema}.jobs
+        FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL
+            AND OLD.status IN ('FAILED', 'CANCELLED')
+            AND NEW.status IN ('PENDING', 'SCHEDULED', 'RETRYING'))
+        EXECUTE FUNCTION {schema}.workflow_job_redriven()""")
+    op.execute(RETRY_JOB.format(s=schema))
+    op.execute(CANCEL_JOB.format(s=schema))
+    op.execute(CANCEL_WORKFLOW.format(s=schema))
+    for name, body in VIEWS.items():
+        op.execute(f"CREATE VIEW {schema}.{name} AS {body.format(s=schema)}")
+    statuses = f"'WAITING', {COUNTED}"
+    op.execute(
+        f"CREATE OR REPLACE VIEW {schema}.backlog AS " + BACKLOG.format(s=schema, statuses=statuses)
+    )
+
+
+def downgrade() -> None:
+    schema = op.get_context().version_table_schema
+    op.execute(
+        f"CREATE OR REPLACE VIEW {schema}.backlog AS " + BACKLOG.format(s=schema, statuses=COUNTED)
+    )
+    for name in reversed(list(VIEWS)):
+        op.execute(f"DROP VIEW IF EXISTS {schema}.{name}")
+    op.execute(f"DROP FUNCTION IF EXISTS {schema}.cancel_workflow(uuid)")
+    op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_redriven ON {schema}.jobs")
+    op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_settled ON {schema}.jobs")
+    op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_redriven()")
+    op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_settled()")
+    op.drop_index("jobs_workflow_idx", "jobs", schema=schema)
+    for column in ("deps_pending", "workflow_key", "workflow_id"):
+        op.drop_column("jobs", column, schema=schema)
+    op.drop_table("job_dependencies", schema=schema)
+    op.drop_table("workflows", schema=schema)
+    # WAITING stays in job_status (PostgreSQL cannot drop an enum value); the operator
+    # functions of 0013 come back as they were
+    op.execute(
+        f"UPDATE {schema}.jobs SET status = 'CANCELLED', finished_at = now() "
+        "WHERE status = 'WAITING'"
+    )

@@ -1,0 +1,326 @@
+"""``/workflows``: submit a DAG of jobs (``conveyor.workflows``) in one transaction, read it,
+list them newest first in keyset pages, cancel one. Scopes are the jobs' (``api/auth.py``):
+``jobs:write`` submits and cancels, ``jobs:read`` reads.
+
+A submit is refused whole before anything is written: 422 ``invalid_workflow`` for the graph
+(a cycle, an unknown or duplicate key, more jobs than ``CONVEYOR_MAX_WORKFLOW_JOBS``), the
+jobs' own 422/413 otherwise, each naming the job's key. An ``Idempotency-Key`` seen before
+answers 200 and the first workflow for the same body, 409 for another."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import hashlib
+import uuid
+from typing import Annotated, Any
+
+import asyncpg
+import orjson
+from fastapi import FastAPI, Query, Request, Response
+
+from ..core.errors import IdempotencyConflict, InvalidJob, JobNotFound, PayloadTooLarge
+from ..jobs.spec import check_horizon
+from ..store.workflows import WorkflowJob, WorkflowRow
+from ..workflows import Workflow, cancel_workflow, enqueue_workflow, get_workflow
+from .errors import error_response
+from .openapi import errors, submit_headers
+from .resource import decode_cursor, error_summary
+from .routes import idempotency_key
+from .service import INLINE_PARSE_BYTES, Api
+from .workflow_models import (
+    Key,
+    SubmitWorkflow,
+    WorkflowPage,
+    WorkflowResource,
+    WorkflowStatus,
+)
+
+DIFFERENT_WORKFLOW = "this Idempotency-Key was already used with a different workflow"
+KEY_INDEX = "workflows_idempotency_key_idx"
+
+
+class InvalidWorkflow(InvalidJob):
+    """The graph itself: a cycle, an unknown or duplicate key, too many jobs (422)."""
+
+
+def build(body: SubmitWorkflow, max_payload_bytes: int) -> tuple[Workflow, Any]:
+    """The workflow and its validated rows (``Workflow.build``); raises ``InvalidWorkflow``
+    for the graph, ``InvalidJob``/``PayloadTooLarge`` for a job (named by its key)."""
+    try:
+        wf = Workflow(body.name, on_failure=body.on_failure)
+        for j in body.jobs:
+            wf.add(
+                j.key,
+                j.type,
+                j.payload,
+                after=j.after,
+                priority=j.priority,
+                max_retries=j.max_retries,
+                timeout_seconds=j.timeout_seconds,
+                run_at=j.run_at,
+                delay_seconds=j.delay_seconds,
+                **j.options(),
+            )
+        wf.order()
+    except InvalidJob as exc:
+        raise InvalidWorkflow(str(exc)) from None
+    built = wf.build()
+    for key, row in built[0]:
+        size = len(row.payload_json.encode())
+        if size > max_payload_bytes:
+            raise PayloadTooLarge(
+                f"workflow job {key!r}: payload is {size} bytes of UTF-8; the limit is "
+                f"{max_payload_bytes}"
+            )
+    return wf, built
+
+
+def request_hash(body: SubmitWorkflow) -> str:
+    data = orjson.dumps(body.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest()
+
+
+def counts(row: WorkflowRow) -> dict[str, int]:
+    names = ("jobs", "waiting", "queued", "running", "completed", "failed", "cancelled")
+    return {n: getattr(row, n) for n in names}
+
+
+def summary(row: WorkflowRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "status": row.status,
+        "on_failure": row.on_failure,
+        "created_at": row.created_at,
+        "finished_at": row.finished_at,
+        "counts": counts(row),
+    }
+
+
+def ordered(jobs: list[WorkflowJob]) -> list[WorkflowJob]:
+    """Level by level, each level by key: every job after the jobs it waits for."""
+    by_key = {j.key: j for j in jobs}
+    waiting = {j.key: len(j.after) for j in jobs}
+    children: dict[str, list[str]] = {}
+    for j in jobs:
+        for k in j.after:
+            children.setdefault(k, []).append(j.key)
+    level, out = sorted(k for k, n in waiting.items() if n == 0), []
+    while level:
+        out += level
+        for k in level:
+            for c in children.get(k, ()):
+                waiting[c] -= 1
+        level = sorted(c for k in level for c in children.get(k, ()) if waiting[c] == 0)
+    return [by_key[k] for k in out]
+
+
+def workflow_resource(row: WorkflowRow, jobs: list[WorkflowJob]) -> dict[str, Any]:
+    jobs = ordered(jobs)
+    ids = {j.key: j.id for j in jobs}
+    return {
+        **summary(row),
+        "jobs": [
+            {
+                "key": j.key,
+                "id": j.id,
+                "type": j.job_type,
+                "status": j.status,
+                "after": j.after,
+                "depends_on": [ids[k] for k in j.after],
+                "last_error": error_summary(j.last_error),
+            }
+            for j in jobs
+        ],
+    }
+
+
+def encode_cursor(workflow_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(workflow_id.bytes).decode().rstrip("=")
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data, default=str), status, media_type="application/json")
+
+
+class WorkflowApi:
+    """What the routes do, on the API's pool and settings."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def read(self, conn: Any, workflow_id: uuid.UUID) -> dict[str, Any]:
+        found = await get_workflow(conn, workflow_id, schema=self.api.store.schema)
+        if found is None:
+            raise JobNotFound(f"no workflow {workflow_id}")
+        return workflow_resource(*found)
+
+    async def replay(self, conn: Any, key: str, digest: str) -> dict[str, Any] | None:
+        found = await self.api.store.workflow_by_idempotency_key(conn, key)
+        if found is None:
+            return None
+        if found[1] != digest:
+            raise IdempotencyConflict(DIFFERENT_WORKFLOW)
+        return await self.read(conn, found[0])
+
+    async def insert(
+        self, conn: Any, wf: Workflow, built: Any, key: str | None, digest: str
+    ) -> uuid.UUID:
+        """The workflow's rows, and its Idempotency-Key (a second holder of the key violates
+        the unique index), in the caller's transaction."""
+        workflow_id = await enqueue_workflow(conn, wf, schema=self.api.store.schema, built=built)
+        if key is not None:
+            await self.api.store.workflow_set_idempotency_key(conn, workflow_id, key, digest)
+        return workflow_id
+
+    async def submit(self, body: SubmitWorkflow, key: str | None, size: int) -> tuple[int, Any]:
+        api = self.api
+        limit = api.settings.max_payload_bytes
+        # a large workflow is validated in a thread, so the loop keeps serving (as a batch is)
+        if size <= INLINE_PARSE_BYTES:
+            wf, built = build(body, limit)
+        else:
+            wf, built = await asyncio.to_thread(build, body, limit)
+        rows = [row for _, row in built[0]]
+        digest = request_hash(body) if key is not None else ""
+        async with api.connection() as conn:
+            if key is not None and (seen := await self.replay(conn, key, digest)) is not None:
+                return 200, seen
+            check_horizon(rows, api.settings.max_schedule_days)
+            if api.known_types is not None:
+                await api.known_types.check(conn, [r.job_type for r in rows])
+            # thousands of jobs may take seconds: no command timeout while the server answers
+            # probes (``Api.long``, as a batch), in one transaction
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                workflow_id = await api.long(conn, lambda c: self.insert(c, wf, built, key, digest))
+            except BaseException as exc:
+                with contextlib.suppress(Exception):  # the connection may be terminated
+                    await tx.rollback()
+                # the same key submitted at once: the first commit holds it
+                if (
+                    isinstance(exc, asyncpg.UniqueViolationError)
+                    and exc.constraint_name == KEY_INDEX
+                    and key is not None
+                    and (seen := await self.replay(conn, key, digest)) is not None
+                ):
+                    return 200, seen
+                raise
+            await tx.commit()
+            for job_type, n in collections.Counter(r.job_type for r in rows).items():
+                api.metrics.jobs_submitted.labels(job_type).inc(n)
+            return 201, await api.long(conn, lambda c: self.read(c, workflow_id))
+
+    async def page(
+        self, status: str | None, name: str | None, limit: int, cursor: str | None
+    ) -> dict[str, Any]:
+        before = decode_cursor(cursor) if cursor else None
+        async with self.api.connection() as conn:
+            rows = await self.api.store.workflow_page(
+                conn, status=status, name=name, before=before, limit=limit + 1
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {
+            "workflows": [summary(r) for r in rows],
+            "next_cursor": encode_cursor(rows[-1].id) if more and rows else None,
+        }
+
+    async def cancel(self, workflow_id: uuid.UUID) -> dict[str, Any]:
+        api = self.api
+        async with api.connection() as conn:
+            try:  # one statement (it locks and cancels every open job): Api.long
+                await api.long(
+                    conn, lambda c: cancel_workflow(c, workflow_id, schema=api.store.schema)
+                )
+            except LookupError:
+                raise JobNotFound(f"no workflow {workflow_id}") from None
+            return await api.long(conn, lambda c: self.read(c, workflow_id))
+
+
+def add_workflow_routes(app: FastAPI, api: Api) -> None:
+    service = WorkflowApi(api)
+
+    @app.exception_handler(InvalidWorkflow)
+    async def _invalid(_: Request, exc: InvalidWorkflow) -> Response:
+        api.metrics.api_errors.labels("422").inc()
+        return error_response(422, "invalid_workflow", str(exc))
+
+    @app.post(
+        "/workflows",
+        status_code=201,
+        response_model=WorkflowResource,
+        tags=["workflows"],
+        operation_id="submit_workflow",
+        summary="Submit a workflow",
+        description="Commits every job of the DAG, its dependencies and the workflow in one "
+        "transaction: a 201 means the jobs will run, each once the jobs it waits for completed "
+        "(jobs with nothing to wait for at once). A cycle, an unknown or duplicate key, too "
+        "many jobs (`CONVEYOR_MAX_WORKFLOW_JOBS`, default 10,000) or an invalid job: 422 and "
+        "nothing written. With an `Idempotency-Key` seen before and the same body: 200 and the "
+        "first workflow.",
+        responses={
+            200: {"model": WorkflowResource, "description": "Idempotent replay: the workflow."},
+            **errors(400, 409, 413, 422, 503),
+        },
+        openapi_extra={"parameters": submit_headers()[:1]},
+    )
+    async def submit_workflow(body: SubmitWorkflow, request: Request) -> Response:
+        size = int(request.headers.get("content-length") or 0)
+        status, resource = await service.submit(body, idempotency_key(request), size)
+        return _json(resource, status)
+
+    @app.get(
+        "/workflows/{workflow_id:uuid}",
+        response_model=WorkflowResource,
+        tags=["workflows"],
+        operation_id="get_workflow",
+        summary="Read a workflow",
+        description="Its status, its jobs' counts by state, and each job with its key, id, "
+        "type, status and the jobs it waits for (keys and ids).",
+        responses=errors(404, 422, 503),
+    )
+    async def get_workflow_route(workflow_id: uuid.UUID) -> Response:
+        async with api.connection() as conn:  # a workflow of thousands of jobs: Api.long
+            return _json(await api.long(conn, lambda c: service.read(c, workflow_id)))
+
+    @app.get(
+        "/workflows",
+        response_model=WorkflowPage,
+        tags=["workflows"],
+        operation_id="list_workflows",
+        summary="List workflows",
+        description="Newest first, with their jobs' counts, filtered by status and name, in "
+        "keyset pages: pass the answer's `next_cursor` as `cursor` for the next page.",
+        responses=errors(422, 503),
+    )
+    async def list_workflows(
+        status: Annotated[
+            WorkflowStatus | None, Query(description="Only workflows in this status.")
+        ] = None,
+        name: Annotated[Key | None, Query(description="Only workflows of this name.")] = None,
+        limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+        cursor: Annotated[
+            str | None,
+            Query(pattern=r"^[A-Za-z0-9_-]{22}$", description="`next_cursor` of the last page."),
+        ] = None,
+    ) -> Response:
+        return _json(await service.page(status, name, limit, cursor))
+
+    @app.post(
+        "/workflows/{workflow_id:uuid}/cancel",
+        response_model=WorkflowResource,
+        tags=["workflows"],
+        operation_id="cancel_workflow",
+        summary="Cancel a workflow",
+        description="Cancels every unfinished job (a running one is asked to stop, and its "
+        "result is discarded); nothing is released after it. Idempotent: a finished or "
+        "cancelled workflow is answered as it is.",
+        responses=errors(404, 422, 503),
+    )
+    async def cancel_workflow_route(workflow_id: uuid.UUID) -> Response:
+        return _json(await service.cancel(workflow_id))

@@ -1,0 +1,97 @@
+-- Workflows (workflows.py; the release, the failure policy and the workflow's status are the
+-- triggers of migration 0016, on every path that changes a workflow job's status).
+
+-- name: workflow_attach
+-- A submitted workflow: its row, its dependency edges, and its jobs (inserted just before by the
+-- submit's own statement, in this transaction) tagged with the workflow and their keys; a job
+-- with dependencies becomes WAITING and its outbox row goes: it has no message until released.
+WITH w AS (
+    INSERT INTO __schema__.workflows (id, name, on_failure)
+    VALUES (:workflow_id, :name, :on_failure)
+), dep AS (
+    INSERT INTO __schema__.job_dependencies (job_id, depends_on)
+    SELECT * FROM unnest(:child::uuid[], :parent::uuid[])
+), k AS (
+    SELECT * FROM unnest(:job_id::uuid[], :job_key::text[], :deps::int4[]) AS k(id, key, deps)
+), upd AS (
+    UPDATE __schema__.jobs j SET workflow_id = :workflow_id, workflow_key = k.key,
+        deps_pending = k.deps,
+        status = (CASE WHEN k.deps > 0 THEN 'WAITING' ELSE j.status::text END)
+                 ::__schema__.job_status
+    FROM k WHERE j.id = k.id
+    RETURNING j.id, j.status
+), ob AS (
+    DELETE FROM __schema__.job_outbox o USING upd
+    WHERE o.job_id = upd.id AND upd.status = 'WAITING'
+)
+SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, count(*) AS n FROM upd
+
+-- name: workflow_get
+SELECT workflow_id AS id, name, status, on_failure, created_at, finished_at, jobs, waiting,
+       queued, running, completed, failed, cancelled
+FROM __schema__.workflow_counts WHERE workflow_id = $1
+
+-- name: workflow_jobs
+-- A workflow's jobs (by id), each with the keys it waits for.
+SELECT j.id, j.workflow_key AS key, j.job_type, j.status::text AS status, j.deps_pending,
+       j.last_error, ARRAY(SELECT p.workflow_key FROM __schema__.job_dependencies d
+                           JOIN __schema__.jobs p ON p.id = d.depends_on
+                           WHERE d.job_id = j.id ORDER BY p.workflow_key) AS after
+FROM __schema__.jobs j WHERE j.workflow_id = $1 ORDER BY j.id
+
+-- name: workflow_parents
+-- What a claimed workflow job's handler sees of its dependencies: key, status, result.
+SELECT d.job_id, p.workflow_key AS key, p.status::text AS status, p.result::text AS result
+FROM __schema__.job_dependencies d JOIN __schema__.jobs p ON p.id = d.depends_on
+WHERE d.job_id = ANY($1::uuid[])
+
+-- name: workflow_cancel
+SELECT __schema__.cancel_workflow($1)
+
+-- name: workflow_finish
+-- The finishing duty's backstop: the last two open jobs of a workflow ending at once each see
+-- the other open, and neither finishes it (the trigger's test reads its own snapshot). A
+-- running workflow with no open job takes its status from its jobs here.
+WITH done AS (
+    SELECT w.id FROM __schema__.workflows w
+    WHERE w.status = 'RUNNING' AND NOT EXISTS (
+        SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
+          AND x.status IN ('WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS', 'RETRYING'))
+    ORDER BY w.created_at LIMIT $1 FOR UPDATE OF w SKIP LOCKED
+)
+UPDATE __schema__.workflows w SET finished_at = now(),
+    status = CASE WHEN w.cancel_requested THEN 'CANCELLED'
+         WHEN EXISTS (SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
+                      AND x.status = 'FAILED') THEN 'FAILED'
+         WHEN EXISTS (SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
+                      AND x.status = 'CANCELLED') THEN 'CANCELLED'
+         ELSE 'COMPLETED' END
+FROM done WHERE w.id = done.id
+
+-- name: workflow_reopen
+-- The other side of that race: a job retried while the backstop finished its workflow (the
+-- retry's trigger saw it running). A workflow finished in the last hour with an open job runs
+-- again.
+UPDATE __schema__.workflows w SET status = 'RUNNING', finished_at = NULL
+WHERE w.status <> 'RUNNING' AND NOT w.cancel_requested
+  AND w.finished_at > now() - interval '1 hour'
+  AND EXISTS (SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
+              AND x.status IN ('WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS', 'RETRYING'))
+
+-- name: workflow_delete_expired
+-- Retention of workflows: a finished one goes whole, with its jobs, their attempts and their
+-- edges, once its finish is older than ``$1`` seconds (COMPLETED) or ``$2`` (FAILED,
+-- CANCELLED); the jobs' own retention leaves workflow jobs alone (maintenance.sql).
+WITH w AS (
+    SELECT id FROM __schema__.workflows
+    WHERE status <> 'RUNNING' AND finished_at < now() - make_interval(
+        secs => CASE WHEN status = 'COMPLETED' THEN $1::float8 ELSE $2::float8 END)
+    ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
+), j AS (
+    DELETE FROM __schema__.jobs j USING w WHERE j.workflow_id = w.id RETURNING j.id
+), a AS (
+    DELETE FROM __schema__.job_attempts a USING j WHERE a.job_id = j.id
+), d AS (
+    DELETE FROM __schema__.job_dependencies d USING j WHERE d.job_id = j.id
+)
+DELETE FROM __schema__.workflows x USING w WHERE x.id = w.id

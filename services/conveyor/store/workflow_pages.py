@@ -1,0 +1,48 @@
+"""Workflows as their readers see them: ``GET /workflows`` pages (also the CLI's and the
+dashboard's), the Idempotency-Key of ``POST /workflows``, and the counts of the gauges."""
+
+from __future__ import annotations
+
+import uuid
+
+from .base import Connection, Statements
+from .registry import bind, named
+from .workflows import WorkflowRow
+
+WORKFLOW_PAGE = named("workflow_page")
+WORKFLOW_BY_IDEMPOTENCY_KEY = named("workflow_by_idempotency_key")
+WORKFLOW_SET_IDEMPOTENCY_KEY = named("workflow_set_idempotency_key")
+WORKFLOW_STATUS_COUNTS = named("workflow_status_counts")
+
+
+class WorkflowPageStatements(Statements):
+    async def workflow_page(
+        self,
+        conn: Connection,
+        *,
+        status: str | None,
+        name: str | None,
+        before: uuid.UUID | None,
+        limit: int,
+    ) -> list[WorkflowRow]:
+        """Newest first, ids below ``before`` (the keyset cursor)."""
+        values = {"status": status, "name": name, "before": before, "limit": limit}
+        rows = await conn.fetch(self.sql[WORKFLOW_PAGE], *bind(WORKFLOW_PAGE, values))
+        return [WorkflowRow(*r.values()) for r in rows]
+
+    async def workflow_by_idempotency_key(
+        self, conn: Connection, key: str
+    ) -> tuple[uuid.UUID, str | None] | None:
+        """(id, request hash) of the workflow submitted with ``key``."""
+        row = await conn.fetchrow(self.sql[WORKFLOW_BY_IDEMPOTENCY_KEY], key)
+        return None if row is None else (row["id"], row["request_hash"])
+
+    async def workflow_set_idempotency_key(
+        self, conn: Connection, workflow_id: uuid.UUID, key: str, request_hash: str
+    ) -> None:
+        """Raises asyncpg's ``UniqueViolationError`` when another workflow holds ``key``."""
+        await conn.execute(self.sql[WORKFLOW_SET_IDEMPOTENCY_KEY], workflow_id, key, request_hash)
+
+    async def workflow_status_counts(self, conn: Connection) -> dict[str, int]:
+        rows = await conn.fetch(self.sql[WORKFLOW_STATUS_COUNTS])
+        return {r["status"]: int(r["n"]) for r in rows}
