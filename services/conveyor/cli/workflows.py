@@ -123,7 +123,7 @@ def cmd_workflows(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> int:
-        async with database(settings) as conn:
+        async with database(settings) as (_, conn):
             return await (page(conn) if args.action == "list" else one(conn))
 
     if args.action != "list":

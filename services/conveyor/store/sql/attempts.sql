@@ -71,11 +71,11 @@ RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_coun
           greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
           trace_context, workflow_id,
           -- a workflow job's dependencies as its handler sees them (key -> status, result)
-          CASE WHEN jobs.workflow_id IS NOT NULL THEN (
+          CASE WHEN j.workflow_id IS NOT NULL THEN (
               SELECT jsonb_object_agg(p.workflow_key, jsonb_build_object('status', p.status,
                                                                          'result', p.result))
               FROM __schema__.job_dependencies d JOIN __schema__.jobs p ON p.id = d.depends_on
-              WHERE d.job_id = jobs.id)::text END AS parents
+              WHERE d.job_id = j.id)::text END AS parents
 
 -- name: job_claim_controlled
 -- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the
