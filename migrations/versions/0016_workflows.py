@@ -127,6 +127,11 @@ BEGIN
         -- it again. Under 'cancel' the dependents it cancelled (not those cancelled by someone:
         -- cancel_requested) wait again, each counting its parents not completed; a dependent
         -- coming back this way (CANCELLED -> WAITING) finds its own dependents back already.
+        -- The workflow row is read again under a lock: a cancel_workflow committed meanwhile
+        -- is seen, one not started yet waits for this transaction (and cancels what it brings
+        -- back).
+        SELECT cancel_requested INTO stopped FROM {{s}}.workflows WHERE id = NEW.workflow_id
+        FOR SHARE;
         IF policy = 'continue' THEN
             UPDATE {{s}}.jobs c SET deps_pending = c.deps_pending + 1
             FROM {{s}}.job_dependencies d
@@ -240,15 +245,16 @@ $fn$
 """
 
 # Cancels every open job of the workflow (a running one is asked to stop), its jobs locked in id
-# order first; nothing is released after it (a release needs a WAITING job). The number of jobs
-# it cancelled or asked to stop; NULL for no such workflow.
+# order first; nothing is released after it (a release needs a WAITING job), and no retry brings
+# a dependent back. The number of jobs it cancelled or asked to stop; NULL for no such workflow.
 CANCEL_WORKFLOW = f"""
 CREATE FUNCTION {{s}}.cancel_workflow(wf uuid) RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     n int;
 BEGIN
-    UPDATE {{s}}.workflows SET cancel_requested = true,
-        status = CASE WHEN status = 'RUNNING' THEN 'CANCELLED' ELSE status END
+    -- a COMPLETED workflow stays so; a FAILED one is CANCELLED, and no retry revives it
+    UPDATE {{s}}.workflows SET cancel_requested = status <> 'COMPLETED',
+        status = CASE WHEN status = 'COMPLETED' THEN status ELSE 'CANCELLED' END
     WHERE id = wf;
     IF NOT FOUND THEN
         RETURN NULL;
