@@ -137,6 +137,16 @@ BEGIN
             FROM {{s}}.job_dependencies d
             WHERE d.depends_on = NEW.id AND c.id = d.job_id AND c.status = 'WAITING';
         ELSIF NOT stopped THEN
+            -- their dependencies locked first, as in workflow_job_redriven
+            PERFORM 1 FROM {{s}}.jobs p WHERE p.id IN (
+                SELECT d.depends_on FROM {{s}}.job_dependencies d WHERE d.job_id IN (
+                    WITH RECURSIVE down(id) AS (
+                        SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
+                        UNION
+                        SELECT d2.job_id FROM {{s}}.job_dependencies d2 JOIN down
+                            ON d2.depends_on = down.id
+                    ) SELECT id FROM down))
+            ORDER BY p.id FOR SHARE;
             UPDATE {{s}}.jobs c SET status = 'WAITING', last_error = NULL, finished_at = NULL,
                 updated_at = now(),
                 deps_pending = (SELECT count(*) FROM {{s}}.job_dependencies d
@@ -164,19 +174,32 @@ $fn$
 """
 
 # A redrive (retry_job, POST /jobs/{id}/retry, the DLQ tools) of a job whose dependencies are
-# not all met (completed; under ``continue``, finished) keeps it WAITING: the redriving statement
-# writes an outbox row only for a PENDING job.
+# not all met (completed; under ``continue``, finished): while one of them is still open the job
+# is WAITING again (the redriving statement writes an outbox row only for a PENDING job); while
+# one failed or was cancelled (``cancel``) the redrive leaves the job as it is (a BEFORE trigger
+# returning NULL skips the row): it comes back when that dependency is retried.
 REDRIVEN = f"""
 CREATE FUNCTION {{s}}.workflow_job_redriven() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
     unmet int;
+    dead int;
 BEGIN
-    SELECT count(*) INTO unmet FROM {{s}}.job_dependencies d
+    -- the dependencies locked first, then counted by a new statement: one finishing at this
+    -- moment is counted finished (its own trigger, looking for WAITING dependents, cannot see
+    -- this row become WAITING)
+    PERFORM 1 FROM {{s}}.jobs p
+    WHERE p.id IN (SELECT depends_on FROM {{s}}.job_dependencies WHERE job_id = NEW.id)
+    ORDER BY p.id FOR SHARE;
+    SELECT count(*) FILTER (WHERE p.status NOT IN ({FINAL})),
+           count(*) FILTER (WHERE w.on_failure = 'cancel' AND p.status IN ('FAILED', 'CANCELLED'))
+    INTO unmet, dead
+    FROM {{s}}.job_dependencies d
     JOIN {{s}}.jobs p ON p.id = d.depends_on
     JOIN {{s}}.workflows w ON w.id = NEW.workflow_id
-    WHERE d.job_id = NEW.id AND CASE WHEN w.on_failure = 'continue'
-        THEN p.status NOT IN ({FINAL}) ELSE p.status <> 'COMPLETED' END;
-    IF unmet > 0 THEN
+    WHERE d.job_id = NEW.id;
+    IF dead > 0 THEN
+        RETURN NULL;
+    ELSIF unmet > 0 THEN
         NEW.status := 'WAITING';
         NEW.deps_pending := unmet;
     END IF;
@@ -217,6 +240,9 @@ BEGIN
         result = NULL, finished_at = NULL, lease_expires_at = NULL, updated_at = now()
     WHERE id = job_id
     RETURNING status::text INTO new_status;
+    IF new_status IS NULL THEN
+        RETURN j.status;  -- a workflow job whose dependency failed: kept until that is retried
+    END IF;
     IF new_status NOT IN ('SCHEDULED', 'WAITING') AND NOT EXISTS (
         SELECT 1 FROM {s}.job_outbox o WHERE o.job_id = j.id AND o.destination = 'work'
     ) THEN
@@ -259,6 +285,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- a completion locks its job, then the dependents it releases: against that order a
+    -- deadlock is possible, and the victim, when it is this block, tries again (the worker's
+    -- completer retries its batch when it is the victim)
+    LOOP
+    BEGIN
     PERFORM 1 FROM {{s}}.jobs WHERE workflow_id = wf AND status IN ({OPEN})
     ORDER BY id FOR UPDATE;
     UPDATE {{s}}.jobs SET
@@ -274,6 +305,10 @@ BEGIN
       AND NOT (status = 'IN_PROGRESS' AND cancel_requested);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
+    EXCEPTION WHEN deadlock_detected THEN
+        PERFORM pg_sleep(random() / 20);
+    END;
+    END LOOP;
 END
 $fn$
 """

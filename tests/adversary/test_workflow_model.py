@@ -115,8 +115,14 @@ async def _finish(pool: asyncpg.Pool, job_id: uuid.UUID, ok: bool) -> None:
 
 
 async def _with(pool: asyncpg.Pool, fn: Any) -> Any:
-    async with pool.acquire() as conn:
-        return await fn(conn)
+    """An operator's or the API's call: tried again when it is a deadlock's victim."""
+    for _ in range(3):
+        try:
+            async with pool.acquire() as conn:
+                return await fn(conn)
+        except asyncpg.DeadlockDetectedError:
+            continue
+    raise AssertionError("three deadlocks in a row")
 
 
 async def _step(pool: asyncpg.Pool, op: str, a: uuid.UUID, b: uuid.UUID, wid: uuid.UUID) -> None:
@@ -250,7 +256,10 @@ def _search(model_db: tuple[asyncio.AbstractEventLoop, asyncpg.Pool], examples: 
               suppress_health_check=list(HealthCheck))  # fmt: skip
     @given(dag=dags(), ops=steps)
     def check(dag: tuple[list[list[int]], str], ops: list[Any]) -> None:
-        loop.run_until_complete(_run(pool, dag, ops))
+        try:
+            loop.run_until_complete(_run(pool, dag, ops))
+        except AssertionError as exc:  # the example with the failure (explain blanks it)
+            raise AssertionError(f"{exc}\n  dag={dag}\n  ops={ops}") from None
 
     check()
 

@@ -289,17 +289,22 @@ async def test_operator_sql_respects_dependencies(db: asyncpg.Connection) -> Non
     await complete(db, key["fetch"])
     await fail(db, key["part-0"])
     assert (await statuses(db, wid))["report"] == "CANCELLED"
-    # a retry of the cancelled dependent itself waits for its failed dependency
-    assert await db.fetchval("SELECT retry_job($1)", key["report"]) == "WAITING"
+    # a retry of the cancelled dependent itself, while its dependency is FAILED, leaves it as
+    # it is (it comes back when the dependency is retried)
+    assert await db.fetchval("SELECT retry_job($1)", key["report"]) == "CANCELLED"
+    assert await STORE.job_redrive(db, [key["report"]]) == []
     assert "report" not in await outboxed(db, wid)
-    assert await STORE.job_redrive(db, [key["report"]]) == []  # not FAILED/CANCELLED now
+    # while a dependency is open, a retried dependent waits for it
+    assert await STORE.job_redrive(db, [key["part-0"]]) == [key["part-0"]]
+    assert (await statuses(db, wid))["report"] == "WAITING"
     # cancel_job cancels a WAITING job
     assert await db.fetchval("SELECT cancel_job($1)", key["report"]) == "CANCELLED"
     assert await db.fetchval("SELECT count(*) FROM blocked_jobs") == 0
     assert await db.fetchval("SELECT retry_job($1)", key["report"]) == "WAITING"
+    assert "report" not in await outboxed(db, wid)
     blocked = await db.fetchrow("SELECT key, waiting_for FROM blocked_jobs")
     assert blocked["key"] == "report" and blocked["waiting_for"] == [
-        "part-0 (FAILED)",
+        "part-0 (PENDING)",
         "part-1 (PENDING)",
         "part-2 (PENDING)",
     ]
