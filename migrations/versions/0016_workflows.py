@@ -55,42 +55,19 @@ DECLARE
     policy text;
     stopped boolean;
     cause text;
-    released int;
 BEGIN
-    SELECT on_failure, cancel_requested INTO policy, stopped FROM {{s}}.workflows
-    WHERE id = NEW.workflow_id;
+    IF NEW.status <> 'COMPLETED' THEN  -- a completion releases whatever the policy
+        SELECT on_failure, cancel_requested INTO policy, stopped FROM {{s}}.workflows
+        WHERE id = NEW.workflow_id;
+    END IF;
     IF NEW.status IN ({FINAL}) AND OLD.status NOT IN ({FINAL}) THEN
         IF NEW.status = 'COMPLETED' OR policy = 'continue' THEN
-            -- children locked in id order (no deadlock between two releasing transactions),
-            -- then counted down by a new statement on the latest row versions: the one that
-            -- reaches 0 releases, with its outbox row and a NOTIFY at commit
-            PERFORM 1 FROM {{s}}.jobs c
-            WHERE c.id IN (SELECT d.job_id FROM {{s}}.job_dependencies d
-                           WHERE d.depends_on = NEW.id) AND c.status = 'WAITING'
-            ORDER BY c.id FOR UPDATE;
-            WITH r AS (
-                UPDATE {{s}}.jobs c SET
-                    deps_pending = c.deps_pending - 1,
-                    status = (CASE WHEN c.deps_pending > 1 THEN 'WAITING'
-                                   WHEN c.run_at > now() THEN 'SCHEDULED'
-                                   ELSE 'PENDING' END)::{{s}}.job_status,
-                    run_at = CASE WHEN c.deps_pending > 1 OR c.run_at > now() THEN c.run_at
-                                  ELSE now() END,
-                    updated_at = CASE WHEN c.deps_pending > 1 THEN c.updated_at ELSE now() END
-                FROM {{s}}.job_dependencies d
-                WHERE d.depends_on = NEW.id AND c.id = d.job_id AND c.status = 'WAITING'
-                RETURNING c.id, c.job_type, c.priority, c.status
-            ), ob AS (
-                INSERT INTO {{s}}.job_outbox (job_id, job_type, priority)
-                SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
-                    AND NOT EXISTS (SELECT 1 FROM {{s}}.job_outbox o
-                                    WHERE o.job_id = r.id AND o.destination = 'work')
-                RETURNING 1
-            )
-            SELECT count(*) INTO released FROM ob;
-            IF released > 0 THEN
-                PERFORM pg_notify('{{s}}_outbox', '');
-            END IF;
+            -- its dependents are counted down with those of the statement's other finished
+            -- jobs, once, when the statement ends (workflow_jobs_finished)
+            PERFORM set_config('{{s}}.wf_finished',
+                COALESCE(NULLIF(current_setting('{{s}}.wf_finished', true), '') || ',', '')
+                || NEW.id::text, true);
+            RETURN NULL;
         ELSE
             -- every job downstream, still waiting, is cancelled naming this one
             cause := format('dependency %s (job %s) %s', COALESCE(NEW.workflow_key, '?'),
@@ -168,6 +145,60 @@ BEGIN
         UPDATE {{s}}.workflows SET status = 'RUNNING', finished_at = NULL
         WHERE id = NEW.workflow_id AND status <> 'RUNNING' AND NOT cancel_requested;
     END IF;
+    RETURN NULL;
+END
+$fn$
+"""
+
+# The statement's finished jobs (COMPLETED; under ``continue`` any final status), as the row
+# trigger listed them in a transaction-local setting: their WAITING dependents locked in id order
+# (two statements releasing never deadlock), then counted down by a new statement on the latest
+# row versions, each by the number of its dependencies among them: the one that reaches 0
+# releases it, with its outbox row and a NOTIFY at commit. One update of a fan-in's row per
+# statement, not per parent. Then each of their workflows with no open job left finishes.
+FINISHED = f"""
+CREATE FUNCTION {{s}}.workflow_jobs_finished() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    done uuid[];
+    released int;
+BEGIN
+    done := string_to_array(NULLIF(current_setting('{{s}}.wf_finished', true), ''), ',')::uuid[];
+    IF done IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('{{s}}.wf_finished', '', true);
+    PERFORM 1 FROM {{s}}.jobs c
+    WHERE c.id IN (SELECT d.job_id FROM {{s}}.job_dependencies d WHERE d.depends_on = ANY(done))
+      AND c.status = 'WAITING'
+    ORDER BY c.id FOR UPDATE;
+    WITH n AS (
+        SELECT d.job_id, count(*)::int AS n FROM {{s}}.job_dependencies d
+        WHERE d.depends_on = ANY(done) GROUP BY d.job_id
+    ), r AS (
+        UPDATE {{s}}.jobs c SET
+            deps_pending = c.deps_pending - n.n,
+            status = (CASE WHEN c.deps_pending > n.n THEN 'WAITING'
+                           WHEN c.run_at > now() THEN 'SCHEDULED'
+                           ELSE 'PENDING' END)::{{s}}.job_status,
+            run_at = CASE WHEN c.deps_pending > n.n OR c.run_at > now() THEN c.run_at
+                          ELSE now() END,
+            updated_at = CASE WHEN c.deps_pending > n.n THEN c.updated_at ELSE now() END
+        FROM n WHERE c.id = n.job_id AND c.status = 'WAITING'
+        RETURNING c.id, c.job_type, c.priority, c.status
+    ), ob AS (
+        INSERT INTO {{s}}.job_outbox (job_id, job_type, priority)
+        SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
+    )
+    SELECT count(*) FILTER (WHERE status = 'PENDING') INTO released FROM r;
+    IF released > 0 THEN
+        PERFORM pg_notify('{{s}}_outbox', '');
+    END IF;
+    UPDATE {{s}}.workflows w SET status = {DERIVED.format(s="{s}")},
+        finished_at = COALESCE(w.finished_at, now())
+    WHERE w.id IN (SELECT j.workflow_id FROM {{s}}.jobs j WHERE j.id = ANY(done))
+      AND NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE x.workflow_id = w.id
+                      AND x.status IN ({OPEN}))
+      AND w.status <> {DERIVED.format(s="{s}")};
     RETURN NULL;
 END
 $fn$
@@ -426,10 +457,18 @@ def upgrade() -> None:
     )
     op.execute(SETTLED.format(s=schema))
     op.execute(REDRIVEN.format(s=schema))
+    op.execute(FINISHED.format(s=schema))
+    # only a change into or out of a final status: a release or a claim costs no call
     op.execute(f"""
         CREATE TRIGGER jobs_workflow_settled AFTER UPDATE OF status ON {schema}.jobs
-        FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status)
+        FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
+            AND (NEW.status IN ({FINAL}) OR OLD.status IN ({FINAL})))
         EXECUTE FUNCTION {schema}.workflow_job_settled()""")
+    # once per statement that sets a status: a function call that returns at once unless the
+    # statement finished workflow jobs
+    op.execute(f"""
+        CREATE TRIGGER jobs_workflow_finished AFTER UPDATE OF status ON {schema}.jobs
+        FOR EACH STATEMENT EXECUTE FUNCTION {schema}.workflow_jobs_finished()""")
     op.execute(f"""
         CREATE TRIGGER jobs_workflow_redriven BEFORE UPDATE OF status ON {schema}.jobs
         FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL
@@ -456,7 +495,9 @@ def downgrade() -> None:
         op.execute(f"DROP VIEW IF EXISTS {schema}.{name}")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.cancel_workflow(uuid)")
     op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_redriven ON {schema}.jobs")
+    op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_finished ON {schema}.jobs")
     op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_settled ON {schema}.jobs")
+    op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_jobs_finished()")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_redriven()")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_settled()")
     op.drop_index("jobs_workflow_idx", "jobs", schema=schema)
