@@ -57,7 +57,7 @@ async def _plain(conn: asyncpg.Connection) -> float:
     return (FAN_OUT + 2) / (time.monotonic() - start)
 
 
-async def _fan_out(conn: asyncpg.Connection) -> float:
+async def _fan_out(conn: asyncpg.Connection) -> tuple[float, dict[str, float]]:
     wf = Workflow("bench-fan-out")
     root = wf.add("root", "noop")
     leaves = [wf.add(f"leaf-{i}", "noop", after=[root]) for i in range(FAN_OUT)]
@@ -65,8 +65,23 @@ async def _fan_out(conn: asyncpg.Connection) -> float:
     start = time.monotonic()
     async with conn.transaction():
         workflow_id = await enqueue_workflow(conn, wf)
+    submitted = time.monotonic() - start
     await _until_completed(conn, await _workflow_ids(conn, workflow_id), 120)
-    return (FAN_OUT + 2) / (time.monotonic() - start)
+    rate = (FAN_OUT + 2) / (time.monotonic() - start)
+    phases = await conn.fetchrow(
+        """SELECT
+            max(started_at) FILTER (WHERE workflow_key = 'root') - min(created_at) AS to_root,
+            min(started_at) FILTER (WHERE workflow_key LIKE 'leaf-%')
+                - max(finished_at) FILTER (WHERE workflow_key = 'root') AS release,
+            max(finished_at) FILTER (WHERE workflow_key LIKE 'leaf-%')
+                - min(started_at) FILTER (WHERE workflow_key LIKE 'leaf-%') AS leaves,
+            max(started_at) FILTER (WHERE workflow_key = 'join')
+                - max(finished_at) FILTER (WHERE workflow_key LIKE 'leaf-%') AS to_join
+        FROM conveyor.jobs WHERE workflow_id = $1""",
+        workflow_id,
+    )
+    ms = {k: round(v.total_seconds() * 1000, 1) for k, v in phases.items()}
+    return rate, {"submit_ms": round(submitted * 1000, 1), **ms}
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -114,9 +129,12 @@ async def run(h: Harness, repeat: int) -> dict[str, Any]:
     try:
         plain: list[float] = []
         fan: list[float] = []
+        phases: list[dict[str, float]] = []
         for _ in range(max(2, repeat)):  # in turns: a disturbance hits both sides alike
             plain.append(await _plain(conn))
-            fan.append(await _fan_out(conn))
+            rate, timeline = await _fan_out(conn)
+            fan.append(rate)
+            phases.append(timeline)
         chained = await _chain(conn)
         single = await _singles(conn)
     finally:
@@ -130,6 +148,9 @@ async def run(h: Harness, repeat: int) -> dict[str, Any]:
         "fan_out_runs": [round(r, 1) for r in fan],
         "plain_runs": [round(r, 1) for r in plain],
         "median_ratio": round(statistics.median(fan) / statistics.median(plain), 3),
+        # the best fan-out's timeline: submit, to the root's start, its finish to the first
+        # leaf's start (the release), the leaves, the last leaf's finish to the join's start
+        "fan_out_phases_ms": phases[fan.index(best_fan)],
         "chain_links": CHAIN,
         **{f"chain_{k}": v for k, v in chained.items()},
         "single_submit_to_start_ms_p50": single,
