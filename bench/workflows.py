@@ -49,12 +49,18 @@ async def _workflow_ids(conn: asyncpg.Connection, workflow_id: uuid.UUID) -> lis
     return [r["id"] for r in rows]
 
 
-async def _plain(conn: asyncpg.Connection) -> float:
+async def _plain(conn: asyncpg.Connection) -> tuple[float, dict[str, float]]:
     start = time.monotonic()
     async with conn.transaction():
         ids = await enqueue_many(conn, [JobSpec("noop") for _ in range(FAN_OUT + 2)])
     await _until_completed(conn, ids, 120)
-    return (FAN_OUT + 2) / (time.monotonic() - start)
+    rate = (FAN_OUT + 2) / (time.monotonic() - start)
+    phases = await conn.fetchrow(
+        "SELECT min(started_at) - min(created_at) AS to_first,"
+        " max(finished_at) - min(started_at) AS jobs FROM conveyor.jobs WHERE id = ANY($1)",
+        ids,
+    )
+    return rate, {k: round(v.total_seconds() * 1000, 1) for k, v in phases.items()}
 
 
 async def _fan_out(conn: asyncpg.Connection) -> tuple[float, dict[str, float]]:
@@ -130,8 +136,11 @@ async def run(h: Harness, repeat: int) -> dict[str, Any]:
         plain: list[float] = []
         fan: list[float] = []
         phases: list[dict[str, float]] = []
+        plain_phases: list[dict[str, float]] = []
         for _ in range(max(2, repeat)):  # in turns: a disturbance hits both sides alike
-            plain.append(await _plain(conn))
+            rate, timeline = await _plain(conn)
+            plain.append(rate)
+            plain_phases.append(timeline)
             rate, timeline = await _fan_out(conn)
             fan.append(rate)
             phases.append(timeline)
@@ -151,6 +160,7 @@ async def run(h: Harness, repeat: int) -> dict[str, Any]:
         # the best fan-out's timeline: submit, to the root's start, its finish to the first
         # leaf's start (the release), the leaves, the last leaf's finish to the join's start
         "fan_out_phases_ms": phases[fan.index(best_fan)],
+        "plain_phases_ms": plain_phases[plain.index(best_plain)],  # to the first start, jobs
         "chain_links": CHAIN,
         **{f"chain_{k}": v for k, v in chained.items()},
         "single_submit_to_start_ms_p50": single,

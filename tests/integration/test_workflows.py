@@ -412,3 +412,33 @@ async def test_sqlalchemy_session_and_the_sync_variant(db: asyncpg.Connection, d
 @pytest.fixture(autouse=True)
 def _schema_env(monkeypatch: Any) -> None:
     monkeypatch.delenv("CONVEYOR_MAX_WORKFLOW_JOBS", raising=False)
+
+
+async def test_both_submit_paths_keep_every_option(db: asyncpg.Connection) -> None:
+    """Without unique keys a workflow is one statement (``workflow_insert``); with one, the
+    usual submit then ``workflow_attach``: the same rows either way."""
+    for unique in (False, True):
+        wf = Workflow(f"options-{unique}")
+        wf.add("a", "a", {"n": 1}, meta={"m": 1}, idempotency_key=f"idem-{unique}",
+               unique_for=60 if unique else None)  # fmt: skip
+        wf.add("b", "b", after=["a"], priority=2, timeout_seconds=9, max_retries=4)
+        wid = await submit(db, wf)
+        rows = {r["workflow_key"]: r for r in await db.fetch(
+            "SELECT workflow_key, status::text AS status, meta::text AS meta, priority,"
+            " timeout_seconds, max_retries, deps_pending, idempotency_key FROM jobs"
+            " WHERE workflow_id = $1", wid)}  # fmt: skip
+        assert (rows["a"]["status"], rows["a"]["meta"], rows["a"]["idempotency_key"]) == (
+            "PENDING", '{"m": 1}', f"idem-{unique}",
+        )  # fmt: skip
+        b = rows["b"]
+        assert (b["status"], b["priority"], b["timeout_seconds"], b["max_retries"]) == (
+            "WAITING", 2, 9.0, 4,
+        )  # fmt: skip
+        assert await outboxed(db, wid) == {"a"}
+        key = await ids(db, wid)
+        await complete(db, key["a"])
+        assert (await statuses(db, wid))["b"] == "PENDING"
+        again = Workflow("again")
+        again.add("a", "a", idempotency_key=f"idem-{unique}")
+        with pytest.raises(InvalidJob, match="workflow job 'a'"):
+            await submit(db, again)
