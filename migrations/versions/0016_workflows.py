@@ -49,12 +49,39 @@ DERIVED = """CASE WHEN w.cancel_requested THEN 'CANCELLED'
                       AND x.status = 'CANCELLED') THEN 'CANCELLED'
          ELSE 'COMPLETED' END"""
 
+# Every statement below finds jobs by id (``id = ANY(array)``, ``FROM unnest(...)``: the primary
+# key), never by a join the planner may turn into a scan of ``jobs``: with a statement's few
+# finished jobs and a ``WAITING`` estimate from the statistics it chose a sequential scan of
+# the whole table, once per completion batch.
+
+# The jobs downstream of a job, breadth first through ``job_dependencies`` (its index on
+# ``depends_on``), in id order.
+DOWNSTREAM = """
+CREATE FUNCTION {s}.workflow_downstream(root uuid) RETURNS uuid[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    found uuid[] := '{{}}';
+    frontier uuid[] := ARRAY[root];
+BEGIN
+    LOOP
+        frontier := ARRAY(SELECT DISTINCT d.job_id FROM {s}.job_dependencies d
+                          WHERE d.depends_on = ANY(frontier) AND NOT d.job_id = ANY(found));
+        EXIT WHEN cardinality(frontier) = 0;
+        found := found || frontier;
+    END LOOP;
+    RETURN ARRAY(SELECT x FROM unnest(found) x ORDER BY x);
+END
+$fn$
+"""
+
 SETTLED = f"""
 CREATE FUNCTION {{s}}.workflow_job_settled() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
     policy text;
     stopped boolean;
     cause text;
+    down uuid[];
+    back uuid[];
+    blocked uuid[];
 BEGIN
     IF NEW.status <> 'COMPLETED' THEN  -- a completion releases whatever the policy
         SELECT on_failure, cancel_requested INTO policy, stopped FROM {{s}}.workflows
@@ -68,29 +95,17 @@ BEGIN
                 COALESCE(NULLIF(current_setting('{{s}}.wf_finished', true), '') || ',', '')
                 || NEW.id::text, true);
             RETURN NULL;
-        ELSE
-            -- every job downstream, still waiting, is cancelled naming this one
-            cause := format('dependency %s (job %s) %s', COALESCE(NEW.workflow_key, '?'),
-                            NEW.id, CASE NEW.status WHEN 'FAILED' THEN 'failed'
-                                                    ELSE 'was cancelled' END);
-            PERFORM 1 FROM {{s}}.jobs c WHERE c.id IN (
-                WITH RECURSIVE down(id) AS (
-                    SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
-                    UNION
-                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN down
-                        ON d.depends_on = down.id
-                ) SELECT id FROM down) AND c.status = 'WAITING'
-            ORDER BY c.id FOR UPDATE;
-            UPDATE {{s}}.jobs c SET status = 'CANCELLED', last_error = cause,
-                finished_at = now(), updated_at = now()
-            WHERE c.id IN (
-                WITH RECURSIVE down(id) AS (
-                    SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
-                    UNION
-                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN down
-                        ON d.depends_on = down.id
-                ) SELECT id FROM down) AND c.status = 'WAITING';
         END IF;
+        -- every job downstream, still waiting, is cancelled naming this one
+        cause := format('dependency %s (job %s) %s', COALESCE(NEW.workflow_key, '?'),
+                        NEW.id, CASE NEW.status WHEN 'FAILED' THEN 'failed'
+                                                ELSE 'was cancelled' END);
+        down := {{s}}.workflow_downstream(NEW.id);
+        PERFORM 1 FROM {{s}}.jobs c WHERE c.id = ANY(down) AND c.status = 'WAITING'
+        ORDER BY c.id FOR UPDATE;
+        UPDATE {{s}}.jobs c SET status = 'CANCELLED', last_error = cause,
+            finished_at = now(), updated_at = now()
+        WHERE c.id = ANY(down) AND c.status = 'WAITING';
         -- the last open job finishes the workflow (two last jobs ending at once each see the
         -- other open: the sweeper's workflow duty finishes that one)
         IF NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE x.workflow_id = NEW.workflow_id
@@ -100,47 +115,46 @@ BEGIN
             WHERE w.id = NEW.workflow_id AND w.status <> {DERIVED.format(s="{s}")};
         END IF;
     ELSIF OLD.status IN ({FINAL}) AND NEW.status NOT IN ({FINAL}) THEN
-        -- a retry. Under 'continue' its failure counted its waiting dependents down: they count
-        -- it again. Under 'cancel' the dependents it cancelled (not those cancelled by someone:
-        -- cancel_requested) wait again, each counting its parents not completed; a dependent
-        -- coming back this way (CANCELLED -> WAITING) finds its own dependents back already.
-        -- The workflow row is read again under a lock: a cancel_workflow committed meanwhile
-        -- is seen, one not started yet waits for this transaction (and cancels what it brings
-        -- back).
+        -- A retry. The workflow row is read again under a lock: a cancel_workflow committed
+        -- meanwhile is seen, one not started yet waits for this transaction (and cancels what
+        -- it brings back).
         SELECT cancel_requested INTO stopped FROM {{s}}.workflows WHERE id = NEW.workflow_id
         FOR SHARE;
         IF policy = 'continue' THEN
+            -- its failure counted its waiting dependents down: they count it again
             UPDATE {{s}}.jobs c SET deps_pending = c.deps_pending + 1
-            FROM {{s}}.job_dependencies d
-            WHERE d.depends_on = NEW.id AND c.id = d.job_id AND c.status = 'WAITING';
+            WHERE c.id = ANY(ARRAY(SELECT d.job_id FROM {{s}}.job_dependencies d
+                                   WHERE d.depends_on = NEW.id))
+              AND c.status = 'WAITING';
         ELSIF NOT stopped THEN
-            -- their dependencies locked first, as in workflow_job_redriven
-            PERFORM 1 FROM {{s}}.jobs p WHERE p.id IN (
-                SELECT d.depends_on FROM {{s}}.job_dependencies d WHERE d.job_id IN (
-                    WITH RECURSIVE down(id) AS (
-                        SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
-                        UNION
-                        SELECT d2.job_id FROM {{s}}.job_dependencies d2 JOIN down
-                            ON d2.depends_on = down.id
-                    ) SELECT id FROM down))
+            -- the jobs downstream that a failure cancelled (not those cancelled by someone:
+            -- cancel_requested) wait again, each counting its dependencies not completed; but
+            -- not one with another failed or cancelled dependency (nor, then, its dependents):
+            -- it comes back when that one is retried. Their dependencies are locked first: one
+            -- completing at this moment is counted completed (its own trigger, looking for
+            -- WAITING dependents, cannot see these become WAITING).
+            down := {{s}}.workflow_downstream(NEW.id);
+            back := ARRAY(SELECT c.id FROM {{s}}.jobs c WHERE c.id = ANY(down)
+                          AND c.status = 'CANCELLED' AND NOT c.cancel_requested ORDER BY c.id);
+            PERFORM 1 FROM {{s}}.jobs p
+            WHERE p.id = ANY(ARRAY(SELECT d.depends_on FROM {{s}}.job_dependencies d
+                                   WHERE d.job_id = ANY(back)))
             ORDER BY p.id FOR SHARE;
+            LOOP
+                blocked := ARRAY(
+                    SELECT DISTINCT d.job_id FROM {{s}}.job_dependencies d
+                    JOIN {{s}}.jobs p ON p.id = d.depends_on
+                    WHERE d.job_id = ANY(back) AND p.id <> NEW.id AND NOT p.id = ANY(back)
+                      AND p.status IN ('FAILED', 'CANCELLED'));
+                EXIT WHEN cardinality(blocked) = 0;
+                back := ARRAY(SELECT x FROM unnest(back) x WHERE NOT x = ANY(blocked));
+            END LOOP;
             UPDATE {{s}}.jobs c SET status = 'WAITING', last_error = NULL, finished_at = NULL,
                 updated_at = now(),
                 deps_pending = (SELECT count(*) FROM {{s}}.job_dependencies d
                                 JOIN {{s}}.jobs p ON p.id = d.depends_on
                                 WHERE d.job_id = c.id AND p.status <> 'COMPLETED')
-            WHERE c.id IN (
-                WITH RECURSIVE down(id) AS (
-                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN {{s}}.jobs j
-                        ON j.id = d.job_id
-                    WHERE d.depends_on = NEW.id AND j.status = 'CANCELLED'
-                      AND NOT j.cancel_requested
-                    UNION
-                    SELECT d.job_id FROM {{s}}.job_dependencies d
-                        JOIN down ON d.depends_on = down.id
-                        JOIN {{s}}.jobs j ON j.id = d.job_id
-                    WHERE j.status = 'CANCELLED' AND NOT j.cancel_requested
-                ) SELECT id FROM down);
+            WHERE c.id = ANY(back);
         END IF;
         UPDATE {{s}}.workflows SET status = 'RUNNING', finished_at = NULL
         WHERE id = NEW.workflow_id AND status <> 'RUNNING' AND NOT cancel_requested;
@@ -160,6 +174,8 @@ FINISHED = f"""
 CREATE FUNCTION {{s}}.workflow_jobs_finished() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
     done uuid[];
+    children uuid[];
+    counts int[];
     released int;
 BEGIN
     done := string_to_array(NULLIF(current_setting('{{s}}.wf_finished', true), ''), ',')::uuid[];
@@ -167,35 +183,38 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM set_config('{{s}}.wf_finished', '', true);
-    PERFORM 1 FROM {{s}}.jobs c
-    WHERE c.id IN (SELECT d.job_id FROM {{s}}.job_dependencies d WHERE d.depends_on = ANY(done))
-      AND c.status = 'WAITING'
-    ORDER BY c.id FOR UPDATE;
-    WITH n AS (
-        SELECT d.job_id, count(*)::int AS n FROM {{s}}.job_dependencies d
-        WHERE d.depends_on = ANY(done) GROUP BY d.job_id
-    ), r AS (
-        UPDATE {{s}}.jobs c SET
-            deps_pending = c.deps_pending - n.n,
-            status = (CASE WHEN c.deps_pending > n.n THEN 'WAITING'
-                           WHEN c.run_at > now() THEN 'SCHEDULED'
-                           ELSE 'PENDING' END)::{{s}}.job_status,
-            run_at = CASE WHEN c.deps_pending > n.n OR c.run_at > now() THEN c.run_at
-                          ELSE now() END,
-            updated_at = CASE WHEN c.deps_pending > n.n THEN c.updated_at ELSE now() END
-        FROM n WHERE c.id = n.job_id AND c.status = 'WAITING'
-        RETURNING c.id, c.job_type, c.priority, c.status
-    ), ob AS (
-        INSERT INTO {{s}}.job_outbox (job_id, job_type, priority)
-        SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
-    )
-    SELECT count(*) FILTER (WHERE status = 'PENDING') INTO released FROM r;
-    IF released > 0 THEN
-        PERFORM pg_notify('{{s}}_outbox', '');
+    SELECT array_agg(x.job_id ORDER BY x.job_id), array_agg(x.n ORDER BY x.job_id)
+    INTO children, counts
+    FROM (SELECT d.job_id, count(*)::int AS n FROM {{s}}.job_dependencies d
+          WHERE d.depends_on = ANY(done) GROUP BY d.job_id) x;
+    IF children IS NOT NULL THEN
+        PERFORM 1 FROM {{s}}.jobs c WHERE c.id = ANY(children) AND c.status = 'WAITING'
+        ORDER BY c.id FOR UPDATE;
+        WITH r AS (
+            UPDATE {{s}}.jobs c SET
+                deps_pending = c.deps_pending - k.n,
+                status = (CASE WHEN c.deps_pending > k.n THEN 'WAITING'
+                               WHEN c.run_at > now() THEN 'SCHEDULED'
+                               ELSE 'PENDING' END)::{{s}}.job_status,
+                run_at = CASE WHEN c.deps_pending > k.n OR c.run_at > now() THEN c.run_at
+                              ELSE now() END,
+                updated_at = CASE WHEN c.deps_pending > k.n THEN c.updated_at ELSE now() END
+            FROM unnest(children, counts) AS k(id, n)
+            WHERE c.id = k.id AND c.status = 'WAITING'
+            RETURNING c.id, c.job_type, c.priority, c.status
+        ), ob AS (
+            INSERT INTO {{s}}.job_outbox (job_id, job_type, priority)
+            SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
+        )
+        SELECT count(*) FILTER (WHERE status = 'PENDING') INTO released FROM r;
+        IF released > 0 THEN
+            PERFORM pg_notify('{{s}}_outbox', '');
+        END IF;
     END IF;
     UPDATE {{s}}.workflows w SET status = {DERIVED.format(s="{s}")},
         finished_at = COALESCE(w.finished_at, now())
-    WHERE w.id IN (SELECT j.workflow_id FROM {{s}}.jobs j WHERE j.id = ANY(done))
+    WHERE w.id = ANY(ARRAY(SELECT DISTINCT j.workflow_id FROM {{s}}.jobs j
+                           WHERE j.id = ANY(done)))
       AND NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE x.workflow_id = w.id
                       AND x.status IN ({OPEN}))
       AND w.status <> {DERIVED.format(s="{s}")};
@@ -219,7 +238,7 @@ BEGIN
     -- moment is counted finished (its own trigger, looking for WAITING dependents, cannot see
     -- this row become WAITING)
     PERFORM 1 FROM {{s}}.jobs p
-    WHERE p.id IN (SELECT depends_on FROM {{s}}.job_dependencies WHERE job_id = NEW.id)
+    WHERE p.id = ANY(ARRAY(SELECT depends_on FROM {{s}}.job_dependencies WHERE job_id = NEW.id))
     ORDER BY p.id FOR SHARE;
     SELECT count(*) FILTER (WHERE p.status NOT IN ({FINAL})),
            count(*) FILTER (WHERE w.on_failure = 'cancel' AND p.status IN ('FAILED', 'CANCELLED'))
@@ -455,6 +474,7 @@ def upgrade() -> None:
         schema=schema,
         postgresql_where=sa.text("workflow_id IS NOT NULL"),
     )
+    op.execute(DOWNSTREAM.format(s=schema))
     op.execute(SETTLED.format(s=schema))
     op.execute(REDRIVEN.format(s=schema))
     op.execute(FINISHED.format(s=schema))
@@ -498,6 +518,7 @@ def downgrade() -> None:
     op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_finished ON {schema}.jobs")
     op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_settled ON {schema}.jobs")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_jobs_finished()")
+    op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_downstream(uuid)")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_redriven()")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_settled()")
     op.drop_index("jobs_workflow_idx", "jobs", schema=schema)

@@ -442,3 +442,28 @@ async def test_both_submit_paths_keep_every_option(db: asyncpg.Connection) -> No
         again.add("a", "a", idempotency_key=f"idem-{unique}")
         with pytest.raises(InvalidJob, match="workflow job 'a'"):
             await submit(db, again)
+
+
+async def test_a_retry_brings_back_only_dependents_with_no_other_failed_dependency(
+    db: asyncpg.Connection,
+) -> None:
+    wf = Workflow("two-failures")
+    wf.add("x", "a")
+    wf.add("y", "a")
+    wf.add("d", "b", after=["x", "y"])
+    wf.add("e", "b", after=["d"])
+    wf.add("only-x", "b", after=["x"])
+    wid = await submit(db, wf)
+    key = await ids(db, wid)
+    await fail(db, key["x"])
+    await fail(db, key["y"])
+    await STORE.job_redrive(db, [key["x"]])
+    st = await statuses(db, wid)
+    # d (and e after it) still has a failed dependency, y: it stays cancelled
+    assert (st["only-x"], st["d"], st["e"]) == ("WAITING", "CANCELLED", "CANCELLED")
+    await STORE.job_redrive(db, [key["y"]])
+    st = await statuses(db, wid)
+    assert (st["d"], st["e"]) == ("WAITING", "WAITING")
+    for k in ("x", "y", "only-x", "d", "e"):
+        await complete(db, key[k])
+    assert await workflow_status(db, wid) == "COMPLETED"
