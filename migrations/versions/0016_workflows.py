@@ -327,7 +327,15 @@ CANCEL_WORKFLOW = f"""
 CREATE FUNCTION {{s}}.cancel_workflow(wf uuid) RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     n int;
+    tries int := 0;
 BEGIN
+    -- A completion locks its job, then the dependents it releases, and a retry its job, then
+    -- the workflow row: against those orders a deadlock is possible. When this block is the
+    -- victim it lets go of everything it locked, the workflow row included (a retry waiting
+    -- for that row would otherwise never see the cycle again), and tries again; the worker's
+    -- completer retries its batch when it is the victim.
+    LOOP
+    BEGIN
     -- a COMPLETED workflow stays so; a FAILED one is CANCELLED, and no retry revives it
     UPDATE {{s}}.workflows SET cancel_requested = status <> 'COMPLETED',
         status = CASE WHEN status = 'COMPLETED' THEN status ELSE 'CANCELLED' END
@@ -335,11 +343,6 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    -- a completion locks its job, then the dependents it releases: against that order a
-    -- deadlock is possible, and the victim, when it is this block, tries again (the worker's
-    -- completer retries its batch when it is the victim)
-    LOOP
-    BEGIN
     PERFORM 1 FROM {{s}}.jobs WHERE workflow_id = wf AND status IN ({OPEN})
     ORDER BY id FOR UPDATE;
     UPDATE {{s}}.jobs SET
@@ -356,6 +359,10 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
     EXCEPTION WHEN deadlock_detected THEN
+        tries := tries + 1;
+        IF tries >= 10 THEN
+            RAISE;
+        END IF;
         PERFORM pg_sleep(random() / 20);
     END;
     END LOOP;
