@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from . import profile, report, workloads
+from . import workflows as workflow_bench
 from .harness import RESULTS, Harness, Options, free_port
 
-STEPS = ["relay", "drain", "rest", "batch", "latency", "batch_backfill", "celery"]
+STEPS = ["relay", "drain", "rest", "batch", "latency", "workflow", "batch_backfill", "celery"]
 CONVEYOR_STEPS = STEPS[:-1]
 
 
@@ -140,6 +141,9 @@ class Runner:
             lambda: workloads.latency(h, o.latency_seconds, o.latency_rate),
             key="p99",
             lower_is_better=True,
+        )
+        self.details["workflow"] = await self.step(
+            "workflow", lambda: workflow_bench.run(h, o.repeat)
         )
         if o.with_backfill:
             self.details["batch_backfill"] = await self.backfilled(batch)

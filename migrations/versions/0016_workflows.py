@@ -49,71 +49,63 @@ DERIVED = """CASE WHEN w.cancel_requested THEN 'CANCELLED'
                       AND x.status = 'CANCELLED') THEN 'CANCELLED'
          ELSE 'COMPLETED' END"""
 
+# Every statement below finds jobs by id (``id = ANY(array)``, ``FROM unnest(...)``: the primary
+# key), never by a join the planner may turn into a scan of ``jobs``: with a statement's few
+# finished jobs and a ``WAITING`` estimate from the statistics it chose a sequential scan of
+# the whole table, once per completion batch.
+
+# The jobs downstream of a job, breadth first through ``job_dependencies`` (its index on
+# ``depends_on``), in id order.
+DOWNSTREAM = """
+CREATE FUNCTION {s}.workflow_downstream(root uuid) RETURNS uuid[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    found uuid[] := '{{}}';
+    frontier uuid[] := ARRAY[root];
+BEGIN
+    LOOP
+        frontier := ARRAY(SELECT DISTINCT d.job_id FROM {s}.job_dependencies d
+                          WHERE d.depends_on = ANY(frontier) AND NOT d.job_id = ANY(found));
+        EXIT WHEN cardinality(frontier) = 0;
+        found := found || frontier;
+    END LOOP;
+    RETURN ARRAY(SELECT x FROM unnest(found) x ORDER BY x);
+END
+$fn$
+"""
+
 SETTLED = f"""
 CREATE FUNCTION {{s}}.workflow_job_settled() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
     policy text;
     stopped boolean;
     cause text;
-    released int;
+    down uuid[];
+    back uuid[];
+    blocked uuid[];
 BEGIN
-    SELECT on_failure, cancel_requested INTO policy, stopped FROM {{s}}.workflows
-    WHERE id = NEW.workflow_id;
+    IF NEW.status <> 'COMPLETED' THEN  -- a completion releases whatever the policy
+        SELECT on_failure, cancel_requested INTO policy, stopped FROM {{s}}.workflows
+        WHERE id = NEW.workflow_id;
+    END IF;
     IF NEW.status IN ({FINAL}) AND OLD.status NOT IN ({FINAL}) THEN
         IF NEW.status = 'COMPLETED' OR policy = 'continue' THEN
-            -- children locked in id order (no deadlock between two releasing transactions),
-            -- then counted down by a new statement on the latest row versions: the one that
-            -- reaches 0 releases, with its outbox row and a NOTIFY at commit
-            PERFORM 1 FROM {{s}}.jobs c
-            WHERE c.id IN (SELECT d.job_id FROM {{s}}.job_dependencies d
-                           WHERE d.depends_on = NEW.id) AND c.status = 'WAITING'
-            ORDER BY c.id FOR UPDATE;
-            WITH r AS (
-                UPDATE {{s}}.jobs c SET
-                    deps_pending = c.deps_pending - 1,
-                    status = (CASE WHEN c.deps_pending > 1 THEN 'WAITING'
-                                   WHEN c.run_at > now() THEN 'SCHEDULED'
-                                   ELSE 'PENDING' END)::{{s}}.job_status,
-                    run_at = CASE WHEN c.deps_pending > 1 OR c.run_at > now() THEN c.run_at
-                                  ELSE now() END,
-                    updated_at = CASE WHEN c.deps_pending > 1 THEN c.updated_at ELSE now() END
-                FROM {{s}}.job_dependencies d
-                WHERE d.depends_on = NEW.id AND c.id = d.job_id AND c.status = 'WAITING'
-                RETURNING c.id, c.job_type, c.priority, c.status
-            ), ob AS (
-                INSERT INTO {{s}}.job_outbox (job_id, job_type, priority)
-                SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
-                    AND NOT EXISTS (SELECT 1 FROM {{s}}.job_outbox o
-                                    WHERE o.job_id = r.id AND o.destination = 'work')
-                RETURNING 1
-            )
-            SELECT count(*) INTO released FROM ob;
-            IF released > 0 THEN
-                PERFORM pg_notify('{{s}}_outbox', '');
-            END IF;
-        ELSE
-            -- every job downstream, still waiting, is cancelled naming this one
-            cause := format('dependency %s (job %s) %s', COALESCE(NEW.workflow_key, '?'),
-                            NEW.id, CASE NEW.status WHEN 'FAILED' THEN 'failed'
-                                                    ELSE 'was cancelled' END);
-            PERFORM 1 FROM {{s}}.jobs c WHERE c.id IN (
-                WITH RECURSIVE down(id) AS (
-                    SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
-                    UNION
-                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN down
-                        ON d.depends_on = down.id
-                ) SELECT id FROM down) AND c.status = 'WAITING'
-            ORDER BY c.id FOR UPDATE;
-            UPDATE {{s}}.jobs c SET status = 'CANCELLED', last_error = cause,
-                finished_at = now(), updated_at = now()
-            WHERE c.id IN (
-                WITH RECURSIVE down(id) AS (
-                    SELECT job_id FROM {{s}}.job_dependencies WHERE depends_on = NEW.id
-                    UNION
-                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN down
-                        ON d.depends_on = down.id
-                ) SELECT id FROM down) AND c.status = 'WAITING';
+            -- its dependents are counted down with those of the statement's other finished
+            -- jobs, once, when the statement ends (workflow_jobs_finished)
+            PERFORM set_config('{{s}}.wf_finished',
+                COALESCE(NULLIF(current_setting('{{s}}.wf_finished', true), '') || ',', '')
+                || NEW.id::text, true);
+            RETURN NULL;
         END IF;
+        -- every job downstream, still waiting, is cancelled naming this one
+        cause := format('dependency %s (job %s) %s', COALESCE(NEW.workflow_key, '?'),
+                        NEW.id, CASE NEW.status WHEN 'FAILED' THEN 'failed'
+                                                ELSE 'was cancelled' END);
+        down := {{s}}.workflow_downstream(NEW.id);
+        PERFORM 1 FROM {{s}}.jobs c WHERE c.id = ANY(down) AND c.status = 'WAITING'
+        ORDER BY c.id FOR UPDATE;
+        UPDATE {{s}}.jobs c SET status = 'CANCELLED', last_error = cause,
+            finished_at = now(), updated_at = now()
+        WHERE c.id = ANY(down) AND c.status = 'WAITING';
         -- the last open job finishes the workflow (two last jobs ending at once each see the
         -- other open: the sweeper's workflow duty finishes that one)
         IF NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE x.workflow_id = NEW.workflow_id
@@ -123,32 +115,46 @@ BEGIN
             WHERE w.id = NEW.workflow_id AND w.status <> {DERIVED.format(s="{s}")};
         END IF;
     ELSIF OLD.status IN ({FINAL}) AND NEW.status NOT IN ({FINAL}) THEN
-        -- a retry. Under 'continue' its failure counted its waiting dependents down: they count
-        -- it again. Under 'cancel' the dependents it cancelled (not those cancelled by someone:
-        -- cancel_requested) wait again, each counting its parents not completed; a dependent
-        -- coming back this way (CANCELLED -> WAITING) finds its own dependents back already.
+        -- A retry. The workflow row is read again under a lock: a cancel_workflow committed
+        -- meanwhile is seen, one not started yet waits for this transaction (and cancels what
+        -- it brings back).
+        SELECT cancel_requested INTO stopped FROM {{s}}.workflows WHERE id = NEW.workflow_id
+        FOR SHARE;
         IF policy = 'continue' THEN
+            -- its failure counted its waiting dependents down: they count it again
             UPDATE {{s}}.jobs c SET deps_pending = c.deps_pending + 1
-            FROM {{s}}.job_dependencies d
-            WHERE d.depends_on = NEW.id AND c.id = d.job_id AND c.status = 'WAITING';
+            WHERE c.id = ANY(ARRAY(SELECT d.job_id FROM {{s}}.job_dependencies d
+                                   WHERE d.depends_on = NEW.id))
+              AND c.status = 'WAITING';
         ELSIF NOT stopped THEN
+            -- the jobs downstream that a failure cancelled (not those cancelled by someone:
+            -- cancel_requested) wait again, each counting its dependencies not completed; but
+            -- not one with another failed or cancelled dependency (nor, then, its dependents):
+            -- it comes back when that one is retried. Their dependencies are locked first: one
+            -- completing at this moment is counted completed (its own trigger, looking for
+            -- WAITING dependents, cannot see these become WAITING).
+            down := {{s}}.workflow_downstream(NEW.id);
+            back := ARRAY(SELECT c.id FROM {{s}}.jobs c WHERE c.id = ANY(down)
+                          AND c.status = 'CANCELLED' AND NOT c.cancel_requested ORDER BY c.id);
+            PERFORM 1 FROM {{s}}.jobs p
+            WHERE p.id = ANY(ARRAY(SELECT d.depends_on FROM {{s}}.job_dependencies d
+                                   WHERE d.job_id = ANY(back)))
+            ORDER BY p.id FOR SHARE;
+            LOOP
+                blocked := ARRAY(
+                    SELECT DISTINCT d.job_id FROM {{s}}.job_dependencies d
+                    JOIN {{s}}.jobs p ON p.id = d.depends_on
+                    WHERE d.job_id = ANY(back) AND p.id <> NEW.id AND NOT p.id = ANY(back)
+                      AND p.status IN ('FAILED', 'CANCELLED'));
+                EXIT WHEN cardinality(blocked) = 0;
+                back := ARRAY(SELECT x FROM unnest(back) x WHERE NOT x = ANY(blocked));
+            END LOOP;
             UPDATE {{s}}.jobs c SET status = 'WAITING', last_error = NULL, finished_at = NULL,
                 updated_at = now(),
                 deps_pending = (SELECT count(*) FROM {{s}}.job_dependencies d
                                 JOIN {{s}}.jobs p ON p.id = d.depends_on
                                 WHERE d.job_id = c.id AND p.status <> 'COMPLETED')
-            WHERE c.id IN (
-                WITH RECURSIVE down(id) AS (
-                    SELECT d.job_id FROM {{s}}.job_dependencies d JOIN {{s}}.jobs j
-                        ON j.id = d.job_id
-                    WHERE d.depends_on = NEW.id AND j.status = 'CANCELLED'
-                      AND NOT j.cancel_requested
-                    UNION
-                    SELECT d.job_id FROM {{s}}.job_dependencies d
-                        JOIN down ON d.depends_on = down.id
-                        JOIN {{s}}.jobs j ON j.id = d.job_id
-                    WHERE j.status = 'CANCELLED' AND NOT j.cancel_requested
-                ) SELECT id FROM down);
+            WHERE c.id = ANY(back);
         END IF;
         UPDATE {{s}}.workflows SET status = 'RUNNING', finished_at = NULL
         WHERE id = NEW.workflow_id AND status <> 'RUNNING' AND NOT cancel_requested;
@@ -158,20 +164,92 @@ END
 $fn$
 """
 
+# The statement's finished jobs (COMPLETED; under ``continue`` any final status), as the row
+# trigger listed them in a transaction-local setting: their WAITING dependents locked in id order
+# (two statements releasing never deadlock), then counted down by a new statement on the latest
+# row versions, each by the number of its dependencies among them: the one that reaches 0
+# releases it, with its outbox row and a NOTIFY at commit. One update of a fan-in's row per
+# statement, not per parent. Then each of their workflows with no open job left finishes.
+FINISHED = f"""
+CREATE FUNCTION {{s}}.workflow_jobs_finished() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    done uuid[];
+    children uuid[];
+    counts int[];
+    released int;
+BEGIN
+    done := string_to_array(NULLIF(current_setting('{{s}}.wf_finished', true), ''), ',')::uuid[];
+    IF done IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('{{s}}.wf_finished', '', true);
+    SELECT array_agg(x.job_id ORDER BY x.job_id), array_agg(x.n ORDER BY x.job_id)
+    INTO children, counts
+    FROM (SELECT d.job_id, count(*)::int AS n FROM {{s}}.job_dependencies d
+          WHERE d.depends_on = ANY(done) GROUP BY d.job_id) x;
+    IF children IS NOT NULL THEN
+        PERFORM 1 FROM {{s}}.jobs c WHERE c.id = ANY(children) AND c.status = 'WAITING'
+        ORDER BY c.id FOR UPDATE;
+        WITH r AS (
+            UPDATE {{s}}.jobs c SET
+                deps_pending = c.deps_pending - k.n,
+                status = (CASE WHEN c.deps_pending > k.n THEN 'WAITING'
+                               WHEN c.run_at > now() THEN 'SCHEDULED'
+                               ELSE 'PENDING' END)::{{s}}.job_status,
+                run_at = CASE WHEN c.deps_pending > k.n OR c.run_at > now() THEN c.run_at
+                              ELSE now() END,
+                updated_at = CASE WHEN c.deps_pending > k.n THEN c.updated_at ELSE now() END
+            FROM unnest(children, counts) AS k(id, n)
+            WHERE c.id = k.id AND c.status = 'WAITING'
+            RETURNING c.id, c.job_type, c.priority, c.status
+        ), ob AS (
+            INSERT INTO {{s}}.job_outbox (job_id, job_type, priority)
+            SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
+        )
+        SELECT count(*) FILTER (WHERE status = 'PENDING') INTO released FROM r;
+        IF released > 0 THEN
+            PERFORM pg_notify('{{s}}_outbox', '');
+        END IF;
+    END IF;
+    UPDATE {{s}}.workflows w SET status = {DERIVED.format(s="{s}")},
+        finished_at = COALESCE(w.finished_at, now())
+    WHERE w.id = ANY(ARRAY(SELECT DISTINCT j.workflow_id FROM {{s}}.jobs j
+                           WHERE j.id = ANY(done)))
+      AND NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE x.workflow_id = w.id
+                      AND x.status IN ({OPEN}))
+      AND w.status <> {DERIVED.format(s="{s}")};
+    RETURN NULL;
+END
+$fn$
+"""
+
 # A redrive (retry_job, POST /jobs/{id}/retry, the DLQ tools) of a job whose dependencies are
-# not all met (completed; under ``continue``, finished) keeps it WAITING: the redriving statement
-# writes an outbox row only for a PENDING job.
+# not all met (completed; under ``continue``, finished): while one of them is still open the job
+# is WAITING again (the redriving statement writes an outbox row only for a PENDING job); while
+# one failed or was cancelled (``cancel``) the redrive leaves the job as it is (a BEFORE trigger
+# returning NULL skips the row): it comes back when that dependency is retried.
 REDRIVEN = f"""
 CREATE FUNCTION {{s}}.workflow_job_redriven() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
     unmet int;
+    dead int;
 BEGIN
-    SELECT count(*) INTO unmet FROM {{s}}.job_dependencies d
+    -- the dependencies locked first, then counted by a new statement: one finishing at this
+    -- moment is counted finished (its own trigger, looking for WAITING dependents, cannot see
+    -- this row become WAITING)
+    PERFORM 1 FROM {{s}}.jobs p
+    WHERE p.id = ANY(ARRAY(SELECT depends_on FROM {{s}}.job_dependencies WHERE job_id = NEW.id))
+    ORDER BY p.id FOR SHARE;
+    SELECT count(*) FILTER (WHERE p.status NOT IN ({FINAL})),
+           count(*) FILTER (WHERE w.on_failure = 'cancel' AND p.status IN ('FAILED', 'CANCELLED'))
+    INTO unmet, dead
+    FROM {{s}}.job_dependencies d
     JOIN {{s}}.jobs p ON p.id = d.depends_on
     JOIN {{s}}.workflows w ON w.id = NEW.workflow_id
-    WHERE d.job_id = NEW.id AND CASE WHEN w.on_failure = 'continue'
-        THEN p.status NOT IN ({FINAL}) ELSE p.status <> 'COMPLETED' END;
-    IF unmet > 0 THEN
+    WHERE d.job_id = NEW.id;
+    IF dead > 0 THEN
+        RETURN NULL;
+    ELSIF unmet > 0 THEN
         NEW.status := 'WAITING';
         NEW.deps_pending := unmet;
     END IF;
@@ -212,6 +290,9 @@ BEGIN
         result = NULL, finished_at = NULL, lease_expires_at = NULL, updated_at = now()
     WHERE id = job_id
     RETURNING status::text INTO new_status;
+    IF new_status IS NULL THEN
+        RETURN j.status;  -- a workflow job whose dependency failed: kept until that is retried
+    END IF;
     IF new_status NOT IN ('SCHEDULED', 'WAITING') AND NOT EXISTS (
         SELECT 1 FROM {s}.job_outbox o WHERE o.job_id = j.id AND o.destination = 'work'
     ) THEN
@@ -240,15 +321,24 @@ $fn$
 """
 
 # Cancels every open job of the workflow (a running one is asked to stop), its jobs locked in id
-# order first; nothing is released after it (a release needs a WAITING job). The number of jobs
-# it cancelled or asked to stop; NULL for no such workflow.
+# order first; nothing is released after it (a release needs a WAITING job), and no retry brings
+# a dependent back. The number of jobs it cancelled or asked to stop; NULL for no such workflow.
 CANCEL_WORKFLOW = f"""
 CREATE FUNCTION {{s}}.cancel_workflow(wf uuid) RETURNS integer LANGUAGE plpgsql AS $fn$
 DECLARE
     n int;
+    tries int := 0;
 BEGIN
-    UPDATE {{s}}.workflows SET cancel_requested = true,
-        status = CASE WHEN status = 'RUNNING' THEN 'CANCELLED' ELSE status END
+    -- A completion locks its job, then the dependents it releases, and a retry its job, then
+    -- the workflow row: against those orders a deadlock is possible. When this block is the
+    -- victim it lets go of everything it locked, the workflow row included (a retry waiting
+    -- for that row would otherwise never see the cycle again), and tries again; the worker's
+    -- completer retries its batch when it is the victim.
+    LOOP
+    BEGIN
+    -- a COMPLETED workflow stays so; a FAILED one is CANCELLED, and no retry revives it
+    UPDATE {{s}}.workflows SET cancel_requested = status <> 'COMPLETED',
+        status = CASE WHEN status = 'COMPLETED' THEN status ELSE 'CANCELLED' END
     WHERE id = wf;
     IF NOT FOUND THEN
         RETURN NULL;
@@ -268,6 +358,14 @@ BEGIN
       AND NOT (status = 'IN_PROGRESS' AND cancel_requested);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
+    EXCEPTION WHEN deadlock_detected THEN
+        tries := tries + 1;
+        IF tries >= 10 THEN
+            RAISE;
+        END IF;
+        PERFORM pg_sleep(random() / 20);
+    END;
+    END LOOP;
 END
 $fn$
 """
@@ -383,12 +481,21 @@ def upgrade() -> None:
         schema=schema,
         postgresql_where=sa.text("workflow_id IS NOT NULL"),
     )
+    op.execute(DOWNSTREAM.format(s=schema))
     op.execute(SETTLED.format(s=schema))
     op.execute(REDRIVEN.format(s=schema))
+    op.execute(FINISHED.format(s=schema))
+    # only a change into or out of a final status: a release or a claim costs no call
     op.execute(f"""
         CREATE TRIGGER jobs_workflow_settled AFTER UPDATE OF status ON {schema}.jobs
-        FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status)
+        FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
+            AND (NEW.status IN ({FINAL}) OR OLD.status IN ({FINAL})))
         EXECUTE FUNCTION {schema}.workflow_job_settled()""")
+    # once per statement that sets a status: a function call that returns at once unless the
+    # statement finished workflow jobs
+    op.execute(f"""
+        CREATE TRIGGER jobs_workflow_finished AFTER UPDATE OF status ON {schema}.jobs
+        FOR EACH STATEMENT EXECUTE FUNCTION {schema}.workflow_jobs_finished()""")
     op.execute(f"""
         CREATE TRIGGER jobs_workflow_redriven BEFORE UPDATE OF status ON {schema}.jobs
         FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL
@@ -415,7 +522,10 @@ def downgrade() -> None:
         op.execute(f"DROP VIEW IF EXISTS {schema}.{name}")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.cancel_workflow(uuid)")
     op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_redriven ON {schema}.jobs")
+    op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_finished ON {schema}.jobs")
     op.execute(f"DROP TRIGGER IF EXISTS jobs_workflow_settled ON {schema}.jobs")
+    op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_jobs_finished()")
+    op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_downstream(uuid)")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_redriven()")
     op.execute(f"DROP FUNCTION IF EXISTS {schema}.workflow_job_settled()")
     op.drop_index("jobs_workflow_idx", "jobs", schema=schema)

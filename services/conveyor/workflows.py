@@ -257,26 +257,32 @@ async def _submit(
     jobs = [row for _, row in rows]
     if check_types:
         await check_for_enqueue(raw, store, {r.job_type for r in jobs})
-    with tracing.submitting(None) as trace_context:
-        result = await store.job_insert_checked(raw, jobs, trace_context)
-    for key, row in rows:
-        if row.id not in result.inserted:
-            raise InvalidJob(
-                f"workflow job {key!r}: its idempotency key or unique key names an existing "
-                "job; a workflow's jobs are new jobs"
-            )
     counts: dict[uuid.UUID, int] = {}
     for child, _ in edges:
         counts[child] = counts.get(child, 0) + 1
     workflow_id = new_job_id()
-    pending = await store.workflow_attach(
-        raw,
-        workflow_id,
-        workflow.name,
-        workflow.on_failure,
-        [(row.id, key, counts.get(row.id, 0)) for key, row in rows],
-        edges,
-    )
+    name, policy = workflow.name, workflow.on_failure
+    pending = 0
+    with tracing.submitting(None) as trace_context:
+        if any(r.unique_key is not None for r in jobs):
+            # a unique key's claim (and the takeover of a vanished holder's) is the usual
+            # submit's; the workflow is attached to the rows it wrote
+            result = await store.job_insert_checked(raw, jobs, trace_context)
+            inserted: set[uuid.UUID] = set(result.inserted)
+            keyed = [(row.id, key, counts.get(row.id, 0)) for key, row in rows]
+            if inserted.issuperset(r.id for r in jobs):
+                pending = await store.workflow_attach(raw, workflow_id, name, policy, keyed, edges)
+        else:
+            keyed_rows = [(row, key, counts.get(row.id, 0)) for key, row in rows]
+            inserted, pending = await store.workflow_insert(
+                raw, workflow_id, name, policy, keyed_rows, edges, trace_context
+            )
+    for key, row in rows:
+        if row.id not in inserted:
+            raise InvalidJob(
+                f"workflow job {key!r}: its idempotency key or unique key names an existing "
+                "job; a workflow's jobs are new jobs"
+            )
     if notify and pending:
         await store.outbox_notify(raw)
     return workflow_id

@@ -289,17 +289,22 @@ async def test_operator_sql_respects_dependencies(db: asyncpg.Connection) -> Non
     await complete(db, key["fetch"])
     await fail(db, key["part-0"])
     assert (await statuses(db, wid))["report"] == "CANCELLED"
-    # a retry of the cancelled dependent itself waits for its failed dependency
-    assert await db.fetchval("SELECT retry_job($1)", key["report"]) == "WAITING"
+    # a retry of the cancelled dependent itself, while its dependency is FAILED, leaves it as
+    # it is (it comes back when the dependency is retried)
+    assert await db.fetchval("SELECT retry_job($1)", key["report"]) == "CANCELLED"
+    assert await STORE.job_redrive(db, [key["report"]]) == []
     assert "report" not in await outboxed(db, wid)
-    assert await STORE.job_redrive(db, [key["report"]]) == []  # not FAILED/CANCELLED now
+    # while a dependency is open, a retried dependent waits for it
+    assert await STORE.job_redrive(db, [key["part-0"]]) == [key["part-0"]]
+    assert (await statuses(db, wid))["report"] == "WAITING"
     # cancel_job cancels a WAITING job
     assert await db.fetchval("SELECT cancel_job($1)", key["report"]) == "CANCELLED"
     assert await db.fetchval("SELECT count(*) FROM blocked_jobs") == 0
     assert await db.fetchval("SELECT retry_job($1)", key["report"]) == "WAITING"
+    assert "report" not in await outboxed(db, wid)
     blocked = await db.fetchrow("SELECT key, waiting_for FROM blocked_jobs")
     assert blocked["key"] == "report" and blocked["waiting_for"] == [
-        "part-0 (FAILED)",
+        "part-0 (PENDING)",
         "part-1 (PENDING)",
         "part-2 (PENDING)",
     ]
@@ -407,3 +412,58 @@ async def test_sqlalchemy_session_and_the_sync_variant(db: asyncpg.Connection, d
 @pytest.fixture(autouse=True)
 def _schema_env(monkeypatch: Any) -> None:
     monkeypatch.delenv("CONVEYOR_MAX_WORKFLOW_JOBS", raising=False)
+
+
+async def test_both_submit_paths_keep_every_option(db: asyncpg.Connection) -> None:
+    """Without unique keys a workflow is one statement (``workflow_insert``); with one, the
+    usual submit then ``workflow_attach``: the same rows either way."""
+    for unique in (False, True):
+        wf = Workflow(f"options-{unique}")
+        wf.add("a", "a", {"n": 1}, meta={"m": 1}, idempotency_key=f"idem-{unique}",
+               unique_for=60 if unique else None)  # fmt: skip
+        wf.add("b", "b", after=["a"], priority=2, timeout_seconds=9, max_retries=4)
+        wid = await submit(db, wf)
+        rows = {r["workflow_key"]: r for r in await db.fetch(
+            "SELECT workflow_key, status::text AS status, meta::text AS meta, priority,"
+            " timeout_seconds, max_retries, deps_pending, idempotency_key FROM jobs"
+            " WHERE workflow_id = $1", wid)}  # fmt: skip
+        assert (rows["a"]["status"], rows["a"]["meta"], rows["a"]["idempotency_key"]) == (
+            "PENDING", '{"m": 1}', f"idem-{unique}",
+        )  # fmt: skip
+        b = rows["b"]
+        assert (b["status"], b["priority"], b["timeout_seconds"], b["max_retries"]) == (
+            "WAITING", 2, 9.0, 4,
+        )  # fmt: skip
+        assert await outboxed(db, wid) == {"a"}
+        key = await ids(db, wid)
+        await complete(db, key["a"])
+        assert (await statuses(db, wid))["b"] == "PENDING"
+        again = Workflow("again")
+        again.add("a", "a", idempotency_key=f"idem-{unique}")
+        with pytest.raises(InvalidJob, match="workflow job 'a'"):
+            await submit(db, again)
+
+
+async def test_a_retry_brings_back_only_dependents_with_no_other_failed_dependency(
+    db: asyncpg.Connection,
+) -> None:
+    wf = Workflow("two-failures")
+    wf.add("x", "a")
+    wf.add("y", "a")
+    wf.add("d", "b", after=["x", "y"])
+    wf.add("e", "b", after=["d"])
+    wf.add("only-x", "b", after=["x"])
+    wid = await submit(db, wf)
+    key = await ids(db, wid)
+    await fail(db, key["x"])
+    await fail(db, key["y"])
+    await STORE.job_redrive(db, [key["x"]])
+    st = await statuses(db, wid)
+    # d (and e after it) still has a failed dependency, y: it stays cancelled
+    assert (st["only-x"], st["d"], st["e"]) == ("WAITING", "CANCELLED", "CANCELLED")
+    await STORE.job_redrive(db, [key["y"]])
+    st = await statuses(db, wid)
+    assert (st["d"], st["e"]) == ("WAITING", "WAITING")
+    for k in ("x", "y", "only-x", "d", "e"):
+        await complete(db, key[k])
+    assert await workflow_status(db, wid) == "COMPLETED"

@@ -13,9 +13,12 @@ from typing import Any
 import orjson
 
 from .base import Connection, Statements, affected
+from .jobs import insert_arrays
 from .registry import bind, named
+from .rows import NewJob
 
 WORKFLOW_ATTACH = named("workflow_attach")
+WORKFLOW_INSERT = named("workflow_insert")
 WORKFLOW_GET = named("workflow_get")
 WORKFLOW_JOBS = named("workflow_jobs")
 WORKFLOW_PARENTS = named("workflow_parents")
@@ -88,6 +91,34 @@ class WorkflowStatements(Statements):
         }
         row = await conn.fetchrow(self.sql[WORKFLOW_ATTACH], *bind(WORKFLOW_ATTACH, values))
         return int(row["pending"])
+
+    async def workflow_insert(
+        self,
+        conn: Connection,
+        workflow_id: uuid.UUID,
+        name: str,
+        on_failure: str,
+        jobs: Sequence[tuple[NewJob, str, int]],
+        edges: Sequence[tuple[uuid.UUID, uuid.UUID]],
+        trace_context: str | None,
+    ) -> tuple[set[uuid.UUID], int]:
+        """The whole workflow in one statement (``jobs``: row, key, dependency count; none with
+        a unique key). Returns the ids inserted (one refused by its idempotency key is
+        missing) and how many are PENDING."""
+        rows = [j[0] for j in jobs]
+        values = insert_arrays(rows) | {
+            "workflow_id": workflow_id,
+            "name": name,
+            "on_failure": on_failure,
+            "child": [c for c, _ in edges],
+            "parent": [p for _, p in edges],
+            "meta": [r.meta_json for r in rows],
+            "job_key": [j[1] for j in jobs],
+            "deps": [j[2] for j in jobs],
+            "trace_context": trace_context,
+        }
+        row = await conn.fetchrow(self.sql[WORKFLOW_INSERT], *bind(WORKFLOW_INSERT, values))
+        return set(row["ids"]), int(row["pending"])
 
     async def workflow_get(self, conn: Connection, workflow_id: uuid.UUID) -> WorkflowRow | None:
         row = await conn.fetchrow(self.sql[WORKFLOW_GET], workflow_id)

@@ -95,3 +95,43 @@ WITH w AS (
     DELETE FROM __schema__.job_dependencies d USING j WHERE d.job_id = j.id
 )
 DELETE FROM __schema__.workflows x USING w WHERE x.id = w.id
+
+-- name: workflow_insert
+-- A submitted workflow in one statement, when none of its jobs has a unique key (those take
+-- ``job_insert_checked`` + ``workflow_attach``): the workflow row, the edges and the jobs as
+-- ``job_insert_full`` writes them, each WAITING when it has dependencies (no outbox row), else
+-- PENDING with its outbox row or SCHEDULED. A job refused by its idempotency key is missing
+-- from ``ids``.
+WITH w AS (
+    INSERT INTO __schema__.workflows (id, name, on_failure)
+    VALUES (:workflow_id, :name, :on_failure)
+), dep AS (
+    INSERT INTO __schema__.job_dependencies (job_id, depends_on)
+    SELECT * FROM unnest(:child::uuid[], :parent::uuid[])
+), u AS (
+    SELECT * FROM unnest(:id::uuid[], :job_type::text[], :payload::text[], :priority::int2[],
+                         :max_retries::int4[], :timeout_seconds::float8[],
+                         :run_at::timestamptz[], :delay::float8[], :idempotency_key::text[],
+                         :request_hash::text[], :meta::text[], :job_key::text[], :deps::int4[])
+        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
+             ikey, rhash, meta, key, deps)
+), v AS (
+    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
+), ins AS (
+    INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
+                                 timeout_seconds, run_at, idempotency_key, request_hash, meta,
+                                 trace_context, workflow_id, workflow_key, deps_pending)
+    SELECT id, job_type,
+           (CASE WHEN deps > 0 THEN 'WAITING' WHEN due > now() THEN 'SCHEDULED'
+                 ELSE 'PENDING' END)::__schema__.job_status,
+           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, meta::jsonb,
+           :trace_context::text, :workflow_id, key, deps
+    FROM v
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, job_type, priority, status
+), ob AS (
+    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
+    SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
+)
+SELECT COALESCE(array_agg(id), '{}') AS ids, count(*) FILTER (WHERE status = 'PENDING') AS pending
+FROM ins
