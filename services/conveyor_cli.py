@@ -3,21 +3,22 @@ and its commands takes a second or more, and a Ctrl-C in that time must end the 
 (exit 130, as ``conveyor.cli.support.guarded`` does once a command runs), not print the import's
 ``KeyboardInterrupt`` traceback, and never be lost (an import that catches ``BaseException``
 would swallow the exception and the command would start anyway). So from this module's first
-line until the package has imported, SIGINT ends the process at once; then the previous handler
-is back for the command. The handler is installed through ``_signal``, the C module: importing
-``signal`` itself (enum, functools, collections) takes long enough to be interrupted."""
+statement until the package has imported, SIGINT ends the process at once; then the previous
+handler is back for the command. The handler is installed through ``_signal``, the C module,
+before anything else is imported: importing ``signal`` or ``typing`` (enum, functools,
+collections) takes long enough to be interrupted."""
 
 import _signal  # type: ignore[import-not-found]
 import os
-import sys
-from typing import Any
 
 
-def _quit(signum: int, frame: Any) -> None:
+def _quit(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
 _PREVIOUS = _signal.signal(_signal.SIGINT, _quit)
+
+import sys  # noqa: E402  (after the handler: see above)
 
 
 def main() -> int:

@@ -67,6 +67,8 @@ FORBIDDEN = {
     "api": ["DELETE FROM conveyor.job_outbox", "UPDATE conveyor.job_types SET max_retries = 0",
             "DELETE FROM conveyor.api_rate"],
     "worker": ["DELETE FROM conveyor.jobs", "DELETE FROM conveyor.job_outbox",
+               "DELETE FROM conveyor.workflows", "INSERT INTO conveyor.job_dependencies "
+               "SELECT id, id FROM conveyor.jobs LIMIT 1",
                "SELECT count(*) FROM conveyor.api_keys", "SELECT count(*) FROM conveyor.api_rate"],
     "sweeper": ["DELETE FROM conveyor.job_outbox", "SELECT count(*) FROM conveyor.api_keys",
                 "DELETE FROM conveyor.schedules"],
@@ -152,6 +154,26 @@ async def _life(c: httpx.AsyncClient, db_url: str) -> None:
     form = {"content-type": "application/x-www-form-urlencoded"}
     r = await c.post("/ui/dead/purge", content="confirm=yes&type=always_fails", headers=form)
     assert r.status_code == 303 and "purge%3A+1" in r.headers["location"], r.headers
+    # a workflow: submitted, released by the worker's completions (the triggers run as the
+    # worker's role), read, and one cancelled through the API (as the API's role)
+    chain = {"name": "pl", "jobs": [{"key": "a", "type": "echo"},
+                                    {"key": "b", "type": "echo", "after": ["a"]}]}  # fmt: skip
+    r = await c.post("/workflows", json=chain)
+    assert r.status_code == 201, r.text
+    flow = r.json()["id"]
+    await wait_for(db_url, [j["id"] for j in r.json()["jobs"]], statuses=["COMPLETED"], timeout=30)
+    held = {"name": "held", "jobs": [{"key": "a", "type": "echo", "run_at": "2030-01-01T00:00:00Z"},
+                                     {"key": "b", "type": "echo", "after": ["a"]}]}  # fmt: skip
+    r = await c.post("/workflows", json=held)
+    assert r.status_code == 201, r.text
+    assert (await c.post(f"/workflows/{r.json()['id']}/cancel")).status_code == 200
+    for wf, status in ((flow, "COMPLETED"), (r.json()["id"], "CANCELLED")):
+        for _ in range(100):
+            got = (await c.get(f"/workflows/{wf}")).json()["status"]
+            if got == status:
+                break
+            await asyncio.sleep(0.1)
+        assert got == status, (wf, got)
 
 
 async def _duties(db: asyncpg.Connection, sweeper: Sweeper) -> None:
@@ -172,3 +194,4 @@ async def _duties(db: asyncpg.Connection, sweeper: Sweeper) -> None:
     await db.execute("UPDATE jobs SET finished_at = now() - interval '30 days', "
                      "status = 'COMPLETED' WHERE id = $1", lost)  # fmt: skip
     assert await sweeper.delete_expired() >= 1
+    await sweeper.finish_workflows()  # the workflows duty, under this role

@@ -37,7 +37,10 @@ ROLE_SET_SQL = named("role_set_sql")
 COMPONENTS = ("api", "publisher", "worker", "sweeper")
 DEFAULT_ROLES = {c: f"conveyor_{c}" for c in COMPONENTS}
 
-_VIEWS = "backlog, stuck_jobs, recent_failures, throughput"
+_VIEWS = (
+    "backlog, stuck_jobs, recent_failures, throughput, "
+    "running_workflows, blocked_jobs, workflow_counts"
+)
 _SWEEPER = [
     # INSERT: a schedule's tick is a new job (with its unique key and outbox row)
     ("SELECT, INSERT, UPDATE, DELETE", "jobs"),
@@ -48,6 +51,10 @@ _SWEEPER = [
     ("SELECT", "job_types"),
     ("SELECT, INSERT, UPDATE, DELETE", "job_uniques"),  # retention drops expired keys
     ("SELECT, UPDATE", "schedules"),  # the schedules duty advances next_run_at
+    # the workflow triggers run as whoever changes a job's status (lease recovery, here); the
+    # workflows duty finishes workflows, retention deletes finished ones whole
+    ("SELECT, UPDATE, DELETE", "workflows"),
+    ("SELECT, DELETE", "job_dependencies"),
     ("SELECT", _VIEWS),
 ]
 GRANTS: dict[str, list[tuple[str, str]]] = {
@@ -65,6 +72,8 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT, INSERT, UPDATE", "api_rate"),  # the fleet-wide submit quota's buckets
         ("SELECT, INSERT, UPDATE", "job_uniques"),  # unique jobs: the submit claims the key
         ("SELECT, INSERT, UPDATE, DELETE", "schedules"),  # /schedules (admin)
+        ("SELECT, INSERT, UPDATE", "workflows"),  # /workflows; cancel, retry via the triggers
+        ("SELECT, INSERT", "job_dependencies"),
         ("SELECT", _VIEWS),
     ],
     "worker": [
@@ -75,6 +84,9 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT, INSERT, UPDATE", "job_types"),
         ("SELECT, INSERT, UPDATE", "job_uniques"),
         ("SELECT, INSERT, UPDATE", "schedules"),  # handler-declared schedules, at start
+        # a completion releases dependents and finishes workflows (the triggers, as this role)
+        ("SELECT, UPDATE", "workflows"),
+        ("SELECT", "job_dependencies"),
     ],
     "sweeper": _SWEEPER,
     "publisher": [
