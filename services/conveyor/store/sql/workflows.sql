@@ -3,8 +3,9 @@
 
 -- name: workflow_attach
 -- A submitted workflow: its row, its dependency edges, and its jobs (inserted just before by the
--- submit's own statement, in this transaction) tagged with the workflow and their keys; a job
--- with dependencies becomes WAITING and its outbox row goes: it has no message until released.
+-- submit's own statement, in this transaction) tagged with the workflow and their keys. A job
+-- with dependencies was inserted parked (``run_at`` at the end of time: SCHEDULED, no outbox
+-- row); it becomes WAITING with its own due time (``run_at``, else now + ``delay``).
 WITH w AS (
     INSERT INTO __schema__.workflows (id, name, on_failure)
     VALUES (:workflow_id, :name, :on_failure)
@@ -12,17 +13,19 @@ WITH w AS (
     INSERT INTO __schema__.job_dependencies (job_id, depends_on)
     SELECT * FROM unnest(:child::uuid[], :parent::uuid[])
 ), k AS (
-    SELECT * FROM unnest(:job_id::uuid[], :job_key::text[], :deps::int4[]) AS k(id, key, deps)
+    SELECT * FROM unnest(:job_id::uuid[], :job_key::text[], :deps::int4[],
+                         :run_at::timestamptz[], :delay::float8[])
+        AS k(id, key, deps, run_at, delay)
 ), upd AS (
     UPDATE __schema__.jobs j SET workflow_id = :workflow_id, workflow_key = k.key,
         deps_pending = k.deps,
         status = (CASE WHEN k.deps > 0 THEN 'WAITING' ELSE j.status::text END)
-                 ::__schema__.job_status
+                 ::__schema__.job_status,
+        run_at = CASE WHEN k.deps > 0
+                      THEN COALESCE(k.run_at, now() + make_interval(secs => k.delay))
+                      ELSE j.run_at END
     FROM k WHERE j.id = k.id
-    RETURNING j.id, j.status
-), ob AS (
-    DELETE FROM __schema__.job_outbox o USING upd
-    WHERE o.job_id = upd.id AND upd.status = 'WAITING'
+    RETURNING j.status
 )
 SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, count(*) AS n FROM upd
 
