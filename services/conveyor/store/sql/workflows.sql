@@ -35,11 +35,15 @@ SELECT workflow_id AS id, name, status, on_failure, created_at, finished_at, job
 FROM __schema__.workflow_counts WHERE workflow_id = $1
 
 -- name: workflow_jobs
--- A workflow's jobs (by id), each with the keys it waits for.
+-- A workflow's jobs (by id), each with the keys it waits for: its dependencies found by id
+-- (``= ANY``), never by a join the statistics of a just-submitted workflow plan as a scan of
+-- ``jobs`` per job (9 s for 10,000 jobs).
 SELECT j.id, j.workflow_key AS key, j.job_type, j.status::text AS status, j.deps_pending,
-       j.last_error, ARRAY(SELECT p.workflow_key FROM __schema__.job_dependencies d
-                           JOIN __schema__.jobs p ON p.id = d.depends_on
-                           WHERE d.job_id = j.id ORDER BY p.workflow_key) AS after
+       j.last_error,
+       ARRAY(SELECT p.workflow_key FROM __schema__.jobs p
+             WHERE p.id = ANY(ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                                    WHERE d.job_id = j.id))
+             ORDER BY p.workflow_key) AS after
 FROM __schema__.jobs j WHERE j.workflow_id = $1 ORDER BY j.id
 
 -- name: workflow_parents
