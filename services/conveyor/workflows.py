@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +31,7 @@ from .jobs.spec import JobSpec, build_job
 from .jobs.types import check_for_enqueue
 from .store import NewJob
 from .store.schema_workflows import ON_FAILURE
-from .store.workflows import WorkflowJob, WorkflowRow
+from .store.workflows import PARKED, WorkflowJob, WorkflowRow
 
 MAX_JOBS_ENV = "CONVEYOR_MAX_WORKFLOW_JOBS"
 DEFAULT_MAX_JOBS = 10_000
@@ -267,9 +267,13 @@ async def _submit(
         if any(r.unique_key is not None for r in jobs):
             # a unique key's claim (and the takeover of a vanished holder's) is the usual
             # submit's; the workflow is attached to the rows it wrote
-            result = await store.job_insert_checked(raw, jobs, trace_context)
+            # a job with dependencies goes in parked (no outbox row) until the attach
+            parked = [
+                replace(r, run_at=PARKED, delay_seconds=None) if r.id in counts else r for r in jobs
+            ]
+            result = await store.job_insert_checked(raw, parked, trace_context)
             inserted: set[uuid.UUID] = set(result.inserted)
-            keyed = [(row.id, key, counts.get(row.id, 0)) for key, row in rows]
+            keyed = [(row, key, counts.get(row.id, 0)) for key, row in rows]
             if inserted.issuperset(r.id for r in jobs):
                 pending = await store.workflow_attach(raw, workflow_id, name, policy, keyed, edges)
         else:

@@ -422,7 +422,13 @@ async def test_both_submit_paths_keep_every_option(db: asyncpg.Connection) -> No
         wf.add("a", "a", {"n": 1}, meta={"m": 1}, idempotency_key=f"idem-{unique}",
                unique_for=60 if unique else None)  # fmt: skip
         wf.add("b", "b", after=["a"], priority=2, timeout_seconds=9, max_retries=4)
+        wf.add("later", "b", after=["a"], delay_seconds=3600)
         wid = await submit(db, wf)
+        due = await db.fetchval(
+            "SELECT run_at - now() FROM jobs WHERE workflow_id = $1 AND workflow_key = 'later'",
+            wid,
+        )
+        assert abs(due - timedelta(hours=1)) < timedelta(minutes=1)
         rows = {r["workflow_key"]: r for r in await db.fetch(
             "SELECT workflow_key, status::text AS status, meta::text AS meta, priority,"
             " timeout_seconds, max_retries, deps_pending, idempotency_key FROM jobs"
@@ -437,7 +443,7 @@ async def test_both_submit_paths_keep_every_option(db: asyncpg.Connection) -> No
         assert await outboxed(db, wid) == {"a"}
         key = await ids(db, wid)
         await complete(db, key["a"])
-        assert (await statuses(db, wid))["b"] == "PENDING"
+        assert [(await statuses(db, wid))[k] for k in ("b", "later")] == ["PENDING", "SCHEDULED"]
         again = Workflow("again")
         again.add("a", "a", idempotency_key=f"idem-{unique}")
         with pytest.raises(InvalidJob, match="workflow job 'a'"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -26,6 +26,10 @@ WORKFLOW_CANCEL = named("workflow_cancel")
 WORKFLOW_FINISH = named("workflow_finish")
 WORKFLOW_REOPEN = named("workflow_reopen")
 WORKFLOW_DELETE_EXPIRED = named("workflow_delete_expired")
+
+# The ``run_at`` a job with dependencies is inserted with by the usual submit (SCHEDULED: no
+# outbox row) before ``workflow_attach`` makes it WAITING at its own due time.
+PARKED = datetime.max.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,21 +77,24 @@ class WorkflowStatements(Statements):
         workflow_id: uuid.UUID,
         name: str,
         on_failure: str,
-        jobs: Sequence[tuple[uuid.UUID, str, int]],
+        jobs: Sequence[tuple[NewJob, str, int]],
         edges: Sequence[tuple[uuid.UUID, uuid.UUID]],
     ) -> int:
         """Write the workflow row and its ``edges`` (job, the job it depends on), and tag
-        ``jobs`` (id, key, dependency count): one with dependencies becomes WAITING without an
-        outbox row. Returns how many of them are PENDING (released at once)."""
+        ``jobs`` (row as submitted, key, dependency count), inserted before (one with
+        dependencies parked: ``PARKED``): one with dependencies becomes WAITING at its own due
+        time. Returns how many of them are PENDING (released at once)."""
         values = {
             "workflow_id": workflow_id,
             "name": name,
             "on_failure": on_failure,
             "child": [c for c, _ in edges],
             "parent": [p for _, p in edges],
-            "job_id": [j[0] for j in jobs],
+            "job_id": [j[0].id for j in jobs],
             "job_key": [j[1] for j in jobs],
             "deps": [j[2] for j in jobs],
+            "run_at": [j[0].run_at for j in jobs],
+            "delay": [j[0].delay_seconds for j in jobs],
         }
         row = await conn.fetchrow(self.sql[WORKFLOW_ATTACH], *bind(WORKFLOW_ATTACH, values))
         return int(row["pending"])

@@ -70,12 +70,15 @@ RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_coun
           timeout_seconds, meta::text AS meta,
           greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
           trace_context, workflow_id,
-          -- a workflow job's dependencies as its handler sees them (key -> status, result)
+          -- a workflow job's dependencies as its handler sees them (key -> status, result),
+          -- found by id: as a join, statistics that had not seen the workflow planned a scan of
+          -- ``jobs`` per claimed job
           CASE WHEN j.workflow_id IS NOT NULL THEN (
               SELECT jsonb_object_agg(p.workflow_key, jsonb_build_object('status', p.status,
                                                                          'result', p.result))
-              FROM __schema__.job_dependencies d JOIN __schema__.jobs p ON p.id = d.depends_on
-              WHERE d.job_id = j.id)::text END AS parents
+              FROM __schema__.jobs p
+              WHERE p.id = ANY(ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                                     WHERE d.job_id = j.id)))::text END AS parents
 
 -- name: job_claim_controlled
 -- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the
@@ -141,9 +144,10 @@ WITH t AS (
               j.workflow_id, CASE WHEN j.workflow_id IS NOT NULL THEN (
                   SELECT jsonb_object_agg(p.workflow_key, jsonb_build_object(
                       'status', p.status, 'result', p.result))
-                  FROM __schema__.job_dependencies d
-                  JOIN __schema__.jobs p ON p.id = d.depends_on
-                  WHERE d.job_id = j.id)::text END AS parents  -- as in job_claim_many
+                  FROM __schema__.jobs p
+                  WHERE p.id = ANY(ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+                                         WHERE d.job_id = j.id)))::text END AS parents
+                  -- as in job_claim_many
 ), keep AS (
     SELECT name, id, att FROM listed UNION ALL SELECT job_type, id, attempts FROM upd
 ), starts AS (

@@ -1,0 +1,71 @@
+"""A workflow of the largest size allowed (``DEFAULT_MAX_JOBS``, 10,000 jobs: a root, its fan-out
+and a fan-in) submitted, read and cancelled on a table whose statistics have never seen it:
+each step within bounds generous for a loaded machine, and the cancel complete (every job
+cancelled, nothing released after, not even by the root's completion)."""
+
+from __future__ import annotations
+
+import time
+
+import asyncpg
+import pytest
+
+from conveyor import Workflow, cancel_workflow, enqueue_workflow
+from conveyor.workflows import DEFAULT_MAX_JOBS, get_workflow
+
+from .workflow_steps import STORE
+
+BOUND = 3.0  # seconds, for each of submit, read and cancel (read and cancel took 5-9 s)
+
+
+@pytest.mark.timeout(120)
+async def test_a_ten_thousand_job_workflow_is_submitted_read_and_cancelled_in_seconds(
+    db: asyncpg.Connection,
+) -> None:
+    wf = Workflow("wide")
+    root = wf.add("root", "a")
+    leaves = [wf.add(f"leaf-{i}", "b", after=[root]) for i in range(DEFAULT_MAX_JOBS - 2)]
+    wf.add("sink", "c", after=leaves)
+    took: dict[str, float] = {}
+
+    t = time.perf_counter()
+    async with db.transaction():
+        wid = await enqueue_workflow(db, wf)
+    took["submit"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    got = await get_workflow(db, wid)
+    took["get"] = time.perf_counter() - t
+    assert got is not None
+    row, jobs = got
+    assert (row.jobs, row.waiting, row.queued) == (DEFAULT_MAX_JOBS, DEFAULT_MAX_JOBS - 1, 1)
+    sink = next(j for j in jobs if j.key == "sink")
+    assert len(jobs) == DEFAULT_MAX_JOBS and len(sink.after) == DEFAULT_MAX_JOBS - 2
+
+    t = time.perf_counter()
+    assert await cancel_workflow(db, wid) == DEFAULT_MAX_JOBS
+    took["cancel"] = time.perf_counter() - t
+    print(took)
+
+    counts = await db.fetch(
+        "SELECT status::text, count(*) FROM jobs WHERE workflow_id = $1 GROUP BY 1", wid
+    )
+    assert dict(counts) == {"CANCELLED": DEFAULT_MAX_JOBS}
+    # the root's message (sent before the cancel) is dropped by the worker: nothing is claimed,
+    # and no dependent has an outbox row
+    root_id = next(j.id for j in jobs if j.key == "root")
+    assert not await STORE.job_claim_many(
+        db, [root_id], lease_seconds=60, worker_id="w", types=["a"], handler_defaults={},
+        default_max_retries=0,
+    )  # fmt: skip
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM job_outbox o JOIN jobs j ON j.id = o.job_id"
+            " WHERE j.workflow_id = $1 AND j.id <> $2",
+            wid,
+            root_id,
+        )
+        == 0
+    )
+    assert await db.fetchval("SELECT status FROM workflows WHERE id = $1", wid) == "CANCELLED"
+    assert all(v < BOUND for v in took.values()), took
