@@ -345,6 +345,27 @@ async def test_maintenance_leaves_waiting_jobs_alone(db: asyncpg.Connection) -> 
         assert await db.fetchval(f"SELECT count(*) FROM {table}") == 0
 
 
+async def test_a_cancelled_workflow_gets_its_finish_and_retention_deletes_it(
+    db: asyncpg.Connection,
+) -> None:
+    """``cancel_workflow`` marks the workflow CANCELLED at once, while a job it asked to stop
+    may still run; once none is open the finishing duty stamps ``finished_at``, which
+    retention needs (a CANCELLED workflow without it would be kept for ever)."""
+    wid = await submit(db, diamond())
+    key = await ids(db, wid)
+    attempt = await claim(db, key["fetch"])
+    await cancel_workflow(db, wid)
+    assert await STORE.workflow_finish(db, limit=10) == 0  # fetch still runs
+    await STORE.job_complete_many(db, [Completion(key["fetch"], attempt or 0, "1")])
+    assert await STORE.workflow_finish(db, limit=10) == 1
+    row = await db.fetchrow("SELECT status, finished_at FROM workflows WHERE id = $1", wid)
+    assert row["status"] == "CANCELLED" and row["finished_at"] is not None
+    assert await STORE.workflow_finish(db, limit=10) == 0
+    await db.execute("UPDATE workflows SET finished_at = now() - interval '2 days'")
+    assert await STORE.workflow_delete_expired(db, older_than=1, failed_older_than=1, limit=10)
+    assert await db.fetchval("SELECT count(*) FROM jobs WHERE workflow_id = $1", wid) == 0
+
+
 async def test_the_finish_duty_is_the_backstop_of_two_last_jobs_at_once(
     db: asyncpg.Connection,
 ) -> None:

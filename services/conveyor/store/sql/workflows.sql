@@ -58,10 +58,16 @@ SELECT __schema__.cancel_workflow($1)
 -- name: workflow_finish
 -- The finishing duty's backstop: the last two open jobs of a workflow ending at once each see
 -- the other open, and neither finishes it (the trigger's test reads its own snapshot). A
--- running workflow with no open job takes its status from its jobs here.
-WITH done AS (
-    SELECT w.id FROM __schema__.workflows w
-    WHERE w.status = 'RUNNING' AND NOT EXISTS (
+-- running workflow with no open job takes its status from its jobs here. So does a cancelled
+-- one (``cancel_workflow`` marks it CANCELLED at once) once the jobs it asked to stop ended:
+-- its ``finished_at``, which retention goes by.
+WITH open AS (  -- each on its partial index
+    SELECT id FROM __schema__.workflows WHERE status = 'RUNNING'
+    UNION ALL
+    SELECT id FROM __schema__.workflows WHERE status = 'CANCELLED' AND finished_at IS NULL
+), done AS (
+    SELECT w.id FROM __schema__.workflows w JOIN open o ON o.id = w.id
+    WHERE NOT EXISTS (
         SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
           AND x.status IN ('WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS', 'RETRYING'))
     ORDER BY w.created_at LIMIT $1 FOR UPDATE OF w SKIP LOCKED
