@@ -164,6 +164,9 @@ async def test_batch_idempotency_key(stack: Stack, db: asyncpg.Connection) -> No
         )
     )
     codes = sorted(a.status_code for a in answers)
-    assert codes == [200] * 31 + [201], codes
-    assert len({tuple(j["id"] for j in a.json()["jobs"]) for a in answers}) == 1
+    # one creates the jobs, every other answers them; on a loaded machine some of the 32 may
+    # find no database connection within the API's fail-fast bound (503, nothing written)
+    assert codes.count(201) == 1 and set(codes) <= {200, 201, 503}, codes
+    answered = [a for a in answers if a.status_code != 503]
+    assert len({tuple(j["id"] for j in a.json()["jobs"]) for a in answered}) == 1
     assert await db.fetchval("SELECT count(*) FROM jobs WHERE job_type = 'c'") == 20
