@@ -11,8 +11,10 @@ import uuid
 from typing import Any
 
 from ..core.config import Settings
+from ..store import Store
 from ..store.schema_workflows import WORKFLOW_STATUSES
-from .support import CliError, database, json_line, when
+from ..store.workflows import WorkflowRow
+from .support import CliError, database, json_line, listing, when
 
 
 def parse_id(text: str) -> uuid.UUID:
@@ -69,13 +71,17 @@ def _text(wf: dict[str, Any]) -> str:
 def cmd_workflows(args: argparse.Namespace) -> int:
     from ..api.resource import decode_cursor
     from ..api.workflows import encode_cursor, summary, workflow_resource
-    from ..store import for_schema
     from ..workflows import cancel_workflow, get_workflow
 
     settings = Settings()
-    store = for_schema(settings.db_schema)
 
-    async def page(conn: Any) -> int:
+    def line(r: WorkflowRow) -> str:
+        return (
+            f"{r.id}  {r.name[:24]:<24} {r.status:<10} jobs={r.jobs} "
+            f"{_counts(summary(r)['counts'])}  created {when(r.created_at)}"
+        )
+
+    async def page(store: Store, conn: Any) -> int:
         if args.limit < 1:
             raise CliError("--limit must be at least 1")
         before = decode_cursor(args.cursor) if args.cursor else None
@@ -85,14 +91,7 @@ def cmd_workflows(args: argparse.Namespace) -> int:
             )
             more = len(rows) > args.limit
             rows = rows[: args.limit]
-            for r in rows:
-                if args.json:
-                    json_line(summary(r))
-                else:
-                    print(
-                        f"{r.id}  {r.name[:24]:<24} {r.status:<10} jobs={r.jobs} "
-                        f"{_counts(summary(r)['counts'])}  created {when(r.created_at)}"
-                    )
+            listing(rows, args.json, summary, line)
             if not (more and rows):
                 return 0
             if not args.all:
@@ -101,7 +100,7 @@ def cmd_workflows(args: argparse.Namespace) -> int:
             sys.stdout.flush()  # a page at a time: `| head` stops the walk early
             before = rows[-1].id
 
-    async def one(conn: Any) -> int:
+    async def one(store: Store, conn: Any) -> int:
         workflow_id = parse_id(args.id)
         if args.action == "cancel":
             try:
@@ -123,8 +122,8 @@ def cmd_workflows(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> int:
-        async with database(settings) as (_, conn):
-            return await (page(conn) if args.action == "list" else one(conn))
+        async with database(settings) as (store, conn):
+            return await (page if args.action == "list" else one)(store, conn)
 
     if args.action != "list":
         parse_id(args.id)  # a malformed id: one line, before any connection
