@@ -10,7 +10,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/$$(PORT)/$(PORT)/g' \
 	  | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml services/conveyor_cli.py  # the script module is copied in at install
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
