@@ -1,6 +1,7 @@
 """``conveyor.client``'s workflows against the real stack (API, relay, sweeper, a worker):
 ``submit_workflow`` then ``wait_workflow`` until the last job ran after the others, the
-Idempotency-Key replay and conflict, list pages, cancel, the 422 of a cycle, and
+Idempotency-Key replay and conflict, the job's ``workflow_id`` and ``depends_on`` (``get``,
+``list``; None and [] for a plain job), list pages, cancel, the 422 of a cycle, and
 ``wait_workflow``'s timeout; the sync ``Client`` in a thread."""
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ async def test_async_client_submits_and_waits_for_a_workflow(settings: Settings)
         assert done.status == "COMPLETED" and done.counts["completed"] == 4
         result = await c.get(done.jobs["sum"]["id"])
         assert result.result == {"sum": 14}
-        assert result.raw["workflow_id"] == str(wf.id)
-        assert len(result.raw["depends_on"]) == 3
+        squares = {uuid.UUID(wf.jobs[f"sq-{n}"]["id"]) for n in range(1, 4)}
+        assert result.workflow_id == wf.id and set(result.depends_on) == squares
+        listed = {j.id: j for j in (await c.list(limit=10)).jobs}
+        assert listed[result.id].workflow_id == wf.id
+        assert set(listed[result.id].depends_on) == squares
 
         idle = await c.submit_workflow(
             "idle", [workflow_job("a", "wf_idle"), workflow_job("b", "wf_idle", after=["a"])]
@@ -97,6 +101,8 @@ async def test_async_client_submits_and_waits_for_a_workflow(settings: Settings)
         assert invalid.value.error == "invalid_workflow" and "cycle" in invalid.value.detail
         with pytest.raises(NotFound):
             await c.get_workflow(uuid.uuid4())
+        plain = await c.get((await c.submit("wf_idle")).id)
+        assert (plain.workflow_id, plain.depends_on) == (None, [])
 
 
 async def test_sync_client_in_a_thread(settings: Settings) -> None:

@@ -15,7 +15,9 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 
 @dataclass(frozen=True)
 class JobInfo:
-    """A job resource (``raw`` holds every field the API sent)."""
+    """A job resource (``raw`` holds every field the API sent). A workflow job names its
+    ``workflow_id`` and ``depends_on`` (the ids of the jobs it waits for); a plain job has
+    None and []."""
 
     id: uuid.UUID
     type: str
@@ -26,6 +28,8 @@ class JobInfo:
     meta: dict[str, Any] | None
     attempts: int
     duplicate: bool | None  # submit answers: a unique job that already existed
+    workflow_id: uuid.UUID | None
+    depends_on: list[uuid.UUID]
     raw: dict[str, Any]
 
     @property
@@ -44,6 +48,8 @@ class JobInfo:
             meta=d.get("meta"),
             attempts=d.get("attempts", 0),
             duplicate=d.get("duplicate"),
+            workflow_id=uuid.UUID(d["workflow_id"]) if d.get("workflow_id") else None,
+            depends_on=[uuid.UUID(i) for i in d.get("depends_on", ())],
             raw=d,
         )
 
