@@ -27,7 +27,7 @@ from .core import tracing
 from .core.errors import InvalidJob
 from .core.jobs import new_job_id
 from .jobs.connection import asyncpg_connection, schema_store
-from .jobs.spec import JobSpec, build_job
+from .jobs.spec import DEFAULT_MAX_PAYLOAD, JobSpec, build_job
 from .jobs.types import check_for_enqueue
 from .store import NewJob
 from .store.schema_workflows import ON_FAILURE
@@ -159,14 +159,17 @@ class Workflow:
             )
         return out
 
-    def build(self) -> tuple[list[tuple[str, NewJob]], list[tuple[uuid.UUID, uuid.UUID]]]:
-        """Validate the whole workflow as ``enqueue()`` validates a job, before anything is
-        written: the rows by key (dependencies first) and the edges (job id, dependency id)."""
+    def build(
+        self, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+    ) -> tuple[list[tuple[str, NewJob]], list[tuple[uuid.UUID, uuid.UUID]]]:
+        """Validate the whole workflow as ``enqueue()`` validates a job (the API passes its
+        ``CONVEYOR_MAX_PAYLOAD_BYTES``, as for a plain job), before anything is written: the
+        rows by key (dependencies first) and the edges (job id, dependency id)."""
         rows: list[tuple[str, NewJob]] = []
         ids: dict[str, uuid.UUID] = {}
         for key in self.order():
             try:
-                row = build_job(self.nodes[key].spec)
+                row = build_job(self.nodes[key].spec, max_payload_bytes=max_payload_bytes)
             except InvalidJob as exc:
                 raise type(exc)(f"workflow job {key!r}: {exc}") from None
             rows.append((key, row))

@@ -138,6 +138,26 @@ async def test_invalid_workflows_are_422_and_write_nothing(
     assert await _rows(db) == (0, 1, 0, 1)
 
 
+@pytest.mark.parametrize("limit", [1000, 300 * 1024])  # below and above the default 256 KiB
+async def test_workflow_jobs_have_the_plain_jobs_payload_limit(
+    settings: Settings, db: asyncpg.Connection, limit: int
+) -> None:
+    configured = settings.model_copy(update={"max_payload_bytes": limit})
+    async with running_stack(configured, None, maintenance=False, relays=0) as s:
+        for size in (limit, limit + 1):  # '{"s":""}' is 8 bytes
+            payload = {"s": "x" * (size - 8)}
+            before = await _rows(db)
+            wf = await s.client.post("/workflows", json={"name": "p", "jobs": [
+                _job("a"), _job("b", "a", payload=payload)]})  # fmt: skip
+            plain = await s.client.post("/jobs", json={"type": "t", "payload": payload})
+            assert wf.status_code == (201 if size == limit else 413), wf.text
+            assert plain.status_code == wf.status_code, plain.text
+            if size > limit:
+                assert wf.json()["error"] == plain.json()["error"] == "payload_too_large"
+                assert "'b'" in wf.json()["detail"]
+                assert await _rows(db) == before
+
+
 async def test_list_filters_and_keyset_pages(stack: Stack) -> None:
     ids = []
     for i in range(7):

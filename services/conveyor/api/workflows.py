@@ -21,7 +21,7 @@ import asyncpg
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 
-from ..core.errors import IdempotencyConflict, InvalidJob, JobNotFound, PayloadTooLarge
+from ..core.errors import IdempotencyConflict, InvalidJob, JobNotFound
 from ..jobs.spec import check_horizon
 from ..store.workflows import WorkflowJob, WorkflowRow
 from ..workflows import Workflow, cancel_workflow, enqueue_workflow, get_workflow
@@ -67,15 +67,7 @@ def build(body: SubmitWorkflow, max_payload_bytes: int) -> tuple[Workflow, Any]:
         wf.order()
     except InvalidJob as exc:
         raise InvalidWorkflow(str(exc)) from None
-    built = wf.build()
-    for key, row in built[0]:
-        size = len(row.payload_json.encode())
-        if size > max_payload_bytes:
-            raise PayloadTooLarge(
-                f"workflow job {key!r}: payload is {size} bytes of UTF-8; the limit is "
-                f"{max_payload_bytes}"
-            )
-    return wf, built
+    return wf, wf.build(max_payload_bytes)
 
 
 def request_hash(body: SubmitWorkflow) -> str:
