@@ -214,6 +214,12 @@ async def test_openapi_documents_the_workflow_operations(stack: Stack) -> None:
     assert schemas["SubmitWorkflow"]["examples"]
     assert {"workflow_id", "depends_on"} <= set(schemas["JobResource"]["properties"])
 
+    # one keyset page definition: the same limit and cursor parameters as GET /jobs
+    def page(path: str) -> list[Any]:
+        return [p for p in paths[path]["get"]["parameters"] if p["name"] in ("limit", "cursor")]
+
+    assert page("/workflows") == page("/jobs") and len(page("/jobs")) == 2
+
 
 async def test_the_same_key_at_once_makes_one_workflow(
     stack: Stack, db: asyncpg.Connection

@@ -4,9 +4,9 @@ stateful client (Schemathesis) follow a created job to its other operations."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
@@ -15,6 +15,12 @@ from .error_models import ErrorBody
 from .models import SubmitBatch, SubmitJob
 
 REF = "#/components/schemas/{model}"
+
+# The keyset page parameters of every list route (``GET /jobs``, ``GET /workflows``)
+PageLimit = Annotated[int, Query(ge=1, le=500, description="Page size.")]
+PageCursor = Annotated[
+    str | None, Query(pattern=r"^[A-Za-z0-9_-]{22}$", description="`next_cursor` of the last page.")
+]
 
 _EXAMPLES: dict[int, tuple[str, str, Any]] = {
     400: ("The body is not JSON.", "malformed_json", "the body is not JSON: unexpected end"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..core.errors import InvalidJob
 from ..store import JobRow
@@ -55,8 +55,20 @@ def resource(row: JobRow, *, tracebacks: bool = False) -> dict[str, Any]:
     }
 
 
-def encode_cursor(row: JobRow) -> str:
-    return base64.urlsafe_b64encode(row.id.bytes).decode().rstrip("=")
+class Keyed(Protocol):
+    @property
+    def id(self) -> uuid.UUID: ...
+
+
+R = TypeVar("R", bound=Keyed)
+
+
+def keyset_page(rows: list[R], limit: int) -> tuple[list[R], str | None]:
+    """A keyset page from ``limit + 1`` rows fetched after the cursor: its ``limit`` rows, and
+    the cursor of the next page (the last row's id), None when no row was left over."""
+    if len(rows) <= limit:
+        return rows, None
+    return rows[:limit], base64.urlsafe_b64encode(rows[limit - 1].id.bytes).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> uuid.UUID:

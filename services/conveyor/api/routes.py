@@ -15,7 +15,7 @@ from ..core.jobs import TYPE_PATTERN, Status
 from ..core.metrics import Metrics
 from .errors import error_response, json_response
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
-from .openapi import errors, json_body, submit_headers
+from .openapi import PageCursor, PageLimit, errors, json_body, submit_headers
 from .service import Api
 
 # The submit routes read their headers themselves (a FastAPI ``Header`` parameter costs a
@@ -114,11 +114,8 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
             str | None, Query(pattern=TYPE_PATTERN, description="Only jobs of this type.")
         ] = None,
         status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
-        limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
-        cursor: Annotated[
-            str | None,
-            Query(pattern=r"^[A-Za-z0-9_-]{22}$", description="`next_cursor` of the last page."),
-        ] = None,
+        limit: PageLimit = 50,
+        cursor: PageCursor = None,
     ) -> Response:
         return json_response(await api.list(type, status, limit, cursor))
 

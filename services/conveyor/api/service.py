@@ -34,7 +34,7 @@ from ..store.notify import Notifier
 from .auth import full_errors
 from .batch import build_batch, build_submit
 from .liveness import PROBE_EVERY, Liveness, acquire, unavailable
-from .resource import decode_cursor, encode_cursor, resource
+from .resource import decode_cursor, keyset_page, resource
 
 log = logging.getLogger("conveyor.api")
 T = TypeVar("T")
@@ -230,12 +230,8 @@ class Api:
                 after=after,
                 limit=limit + 1,
             )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return {
-            "jobs": [self.render(r) for r in rows],
-            "next_cursor": encode_cursor(rows[-1]) if more and rows else None,
-        }
+        rows, next_cursor = keyset_page(rows, limit)
+        return {"jobs": [self.render(r) for r in rows], "next_cursor": next_cursor}
 
     async def cancel(self, job_id: uuid.UUID) -> dict[str, Any]:
         async with self.connection() as conn, conn.transaction():

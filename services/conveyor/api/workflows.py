@@ -10,7 +10,6 @@ answers 200 and the first workflow for the same body, 409 for another."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import contextlib
 import hashlib
@@ -38,8 +37,8 @@ from ..workflows import (
 )
 from .errors import error_response
 from .models import NO_NUL, SubmitJob
-from .openapi import errors, submit_headers
-from .resource import decode_cursor, error_summary
+from .openapi import PageCursor, PageLimit, errors, submit_headers
+from .resource import decode_cursor, error_summary, keyset_page
 from .routes import idempotency_key
 from .service import INLINE_PARSE_BYTES, Api
 
@@ -266,10 +265,6 @@ def workflow_resource(row: WorkflowRow, jobs: list[WorkflowJob]) -> dict[str, An
     }
 
 
-def encode_cursor(workflow_id: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(workflow_id.bytes).decode().rstrip("=")
-
-
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data, default=str), status, media_type="application/json")
 
@@ -351,12 +346,8 @@ class WorkflowApi:
             rows = await self.api.store.workflow_page(
                 conn, status=status, name=name, before=before, limit=limit + 1
             )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return {
-            "workflows": [summary(r) for r in rows],
-            "next_cursor": encode_cursor(rows[-1].id) if more and rows else None,
-        }
+        rows, next_cursor = keyset_page(rows, limit)
+        return {"workflows": [summary(r) for r in rows], "next_cursor": next_cursor}
 
     async def cancel(self, workflow_id: uuid.UUID) -> dict[str, Any]:
         api = self.api
@@ -431,11 +422,8 @@ def add_workflow_routes(app: FastAPI, api: Api) -> None:
             WorkflowStatus | None, Query(description="Only workflows in this status.")
         ] = None,
         name: Annotated[Key | None, Query(description="Only workflows of this name.")] = None,
-        limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
-        cursor: Annotated[
-            str | None,
-            Query(pattern=r"^[A-Za-z0-9_-]{22}$", description="`next_cursor` of the last page."),
-        ] = None,
+        limit: PageLimit = 50,
+        cursor: PageCursor = None,
     ) -> Response:
         return _json(await service.page(status, name, limit, cursor))
 

@@ -12,12 +12,11 @@ from typing import Any
 
 import orjson
 
-from ..api.resource import decode_cursor, encode_cursor
 from ..api.resource import resource as job_resource
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..store import JobRow, Store
-from .support import CliError, database, json_doc, json_line, listing, run, when
+from .support import database, json_doc, json_line, pages, run, when
 from .support import job_id as parse_job_id
 
 STATUSES = [s.value for s in Status]
@@ -95,30 +94,18 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         # the API's own rendering (orjson writes its times as +00:00, as the API does)
         return job_resource(row, tracebacks=True)
 
-    async def page(store: Store, conn: Any) -> int:
-        if args.limit < 1:
-            raise CliError("--limit must be at least 1")
-        after = decode_cursor(args.cursor) if args.cursor else None
-        while True:
-            rows = await store.job_list(
-                conn, job_type=args.type, status=args.status, after=after, limit=args.limit + 1
-            )
-            more = len(rows) > args.limit
-            rows = rows[: args.limit]
-            listing(rows, args.json, resource, _list_line)
-            if not (more and rows):
-                return 0
-            if not args.all:
-                print(f"more: --cursor {encode_cursor(rows[-1])}", file=sys.stderr)
-                return 0
-            sys.stdout.flush()  # a page at a time: `| head` stops the walk early
-            after = rows[-1].id
-
     async def go() -> int:
         async with database(settings) as (store, conn):
-            if args.action == "list":
-                return await page(store, conn)
-            return await one(store, conn, parse_job_id(args.id))
+            if args.action != "list":
+                return await one(store, conn, parse_job_id(args.id))
+            return await pages(
+                args,
+                lambda after, n: store.job_list(
+                    conn, job_type=args.type, status=args.status, after=after, limit=n
+                ),
+                resource,
+                _list_line,
+            )
 
     async def one(store: Store, conn: Any, job_id: uuid.UUID) -> int:
         attempts: list[dict[str, Any]] = []

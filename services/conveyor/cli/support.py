@@ -1,23 +1,25 @@
 """What the operator commands share: one line instead of a traceback when PostgreSQL or RabbitMQ
 cannot be used (``CliError``, ``database``, ``check_broker``, ``run``), a quiet exit when the
-reader of stdout goes away (``conveyor jobs list | head -1``), JSON Lines and text output, and
-the confirmation before a bulk change."""
+reader of stdout goes away (``conveyor jobs list | head -1``), JSON Lines and text output, the
+keyset walk of the ``list`` commands, and the confirmation before a bulk change."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from datetime import UTC
 from typing import Any, TextIO, TypeVar
 
 import asyncpg
 import orjson
 
+from ..api.resource import R, decode_cursor, keyset_page
 from ..broker import LIBRARY_LOGGERS
 from ..core.config import Settings
 from ..core.logging import say
@@ -176,6 +178,31 @@ def listing(
     """Each item as one JSON object per line (``--json``: ``record``) or one text ``line``."""
     for item in items:
         sys.stdout.write((json_text(record(item)) if as_json else line(item)) + "\n")
+
+
+async def pages(
+    args: argparse.Namespace,
+    fetch: Callable[[uuid.UUID | None, int], Awaitable[list[R]]],
+    record: Callable[[R], Any],
+    line: Callable[[R], str],
+) -> int:
+    """A ``list`` command's keyset walk: ``fetch(after, n)`` reads ``n`` rows after a row id,
+    newest first; each page of ``args.limit`` is printed (``listing``), then the next page's
+    ``--cursor`` on stderr, or with ``args.all`` the next page. A malformed ``args.cursor``
+    raises ``InvalidJob`` (a ``ValueError``)."""
+    if args.limit < 1:
+        raise CliError("--limit must be at least 1")
+    after = decode_cursor(args.cursor) if args.cursor else None
+    while True:
+        rows, cursor = keyset_page(await fetch(after, args.limit + 1), args.limit)
+        listing(rows, args.json, record, line)
+        if cursor is None:
+            return 0
+        if not args.all:
+            print(f"more: --cursor {cursor}", file=sys.stderr)
+            return 0
+        sys.stdout.flush()  # a page at a time: `| head` stops the walk early
+        after = rows[-1].id
 
 
 def json_text(data: Any) -> str:

@@ -5,7 +5,6 @@ follows every page); ``--json`` prints what the API answers, one JSON object per
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import uuid
 from typing import Any
@@ -14,7 +13,7 @@ from ..core.config import Settings
 from ..store import Store
 from ..store.schema_workflows import WORKFLOW_STATUSES
 from ..store.workflows import WorkflowRow
-from .support import CliError, database, json_line, listing, when
+from .support import CliError, database, json_line, pages, run, when
 
 
 def parse_id(text: str) -> uuid.UUID:
@@ -69,8 +68,7 @@ def _text(wf: dict[str, Any]) -> str:
 
 
 def cmd_workflows(args: argparse.Namespace) -> int:
-    from ..api.resource import decode_cursor
-    from ..api.workflows import encode_cursor, summary, workflow_resource
+    from ..api.workflows import summary, workflow_resource
     from ..workflows import cancel_workflow, get_workflow
 
     settings = Settings()
@@ -80,25 +78,6 @@ def cmd_workflows(args: argparse.Namespace) -> int:
             f"{r.id}  {r.name[:24]:<24} {r.status:<10} jobs={r.jobs} "
             f"{_counts(summary(r)['counts'])}  created {when(r.created_at)}"
         )
-
-    async def page(store: Store, conn: Any) -> int:
-        if args.limit < 1:
-            raise CliError("--limit must be at least 1")
-        before = decode_cursor(args.cursor) if args.cursor else None
-        while True:
-            rows = await store.workflow_page(
-                conn, status=args.status, name=args.name, before=before, limit=args.limit + 1
-            )
-            more = len(rows) > args.limit
-            rows = rows[: args.limit]
-            listing(rows, args.json, summary, line)
-            if not (more and rows):
-                return 0
-            if not args.all:
-                print(f"more: --cursor {encode_cursor(rows[-1].id)}", file=sys.stderr)
-                return 0
-            sys.stdout.flush()  # a page at a time: `| head` stops the walk early
-            before = rows[-1].id
 
     async def one(store: Store, conn: Any) -> int:
         workflow_id = parse_id(args.id)
@@ -123,11 +102,17 @@ def cmd_workflows(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with database(settings) as (store, conn):
-            return await (page if args.action == "list" else one)(store, conn)
+            if args.action != "list":
+                return await one(store, conn)
+            return await pages(
+                args,
+                lambda before, n: store.workflow_page(
+                    conn, status=args.status, name=args.name, before=before, limit=n
+                ),
+                summary,
+                line,
+            )
 
     if args.action != "list":
         parse_id(args.id)  # a malformed id: one line, before any connection
-    try:
-        return int(asyncio.run(go()))
-    except ValueError as exc:  # a malformed cursor
-        raise CliError(str(exc)) from None
+    return run(go())  # a ValueError: a malformed cursor
