@@ -6,8 +6,10 @@ Every handler writes its side effects to a ledger: a file named in the job's pay
 appended with ``O_APPEND`` so several worker processes share it safely and it survives a database
 outage. The checker compares the ledger with what PostgreSQL accepted.
 
-Payload knobs: ``sleep`` (seconds per attempt, default 0.05) and ``sleep_first`` (seconds for the
-first attempt only, e.g. longer than a shutdown grace).
+Payload knobs: ``sleep`` (seconds per attempt, default 0.05), ``sleep_first`` (seconds for the
+first attempt only, e.g. longer than a shutdown grace) and ``followup`` (a job type: the attempt
+enqueues one follow-up of it, so its completion is written in a transaction of two statements,
+not one statement alone).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def _sleep_for(job: Job) -> float:
 async def _work(job: Job) -> dict[str, Any]:
     record(job, "start")
     await asyncio.sleep(_sleep_for(job))
+    if job.payload.get("followup"):
+        job.enqueue(job.payload["followup"], {"ledger": job.payload.get("ledger"), "sleep": 0})
     record(job, "done")
     return {"attempt": job.attempt}
 
