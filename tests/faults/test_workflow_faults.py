@@ -392,3 +392,84 @@ async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
     assert ids["p0"] in twice and twice <= first_on_frozen, (twice, first_on_frozen)
     child_runs = [e for e in ledger.entries() if e.job_id == ids["child"] and e.what == "start"]
     assert len(child_runs) == 1, child_runs
+
+
+@pytest.mark.timeout(120)
+async def test_a_cancel_frozen_before_its_commit_wedges_no_worker(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """``conveyor workflows cancel`` frozen (SIGSTOP; an operator's Ctrl-Z does the same)
+    between ``cancel_workflow`` and its COMMIT: it holds the workflow's row and every open job's
+    row (``FOR UPDATE``, then updated): the most any workflow statement locks. The parents,
+    running on two worker processes, finish meanwhile: their completions (and heartbeats) wait
+    on those rows only until PostgreSQL ends the frozen session (idle in transaction, 5 s),
+    which rolls the cancel back. Then every parent completes, the child is released once and
+    runs once, the workflow COMPLETES; after SIGCONT the command fails with one line."""
+    fsettings = fsettings.model_copy(update={"visibility_timeout": 9.0})
+    flag = tmp_path / "freeze"
+    flag.touch()
+    wf = Workflow("cancel-frozen")
+    parents = [wf.add(f"p{i}", "work", {"ledger": str(ledger), "sleep": 6}) for i in range(12)]
+    wf.add("child", "work", {"ledger": str(ledger), "sleep": 0}, after=parents)
+    async with running(fsettings):
+        fleet = WorkerFleet(fsettings, tmp_path, 2, concurrency=8)
+        conn = await tdb.connect(fsettings.database_url, timeout=10)
+        cli: Proc | None = None
+        try:
+            await fleet.ready()
+            (wf_id,) = await _submit(fsettings.database_url, [wf])
+            ids = dict(await conn.fetch(
+                "SELECT workflow_key, id FROM jobs WHERE workflow_id = $1", wf_id))  # fmt: skip
+            parent_ids = [ids[f"p{i}"] for i in range(12)]
+            await wait_until(
+                lambda: conn.fetchval("SELECT count(*) = 12 FROM jobs WHERE id = ANY($1) AND "
+                                      "status = 'IN_PROGRESS'", parent_ids),
+                timeout=20, interval=0.05, what="every parent running",
+            )  # fmt: skip
+            cli = _pausing(fsettings, tmp_path, "cancel", flag, "workflow_cancel",
+                           "workflows", "cancel", str(wf_id))  # fmt: skip
+            await _frozen([cli], timeout=30)
+            timeline = Timeline(conn, None)
+            timeline.frozen_pid = await _idle_backend(conn)
+            running_at_freeze = await conn.fetchval(
+                "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'IN_PROGRESS'",
+                parent_ids,
+            )
+            listed = ",".join(map(str, parent_ids))
+            await timeline.watch({
+                "parents": f"SELECT count(*) = 12 FROM jobs WHERE id = ANY('{{{listed}}}'::uuid[])"
+                           " AND status = 'COMPLETED'",
+                "child_started": f"SELECT started_at IS NOT NULL FROM jobs WHERE id = '{ids['child']}'",  # noqa: E501
+                "workflow": f"SELECT status <> 'RUNNING' FROM workflows WHERE id = '{wf_id}'",
+            }, timeout=25)  # fmt: skip
+            cli.signal(signal.SIGCONT)
+            code = await cli.wait(30)
+            accepted = list(await conn.fetchval("SELECT array_agg(id) FROM jobs"))
+            verdict = await check(fsettings.database_url, accepted, ledger,
+                                  label="workflow, a cancel frozen", quiet=2.0)  # fmt: skip
+            status = await conn.fetchval("SELECT status FROM workflows WHERE id = $1", wf_id)
+        finally:
+            await conn.close()
+            if cli is not None:
+                cli.signal(signal.SIGCONT)
+                await cli.stop()
+            await fleet.stop()
+    t = timeline.seen
+    print(
+        f"\n[faults] cancel frozen before its commit: {running_at_freeze} parents running at the "
+        f"freeze; its session ended at {timeline.ended} s; every parent COMPLETED at "
+        f"{t.get('parents')} s, the child started at {t.get('child_started')} s, the workflow "
+        f"{status} at {t.get('workflow')} s; at most {timeline.lock_waiters} sessions waiting "
+        f"on a lock; the command exited {code}: {cli.log()[-300:]!r}"
+    )
+    assert running_at_freeze == 12
+    assert timeline.lock_waiters >= 1, "no completion waited on the cancel's locks"
+    assert timeline.ended is not None and timeline.ended < IDLE_BOUND + 3, timeline.ended
+    assert "parents" in t and t["parents"] < IDLE_BOUND + 4, t
+    assert "workflow" in t and t["workflow"] < IDLE_BOUND + 8, t
+    verdict.assert_clean()
+    assert status == "COMPLETED"
+    assert ledger.count("start", ids["child"]) == 1
+    # the cancel was rolled back and said so: one line, no traceback
+    assert code not in (0, None) and "Traceback" not in cli.log(), cli.log()[-2000:]
+    assert "idle-in-transaction timeout" in cli.log(), cli.log()[-2000:]
