@@ -18,7 +18,8 @@ from typing import Any
 import asyncpg
 
 from conveyor.store import for_schema
-from conveyor.store.registry import TEMPLATES, bind
+from conveyor.store.registry import PARAMS, TEMPLATES, bind
+from conveyor.store.workflow_pages import page_statement
 
 # Ids are UUIDv7-shaped (creation time first), as Conveyor's are: inserts append to the primary
 # key like production's, and the time filter of GET /jobs (an id range) means what it says.
@@ -161,6 +162,10 @@ OUTBOX_READERS = {
     "job_count_overdue", "job_recount_overdue", "job_overdue_ids", "job_republish_overdue",
     "outbox_stats",
 }  # fmt: skip
+# The gauges' count of workflows by status reads every workflow on purpose (most are COMPLETED:
+# the count of those is the table); the jobs' gauges cap their counts instead, and skip
+# COMPLETED. Workflows are one row per workflow, not per job.
+WHOLE_TABLE = {"workflow_status_counts": "workflows"}
 
 # Arguments by parameter type: one plausible value each (a type of the data, a limit of 500,
 # an age of seven days, ids that exist nowhere).
@@ -311,9 +316,11 @@ async def workflow_cases(
     for st in (None, "RUNNING", "COMPLETED", "FAILED", "CANCELLED"):
         for name in (None, "wf_3"):
             for cursor in (None, mid):
+                q = page_statement(st, name)
                 values = {"status": st, "name": name, "before": cursor, "limit": 51}
+                values = {k: v for k, v in values.items() if k in PARAMS[q]}
                 cases[f"GET /workflows status={st} name={name} cursor={cursor}"] = (
-                    sql["workflow_page"], tuple(bind("workflow_page", values))
+                    sql[q], tuple(bind(q, values))
                 )  # fmt: skip
     cases["GET /workflows/{id} workflow_get"] = (sql["workflow_get"], (wf,))
     cases["GET /workflows/{id} workflow_jobs"] = (sql["workflow_jobs"], (wf,))
@@ -328,6 +335,17 @@ async def workflow_cases(
         (wf,),
     )
     return cases
+
+
+async def big_tables(conn: asyncpg.Connection, schema: str) -> tuple[str, ...]:
+    """The tables of ``BIG`` the statistics know rows of: a run generated without workflows
+    (``bench/scale.py``) leaves theirs empty, and reading an empty table costs nothing."""
+    rows = await conn.fetch(
+        "SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace "
+        "AND relname = ANY($2::text[]) AND reltuples > 1000",
+        schema, list(BIG),
+    )  # fmt: skip
+    return tuple(r["relname"] for r in rows)
 
 
 def scans(plan: Any) -> list[tuple[str, str, str]]:
@@ -358,6 +376,7 @@ async def explain_all(
     report: dict[str, list[tuple[str, str, str]]] = {}
     bad: list[str] = []
     cases = await statement_cases(conn, schema)
+    big = await big_tables(conn, schema)
     for mode in ("force_custom_plan", "force_generic_plan"):
         await conn.execute(f"SET plan_cache_mode = {mode}")
         for name, (query, args) in cases.items():
@@ -368,7 +387,8 @@ async def explain_all(
             found = scans(json.loads(raw))
             report[f"{name} ({mode})"] = found
             allowed = ("job_outbox",) if name in OUTBOX_READERS or empty_outbox else ()
-            seq = [s for s in found if s[0] == "Seq Scan" and s[1] in BIG and s[1] not in allowed]
+            allowed += (WHOLE_TABLE[name],) if name in WHOLE_TABLE else ()
+            seq = [s for s in found if s[0] == "Seq Scan" and s[1] in big and s[1] not in allowed]
             if seq:
                 bad.append(f"{name} ({mode}): {found}")
                 continue
@@ -426,7 +446,14 @@ async def explain_triggers(
         f"JOIN {schema}.jobs j ON j.id = d.depends_on "
         f"WHERE c.workflow_id = '{wf}' AND c.status = 'WAITING'; "
         "CREATE TEMP TABLE first_parent ON COMMIT DROP AS "
-        "SELECT id FROM parents ORDER BY id LIMIT 1"
+        "SELECT id FROM parents ORDER BY id LIMIT 1; "
+        # the parents running (most generated ones are finished), the triggers off meanwhile
+        "SET LOCAL session_replication_role = replica; "
+        f"UPDATE {schema}.jobs SET status = 'IN_PROGRESS', finished_at = NULL "
+        "WHERE id = ANY(ARRAY(SELECT id FROM parents)); "
+        f"UPDATE {schema}.jobs SET deps_pending = (SELECT count(*) FROM parents) "
+        f"WHERE workflow_id = '{wf}' AND status = 'WAITING'; "
+        "SET LOCAL session_replication_role = origin"
     )
     report: dict[str, list[tuple[str, str, str]]] = {}
     bad: list[str] = []
@@ -453,11 +480,18 @@ async def explain_triggers(
                     query = " ".join(str(plan.get("Query Text", "")).split())[:160]
                     found = scans(plan.get("Plan", {}))
                     report[f"trigger {path}: {query} ({mode})"] = found
-                    seq = [x for x in found if x[0] == "Seq Scan" and x[1] in BIG]
+                    # retry_job, the operator's redrive of one job, tests for its outbox row
+                    # as the OUTBOX_READERS do: the outbox is small by design
+                    allowed = ("job_outbox",) if "job_outbox o WHERE o.job_id" in query else ()
+                    seq = [x for x in found if x[0] == "Seq Scan" and x[1] in BIG
+                           and x[1] not in allowed]  # fmt: skip
                     if seq:
                         bad.append(f"trigger {path} ({mode}): {query}: {found}")
     finally:
         conn.remove_log_listener(notice)
         await conn.execute("RESET plan_cache_mode; RESET auto_explain.log_level")
-    assert len(report) > 10, report  # the notices arrived
+    # the notices arrived, the release's and the cancel cascade's among them
+    texts = " ".join(report)
+    assert "INSERT INTO" in texts and "job_outbox" in texts, texts
+    assert "workflow_downstream" in texts or "frontier" in texts, texts
     return report, bad

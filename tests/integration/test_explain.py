@@ -41,7 +41,7 @@ async def test_no_sequential_scan_when_the_statistics_saw_no_backlog(
     the planner guesses the rows of PENDING, RETRYING and IN_PROGRESS. The gauges' capped
     count once took a sequential scan here under its generic plan, ~8 s a refresh at 10 million
     rows, which slowed the benchmark's 10-million-row step to 63 % of the empty table's rate."""
-    await generate(db, ROWS, quiet=True)
+    await generate(db, ROWS, quiet=True, workflow_every=5)
     statuses = await db.fetchval("SELECT count(DISTINCT status) FROM jobs")
     assert statuses == 4
     assert not await db.fetchval("SELECT count(*) FROM job_outbox")
