@@ -295,7 +295,8 @@ async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
     """Three worker processes, each wrapped by ``pausing_statement``: the one that completes
     the fan-in's quick parent ``p0`` (its completion written in a transaction, beside a
     follow-up) freezes just after the statement whose trigger counted the child down and locked
-    its row. The other parents (1.5 s each) then complete on the other workers: their
+    its row. The other parents, held back by a gate file the test opens once the worker froze,
+    then complete on the other workers: their
     completion statements wait on the child's row lock only until PostgreSQL ends the frozen
     session (idle in transaction, 5 s), which rolls p0's completion back; the sweeper recovers
     the frozen worker's jobs at their lease, another worker runs p0 again, and the child is
@@ -310,7 +311,8 @@ async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
     flag = tmp_path / "freeze"
     flag.touch()  # empty: the first completion written in a transaction
     wf = Workflow("fan-in-frozen")
-    slow = {"ledger": str(ledger), "sleep": 1.5}
+    gate = tmp_path / "go"
+    slow = {"ledger": str(ledger), "sleep": 0.2, "gate": str(gate)}
     parents = [wf.add("p0", "work", {"ledger": str(ledger), "sleep": 0, "followup": "work"})]
     parents += [wf.add(f"p{i}", "work", slow) for i in range(1, 12)]
     wf.add("child", "work", {"ledger": str(ledger), "sleep": 0}, after=parents)
@@ -325,6 +327,7 @@ async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
             (wf_id,) = await _submit(fsettings.database_url, [wf])
             victim = await _frozen(procs, timeout=30)
             timeline = Timeline(conn, None)
+            gate.touch()  # the siblings finish now, racing the frozen transaction
             frozen_pid = int(victim.log().split("pid=")[1].split()[0])
             timeline.frozen_pid = await _idle_backend(conn)
             ids = dict(await conn.fetch(
@@ -383,13 +386,17 @@ async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
     assert timeline.ended is not None and timeline.ended < IDLE_BOUND + 3, timeline.ended
     # the siblings' completions waited on the child's row lock for the idle bound, no longer
     assert "healthy_siblings" in t and t["healthy_siblings"] < IDLE_BOUND + 4, t
-    # the frozen worker's jobs: at their lease (9 s), then run again (1.5 s)
+    # the frozen worker's jobs: at their lease (9 s), then run again
     assert "child_done" in t and t["child_done"] < 9.0 + 12, t
     assert p0["attempts"] >= 2 and p0["worker_id"] and f":{frozen_pid}:" not in p0["worker_id"]
     entries = ledger.entries()
     twice = {e.job_id for e in entries if e.what == "start" and e.attempt > 1}
     first_on_frozen = {e.job_id for e in entries if e.what == "start" and e.pid == frozen_pid}
     assert ids["p0"] in twice and twice <= first_on_frozen, (twice, first_on_frozen)
+    # after SIGCONT the frozen worker started nothing again: its only runs are the first
+    # attempts it had when it froze (their late outcomes fenced: the checker's double writes)
+    late = [e for e in entries if e.pid == frozen_pid and e.what == "start" and e.attempt > 1]
+    assert not late, late
     child_runs = [e for e in ledger.entries() if e.job_id == ids["child"] and e.what == "start"]
     assert len(child_runs) == 1, child_runs
 
@@ -409,7 +416,9 @@ async def test_a_cancel_frozen_before_its_commit_wedges_no_worker(
     flag = tmp_path / "freeze"
     flag.touch()
     wf = Workflow("cancel-frozen")
-    parents = [wf.add(f"p{i}", "work", {"ledger": str(ledger), "sleep": 6}) for i in range(12)]
+    gate = tmp_path / "go"  # the parents finish once the cancel froze
+    payload = {"ledger": str(ledger), "sleep": 0, "gate": str(gate)}
+    parents = [wf.add(f"p{i}", "work", payload) for i in range(12)]
     wf.add("child", "work", {"ledger": str(ledger), "sleep": 0}, after=parents)
     async with running(fsettings):
         fleet = WorkerFleet(fsettings, tmp_path, 2, concurrency=8)
@@ -430,6 +439,7 @@ async def test_a_cancel_frozen_before_its_commit_wedges_no_worker(
                            "workflows", "cancel", str(wf_id))  # fmt: skip
             await _frozen([cli], timeout=30)
             timeline = Timeline(conn, None)
+            gate.touch()
             timeline.frozen_pid = await _idle_backend(conn)
             running_at_freeze = await conn.fetchval(
                 "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'IN_PROGRESS'",
