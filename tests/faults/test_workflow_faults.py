@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from conveyor import Workflow, enqueue_workflow
@@ -273,6 +274,16 @@ class Timeline:
             await asyncio.sleep(0.05)
 
 
+async def _locked(conn: Any, job_id: uuid.UUID) -> bool:
+    """Whether another transaction holds the job's row lock."""
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE NOWAIT", job_id)
+    except asyncpg.LockNotAvailableError:
+        return True
+    return False
+
+
 async def _idle_backend(conn: Any, within: float = 3.0) -> int:
     """The backend of the frozen transaction (``idle in transaction`` for 0.3 s or more)."""
     deadline = time.monotonic() + within
@@ -333,6 +344,7 @@ async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
             ids = dict(await conn.fetch(
                 "SELECT workflow_key, id FROM jobs WHERE workflow_id = $1", wf_id))  # fmt: skip
             siblings = [ids[f"p{i}"] for i in range(1, 12)]
+            child_locked = await _locked(conn, ids["child"])
             open_at_freeze = await conn.fetchval(
                 "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status <> 'COMPLETED'", siblings
             )
@@ -383,6 +395,7 @@ async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
     )
     verdict.assert_clean()
     assert healthy, "the healthy workers had no sibling left to complete: nothing raced it"
+    assert child_locked, "the frozen transaction does not hold the child's row"
     assert timeline.ended is not None and timeline.ended < IDLE_BOUND + 3, timeline.ended
     # the siblings' completions waited on the child's row lock for the idle bound, no longer
     assert "healthy_siblings" in t and t["healthy_siblings"] < IDLE_BOUND + 4, t
@@ -445,6 +458,7 @@ async def test_a_cancel_frozen_before_its_commit_wedges_no_worker(
                 "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'IN_PROGRESS'",
                 parent_ids,
             )
+            parent_locked = await _locked(conn, parent_ids[0])
             listed = ",".join(map(str, parent_ids))
             await timeline.watch({
                 "parents": f"SELECT count(*) = 12 FROM jobs WHERE id = ANY('{{{listed}}}'::uuid[])"
@@ -472,7 +486,7 @@ async def test_a_cancel_frozen_before_its_commit_wedges_no_worker(
         f"{status} at {t.get('workflow')} s; at most {timeline.lock_waiters} sessions waiting "
         f"on a lock; the command exited {code}: {cli.log()[-300:]!r}"
     )
-    assert running_at_freeze == 12
+    assert running_at_freeze == 12 and parent_locked
     assert timeline.lock_waiters >= 1, "no completion waited on the cancel's locks"
     assert timeline.ended is not None and timeline.ended < IDLE_BOUND + 3, timeline.ended
     assert "parents" in t and t["parents"] < IDLE_BOUND + 4, t
