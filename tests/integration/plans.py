@@ -49,12 +49,13 @@ SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
        CASE WHEN b.member THEN 'k' || b.k END,
        CASE WHEN b.member THEN (CASE WHEN WAITING_CHILD THEN 1 ELSE 0 END) END
 FROM generate_series(1, $1) AS i,
-     LATERAL (SELECT now() - make_interval(secs => ($1 - i) * 86400.0 * $2 / $1)) AS g(t),
+     LATERAL (SELECT $4::timestamptz - make_interval(secs => ($1 - i) * 86400.0 * $2 / $1)) AS g(t),
      -- workflows: blocks of WORKFLOW_JOBS consecutive jobs, one block in every $3 (0: none)
      LATERAL (SELECT $3 > 0 AND ((i - 1) / WORKFLOW_JOBS) % greatest($3, 1) = 0 AS member,
                      (i - 1) % WORKFLOW_JOBS AS k,
                      (i - 1) / WORKFLOW_JOBS * WORKFLOW_JOBS + 1 AS first) AS b,
-     LATERAL (SELECT now() - make_interval(secs => ($1 - b.first) * 86400.0 * $2 / $1)) AS g0(t0)
+     LATERAL (SELECT $4::timestamptz - make_interval(secs => ($1 - b.first) * 86400.0 * $2 / $1))
+         AS g0(t0)
 """
 
 
@@ -63,20 +64,43 @@ FROM generate_series(1, $1) AS i,
 WORKFLOW_JOBS = 10
 WAITING_CHILD = "(b.member AND b.k = WORKFLOW_JOBS - 1 AND i > $1 - $1 / 100)"
 
-WORKFLOWS = """
+
+# The workflows' rows computed from the same formulas as the jobs' ids (``$4``: the generation's
+# clock), block by block: no scan of the million jobs. ``f``: the first job of a workflow's
+# block.
+def _time(i: str) -> str:
+    return f"($4::timestamptz - make_interval(secs => ($1 - ({i})) * 86400.0 * $2 / $1))"
+
+
+def _job_id(i: str, seed: str) -> str:
+    epoch_ms = f"(extract(epoch FROM {_time(i)}) * 1000)::bigint"
+    return (
+        f"(lpad(to_hex({epoch_ms}), 12, '0') || '7' || substr(md5({seed}), 1, 3) || '8' "
+        f"|| substr(md5({seed}), 4, 15))::uuid"
+    )
+
+
+BLOCKS = "generate_series(1, $1 - WORKFLOW_JOBS + 1, WORKFLOW_JOBS * $3) AS f"
+RUNNING = "f + WORKFLOW_JOBS - 1 > $1 - $1 / 100"  # its last job is a WAITING child
+WORKFLOWS = f"""
 INSERT INTO workflows (id, name, status, created_at, finished_at)
-SELECT workflow_id, 'wf_' || (abs(hashtext(workflow_id::text)) % 20),
-       CASE WHEN bool_or(status = 'WAITING') THEN 'RUNNING'
-            WHEN bool_or(status = 'FAILED') THEN 'FAILED' ELSE 'COMPLETED' END,
-       min(created_at),
-       CASE WHEN NOT bool_or(status = 'WAITING') THEN max(created_at) END
-FROM jobs WHERE workflow_id IS NOT NULL GROUP BY workflow_id
+SELECT {_job_id("f", "'w' || f")}, 'wf_' || (f / WORKFLOW_JOBS % 20),
+       CASE WHEN {RUNNING} THEN 'RUNNING' WHEN f / WORKFLOW_JOBS % 7 = 3 THEN 'FAILED'
+            ELSE 'COMPLETED' END,
+       {_time("f")}, CASE WHEN NOT ({RUNNING}) THEN {_time("f + WORKFLOW_JOBS - 1")} END
+FROM {BLOCKS}
 """
 
+# Each workflow's last job (its highest key) depends on the others: one pass over the
+# workflow jobs, sorted by workflow (computing each edge's ids again took four times as long).
 DEPENDENCIES = """
 INSERT INTO job_dependencies (job_id, depends_on)
-SELECT c.id, p.id FROM jobs c JOIN jobs p ON p.workflow_id = c.workflow_id AND p.id <> c.id
-WHERE c.workflow_id IS NOT NULL AND c.workflow_key = 'k' || (WORKFLOW_JOBS - 1)
+SELECT child, id FROM (
+    SELECT id, id = first_value(id) OVER w AS last, first_value(id) OVER w AS child
+    FROM jobs WHERE workflow_id IS NOT NULL
+    WINDOW w AS (PARTITION BY workflow_id ORDER BY substr(workflow_key, 2)::int DESC)
+) x
+WHERE NOT last
 """
 
 
@@ -137,12 +161,14 @@ async def generate(
     await conn.execute("SET maintenance_work_mem = '256MB'")
     for r in indexes:
         await conn.execute(f"DROP INDEX {r['indexname']}")
-    await conn.execute(generate_sql(quiet), rows, days, workflow_every, timeout=7200)
+    clock = await conn.fetchval("SELECT now()")
+    await conn.execute(generate_sql(quiet), rows, days, workflow_every, clock, timeout=7200)
     for r in indexes:
         await conn.execute(r["indexdef"], timeout=7200)
     if workflow_every:
-        await conn.execute(WORKFLOWS, timeout=7200)
-        await conn.execute(DEPENDENCIES.replace("WORKFLOW_JOBS", str(WORKFLOW_JOBS)), timeout=7200)
+        workflows = WORKFLOWS.replace("WORKFLOW_JOBS", str(WORKFLOW_JOBS))
+        await conn.execute(workflows, rows, days, workflow_every, clock, timeout=7200)
+        await conn.execute(DEPENDENCIES, timeout=7200)
     await conn.execute(ATTEMPTS, timeout=7200)
     await conn.execute(OUTBOX, timeout=7200)
     if quiet:  # a quiet install: autovacuum has been through, the visibility map is set
