@@ -181,6 +181,22 @@ async def test_list_filters_and_keyset_pages(stack: Stack) -> None:
     assert evens[0]["counts"]["queued"] == 1 and "jobs" not in evens[0]
     done = (await stack.client.get("/workflows", params={"status": "CANCELLED"})).json()
     assert [w["id"] for w in done["workflows"]] == [cancelled]
+    # each filter is a statement of its own (workflow_pages.page_statement): status, name,
+    # both, and a filter's keyset pages
+    both = {"name": "even", "status": "RUNNING"}
+    running_evens = (await stack.client.get("/workflows", params=both)).json()["workflows"]
+    assert [w["id"] for w in running_evens] == [ids[6], ids[4], ids[2]]
+    for params in ({"name": "even"}, {"status": "RUNNING"}):
+        seen, cursor = [], None
+        while True:
+            query = {**params, "limit": 2, **({"cursor": cursor} if cursor else {})}
+            page = (await stack.client.get("/workflows", params=query)).json()
+            seen += [w["id"] for w in page["workflows"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        expected = [ids[6], ids[4], ids[2], ids[0]] if "name" in params else ids[:0:-1]
+        assert seen == expected, params
     for bad in ({"status": "NOPE"}, {"cursor": "%%%"}, {"limit": 0}, {"limit": 501}):
         assert (await stack.client.get("/workflows", params=bad)).status_code == 422, bad
 

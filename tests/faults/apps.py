@@ -6,8 +6,11 @@ Every handler writes its side effects to a ledger: a file named in the job's pay
 appended with ``O_APPEND`` so several worker processes share it safely and it survives a database
 outage. The checker compares the ledger with what PostgreSQL accepted.
 
-Payload knobs: ``sleep`` (seconds per attempt, default 0.05) and ``sleep_first`` (seconds for the
-first attempt only, e.g. longer than a shutdown grace).
+Payload knobs: ``sleep`` (seconds per attempt, default 0.05), ``sleep_first`` (seconds for the
+first attempt only, e.g. longer than a shutdown grace), ``gate`` (a file: the attempt waits for
+it to exist before its sleep, so a test decides when jobs finish) and ``followup`` (a job type:
+the attempt enqueues one follow-up of it, so its completion is written in a transaction of two
+statements, not one statement alone).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ def record(job: Job, what: str) -> None:
         os.close(fd)
 
 
+def _exists(path: str) -> bool:
+    """A microsecond's stat, not worth a thread (as ``record``'s append)."""
+    return os.path.exists(path)
+
+
 def _sleep_for(job: Job) -> float:
     if job.attempt == 1 and "sleep_first" in job.payload:
         return float(job.payload["sleep_first"])
@@ -42,7 +50,12 @@ def _sleep_for(job: Job) -> float:
 
 async def _work(job: Job) -> dict[str, Any]:
     record(job, "start")
+    gate = job.payload.get("gate")
+    while gate and not _exists(gate):
+        await asyncio.sleep(0.02)
     await asyncio.sleep(_sleep_for(job))
+    if job.payload.get("followup"):
+        job.enqueue(job.payload["followup"], {"ledger": job.payload.get("ledger"), "sleep": 0})
     record(job, "done")
     return {"attempt": job.attempt}
 

@@ -10,19 +10,21 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from conveyor import Workflow, enqueue_workflow
 from conveyor.core.config import Settings
 
 from .. import db as tdb
-from .checker import Ledger
+from .checker import Ledger, check
 from .harness import Proc, WorkerFleet, component_env, running, wait_until
 
 
@@ -208,3 +210,290 @@ async def test_releases_survive_sigkilled_workers_and_a_dying_relay(
     figures = await check_releases(fsettings.database_url, ids, ledger)
     print(f"[faults] workflows under kills (seed {seed}): {figures}, {fleet.kills} worker kills,"
           f" {crashes} relay crashes")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- paused processes
+
+IDLE_BOUND = 5.0  # CONVEYOR_DB_IDLE_IN_TRANSACTION_TIMEOUT's default (store/bounds.py)
+LOCK_BOUND = 10.0  # CONVEYOR_DB_LOCK_TIMEOUT's default
+
+
+def _pausing(settings: Settings, tmp_path: Path, name: str, flag: Path, statement: str,
+             *argv: str) -> Proc:  # fmt: skip
+    """``conveyor ARGV`` frozen inside its first transaction that ran ``statement``
+    (``pausing_statement.py``)."""
+    args = [sys.executable, "-m", "tests.faults.pausing_statement", str(flag), statement, "--"]
+    return Proc(name, [*args, *argv], component_env(settings), tmp_path).start()
+
+
+async def _frozen(procs: list[Proc], timeout: float) -> Proc:
+    """The process whose log says it froze."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if "pausing_statement: frozen" in p.log():
+                return p
+        await asyncio.sleep(0.01)
+    raise AssertionError("no process froze:\n" + "\n".join(p.log()[-1500:] for p in procs))
+
+
+class Timeline:
+    """Seconds from the freeze, sampled every 50 ms: the frozen session's end, the most
+    sessions seen waiting on a lock at once, and when each watched condition first held."""
+
+    def __init__(self, conn: Any, frozen_pid: int | None) -> None:
+        self.conn = conn
+        self.frozen_pid = frozen_pid
+        self.t0 = time.monotonic()
+        self.ended: float | None = None
+        self.lock_waiters = 0
+        self.seen: dict[str, float] = {}
+
+    async def watch(self, checks: dict[str, str], timeout: float) -> None:
+        """Until every ``checks`` query (a boolean) held once, or ``timeout``."""
+        while time.monotonic() - self.t0 < timeout:
+            now = round(time.monotonic() - self.t0, 2)
+            waiting = await self.conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+            self.lock_waiters = max(self.lock_waiters, int(waiting))
+            if (
+                self.ended is None
+                and self.frozen_pid is not None
+                and not await self.conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", self.frozen_pid
+                )
+            ):
+                self.ended = now
+            for name, query in checks.items():
+                if name not in self.seen and await self.conn.fetchval(query):
+                    self.seen[name] = now
+            if len(self.seen) == len(checks) and (self.ended or self.frozen_pid is None):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _locked(conn: Any, job_id: uuid.UUID) -> bool:
+    """Whether another transaction holds the job's row lock."""
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE NOWAIT", job_id)
+    except asyncpg.LockNotAvailableError:
+        return True
+    return False
+
+
+async def _idle_backend(conn: Any, within: float = 3.0) -> int:
+    """The backend of the frozen transaction (``idle in transaction`` for 0.3 s or more)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        pid = await conn.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND state = "
+            "'idle in transaction' AND state_change < clock_timestamp() - interval '0.3 s' "
+            "ORDER BY state_change LIMIT 1"
+        )
+        if pid is not None:
+            return int(pid)
+        await asyncio.sleep(0.05)
+    raise AssertionError("no session idle in transaction")
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_frozen_releasing_a_fan_in_child_wedges_no_one(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Three worker processes, each wrapped by ``pausing_statement``: the one that completes
+    the fan-in's quick parent ``p0`` (its completion written in a transaction, beside a
+    follow-up) freezes just after the statement whose trigger counted the child down and locked
+    its row. The other parents, held back by a gate file the test opens once the worker froze,
+    then complete on the other workers: their
+    completion statements wait on the child's row lock only until PostgreSQL ends the frozen
+    session (idle in transaction, 5 s), which rolls p0's completion back; the sweeper recovers
+    the frozen worker's jobs at their lease, another worker runs p0 again, and the child is
+    released once and runs once. After SIGCONT the frozen worker's late writes are fenced.
+
+    The lease (9 s) outlasts a heartbeat held back by the idle bound: a worker's heartbeat
+    statement waits on the row locks of its own completion batch, which waits on the child's row
+    (under the fault tests' 2 s lease the healthy workers' finished jobs, their outcomes queued
+    behind that batch, lost their leases and ran again). Only the frozen worker's jobs run
+    twice."""
+    fsettings = fsettings.model_copy(update={"visibility_timeout": 9.0})
+    flag = tmp_path / "freeze"
+    flag.touch()  # empty: the first completion written in a transaction
+    wf = Workflow("fan-in-frozen")
+    gate = tmp_path / "go"
+    slow = {"ledger": str(ledger), "sleep": 0.2, "gate": str(gate)}
+    parents = [wf.add("p0", "work", {"ledger": str(ledger), "sleep": 0, "followup": "work"})]
+    parents += [wf.add(f"p{i}", "work", slow) for i in range(1, 12)]
+    wf.add("child", "work", {"ledger": str(ledger), "sleep": 0}, after=parents)
+    argv = ("worker", "--app", "tests.faults.apps:router", "--concurrency", "4")
+    async with running(fsettings):
+        procs = [_pausing(fsettings, tmp_path, f"worker-{i}", flag, "job_complete_many", *argv)
+                 for i in range(3)]  # fmt: skip
+        conn = await tdb.connect(fsettings.database_url, timeout=10)
+        try:
+            for p in procs:
+                await p.wait_for_log("worker_started", 30)
+            (wf_id,) = await _submit(fsettings.database_url, [wf])
+            victim = await _frozen(procs, timeout=30)
+            timeline = Timeline(conn, None)
+            gate.touch()  # the siblings finish now, racing the frozen transaction
+            frozen_pid = int(victim.log().split("pid=")[1].split()[0])
+            timeline.frozen_pid = await _idle_backend(conn)
+            ids = dict(await conn.fetch(
+                "SELECT workflow_key, id FROM jobs WHERE workflow_id = $1", wf_id))  # fmt: skip
+            siblings = [ids[f"p{i}"] for i in range(1, 12)]
+            child_locked = await _locked(conn, ids["child"])
+            open_at_freeze = await conn.fetchval(
+                "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status <> 'COMPLETED'", siblings
+            )
+            # the siblings the healthy workers run (those the frozen one claimed wait for
+            # their lease)
+            healthy = await conn.fetchval(
+                "SELECT array_agg(id) FROM jobs WHERE id = ANY($1) AND worker_id IS DISTINCT "
+                "FROM NULL AND worker_id NOT LIKE $2 AND status <> 'COMPLETED'",
+                siblings, f"%:{frozen_pid}:%",
+            )  # fmt: skip
+            healthy = list(healthy or [])
+
+            def done(jobs: list[uuid.UUID]) -> str:
+                listed = ",".join(map(str, jobs))
+                return (f"SELECT count(*) = {len(jobs)} FROM jobs WHERE id = "
+                        f"ANY('{{{listed}}}'::uuid[]) AND status = 'COMPLETED'")  # fmt: skip
+
+            await timeline.watch({
+                "healthy_siblings": done(healthy),
+                "siblings": done(siblings),
+                "p0": done([ids["p0"]]),
+                "child_started": f"SELECT started_at IS NOT NULL FROM jobs WHERE id = '{ids['child']}'",  # noqa: E501
+                "child_done": done([ids["child"]]),
+            }, timeout=40)  # fmt: skip
+            victim.signal(signal.SIGCONT)
+            await victim.wait_for_log("pausing_statement: resumed", 10)
+            p0 = await conn.fetchrow(
+                "SELECT attempts, worker_id FROM jobs WHERE id = $1", ids["p0"]
+            )
+            accepted = list(await conn.fetchval("SELECT array_agg(id) FROM jobs"))
+            verdict = await check(fsettings.database_url, accepted, ledger,
+                                  label="fan-in, a worker frozen releasing", quiet=3.0)  # fmt: skip
+            figures = await check_releases(fsettings.database_url, [wf_id], ledger)
+        finally:
+            await conn.close()
+            for p in procs:
+                p.signal(signal.SIGCONT)
+            await asyncio.gather(*(p.stop() for p in procs))
+    t = timeline.seen
+    print(
+        f"\n[faults] worker frozen releasing a fan-in child: {open_at_freeze} of 11 siblings "
+        f"open at the freeze, {len(healthy)} of them on healthy workers; frozen session ended "
+        f"at {timeline.ended} s; the healthy workers' siblings COMPLETED at "
+        f"{t.get('healthy_siblings')} s, all siblings at {t.get('siblings')} s, p0 at "
+        f"{t.get('p0')} s (attempt {p0['attempts']}), child started at "
+        f"{t.get('child_started')} s, COMPLETED at {t.get('child_done')} s; at most "
+        f"{timeline.lock_waiters} sessions waiting on a lock; {figures}"
+    )
+    verdict.assert_clean()
+    assert healthy, "the healthy workers had no sibling left to complete: nothing raced it"
+    assert child_locked, "the frozen transaction does not hold the child's row"
+    assert timeline.ended is not None and timeline.ended < IDLE_BOUND + 3, timeline.ended
+    # the siblings' completions waited on the child's row lock for the idle bound, no longer
+    assert "healthy_siblings" in t and t["healthy_siblings"] < IDLE_BOUND + 4, t
+    # the frozen worker's jobs: at their lease (9 s), then run again
+    assert "child_done" in t and t["child_done"] < 9.0 + 12, t
+    assert p0["attempts"] >= 2 and p0["worker_id"] and f":{frozen_pid}:" not in p0["worker_id"]
+    entries = ledger.entries()
+    twice = {e.job_id for e in entries if e.what == "start" and e.attempt > 1}
+    first_on_frozen = {e.job_id for e in entries if e.what == "start" and e.pid == frozen_pid}
+    assert ids["p0"] in twice and twice <= first_on_frozen, (twice, first_on_frozen)
+    # after SIGCONT the frozen worker started nothing again: its only runs are the first
+    # attempts it had when it froze (their late outcomes fenced: the checker's double writes)
+    late = [e for e in entries if e.pid == frozen_pid and e.what == "start" and e.attempt > 1]
+    assert not late, late
+    child_runs = [e for e in ledger.entries() if e.job_id == ids["child"] and e.what == "start"]
+    assert len(child_runs) == 1, child_runs
+
+
+@pytest.mark.timeout(120)
+async def test_a_cancel_frozen_before_its_commit_wedges_no_worker(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """``conveyor workflows cancel`` frozen (SIGSTOP; an operator's Ctrl-Z does the same)
+    between ``cancel_workflow`` and its COMMIT: it holds the workflow's row and every open job's
+    row (``FOR UPDATE``, then updated): the most any workflow statement locks. The parents,
+    running on two worker processes, finish meanwhile: their completions (and heartbeats) wait
+    on those rows only until PostgreSQL ends the frozen session (idle in transaction, 5 s),
+    which rolls the cancel back. Then every parent completes, the child is released once and
+    runs once, the workflow COMPLETES; after SIGCONT the command fails with one line."""
+    fsettings = fsettings.model_copy(update={"visibility_timeout": 9.0})
+    flag = tmp_path / "freeze"
+    flag.touch()
+    wf = Workflow("cancel-frozen")
+    gate = tmp_path / "go"  # the parents finish once the cancel froze
+    payload = {"ledger": str(ledger), "sleep": 0, "gate": str(gate)}
+    parents = [wf.add(f"p{i}", "work", payload) for i in range(12)]
+    wf.add("child", "work", {"ledger": str(ledger), "sleep": 0}, after=parents)
+    async with running(fsettings):
+        fleet = WorkerFleet(fsettings, tmp_path, 2, concurrency=8)
+        conn = await tdb.connect(fsettings.database_url, timeout=10)
+        cli: Proc | None = None
+        try:
+            await fleet.ready()
+            (wf_id,) = await _submit(fsettings.database_url, [wf])
+            ids = dict(await conn.fetch(
+                "SELECT workflow_key, id FROM jobs WHERE workflow_id = $1", wf_id))  # fmt: skip
+            parent_ids = [ids[f"p{i}"] for i in range(12)]
+            await wait_until(
+                lambda: conn.fetchval("SELECT count(*) = 12 FROM jobs WHERE id = ANY($1) AND "
+                                      "status = 'IN_PROGRESS'", parent_ids),
+                timeout=20, interval=0.05, what="every parent running",
+            )  # fmt: skip
+            cli = _pausing(fsettings, tmp_path, "cancel", flag, "workflow_cancel",
+                           "workflows", "cancel", str(wf_id))  # fmt: skip
+            await _frozen([cli], timeout=30)
+            timeline = Timeline(conn, None)
+            gate.touch()
+            timeline.frozen_pid = await _idle_backend(conn)
+            running_at_freeze = await conn.fetchval(
+                "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'IN_PROGRESS'",
+                parent_ids,
+            )
+            parent_locked = await _locked(conn, parent_ids[0])
+            listed = ",".join(map(str, parent_ids))
+            await timeline.watch({
+                "parents": f"SELECT count(*) = 12 FROM jobs WHERE id = ANY('{{{listed}}}'::uuid[])"
+                           " AND status = 'COMPLETED'",
+                "child_started": f"SELECT started_at IS NOT NULL FROM jobs WHERE id = '{ids['child']}'",  # noqa: E501
+                "workflow": f"SELECT status <> 'RUNNING' FROM workflows WHERE id = '{wf_id}'",
+            }, timeout=25)  # fmt: skip
+            cli.signal(signal.SIGCONT)
+            code = await cli.wait(30)
+            accepted = list(await conn.fetchval("SELECT array_agg(id) FROM jobs"))
+            verdict = await check(fsettings.database_url, accepted, ledger,
+                                  label="workflow, a cancel frozen", quiet=2.0)  # fmt: skip
+            status = await conn.fetchval("SELECT status FROM workflows WHERE id = $1", wf_id)
+        finally:
+            await conn.close()
+            if cli is not None:
+                cli.signal(signal.SIGCONT)
+                await cli.stop()
+            await fleet.stop()
+    t = timeline.seen
+    print(
+        f"\n[faults] cancel frozen before its commit: {running_at_freeze} parents running at the "
+        f"freeze; its session ended at {timeline.ended} s; every parent COMPLETED at "
+        f"{t.get('parents')} s, the child started at {t.get('child_started')} s, the workflow "
+        f"{status} at {t.get('workflow')} s; at most {timeline.lock_waiters} sessions waiting "
+        f"on a lock; the command exited {code}: {cli.log()[-300:]!r}"
+    )
+    assert running_at_freeze == 12 and parent_locked
+    assert timeline.lock_waiters >= 1, "no completion waited on the cancel's locks"
+    assert timeline.ended is not None and timeline.ended < IDLE_BOUND + 3, timeline.ended
+    assert "parents" in t and t["parents"] < IDLE_BOUND + 4, t
+    assert "workflow" in t and t["workflow"] < IDLE_BOUND + 8, t
+    verdict.assert_clean()
+    assert status == "COMPLETED"
+    assert ledger.count("start", ids["child"]) == 1
+    # the cancel was rolled back and said so: one line, no traceback
+    assert code not in (0, None) and "Traceback" not in cli.log(), cli.log()[-2000:]
+    assert "idle-in-transaction timeout" in cli.log(), cli.log()[-2000:]

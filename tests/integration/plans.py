@@ -18,7 +18,8 @@ from typing import Any
 import asyncpg
 
 from conveyor.store import for_schema
-from conveyor.store.registry import TEMPLATES, bind
+from conveyor.store.registry import PARAMS, TEMPLATES, bind
+from conveyor.store.workflow_pages import page_statement
 
 # Ids are UUIDv7-shaped (creation time first), as Conveyor's are: inserts append to the primary
 # key like production's, and the time filter of GET /jobs (an id range) means what it says.
@@ -27,22 +28,86 @@ from conveyor.store.registry import TEMPLATES, bind
 # last ``$2`` days, 12 types. Nothing is overdue, nothing expired: the sweeper's passes are idle.
 GENERATE = """
 INSERT INTO jobs (id, job_type, status, priority, payload, attempts, last_error, created_at,
-                  updated_at, started_at, finished_at, lease_expires_at, run_at)
+                  updated_at, started_at, finished_at, lease_expires_at, run_at, workflow_id,
+                  workflow_key, deps_pending)
 SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
         || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid,
        'type_' || (i % 12),
+       CASE WHEN WAITING_CHILD THEN 'WAITING'::job_status ELSE
        (CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
              WHEN i % 100 = 96 THEN 'SCHEDULED'
              WHEN i % 100 = 97 THEN 'PENDING' WHEN i % 100 = 98 THEN 'RETRYING'
-             ELSE 'IN_PROGRESS' END)::job_status,
+             ELSE 'IN_PROGRESS' END)::job_status END,
        5, '{}', 1, CASE WHEN i % 100 IN (94, 95, 98) THEN 'ValueError: ' || (i % 7) END,
        t, CASE WHEN i % 100 >= 96 THEN now() ELSE t END, t,
        CASE WHEN i % 100 < 96 THEN t END,
        CASE WHEN i % 100 = 99 THEN now() + interval '1 hour' END,
-       CASE WHEN i % 100 IN (96, 98) THEN now() + interval '1 hour' END
+       CASE WHEN i % 100 IN (96, 98) THEN now() + interval '1 hour' END,
+       CASE WHEN b.member THEN (lpad(to_hex((extract(epoch FROM g0.t0) * 1000)::bigint), 12, '0')
+            || '7' || substr(md5('w' || b.first), 1, 3) || '8'
+            || substr(md5('w' || b.first), 4, 15))::uuid END,
+       CASE WHEN b.member THEN 'k' || b.k END,
+       CASE WHEN b.member THEN (CASE WHEN WAITING_CHILD THEN 1 ELSE 0 END) END
 FROM generate_series(1, $1) AS i,
-     LATERAL (SELECT now() - make_interval(secs => ($1 - i) * 86400.0 * $2 / $1)) AS g(t)
+     LATERAL (SELECT $4::timestamptz - make_interval(secs => ($1 - i) * 86400.0 * $2 / $1)) AS g(t),
+     -- workflows: blocks of WORKFLOW_JOBS consecutive jobs, one block in every $3 (0: none)
+     LATERAL (SELECT $3 > 0 AND ((i - 1) / WORKFLOW_JOBS) % greatest($3, 1) = 0 AS member,
+                     (i - 1) % WORKFLOW_JOBS AS k,
+                     (i - 1) / WORKFLOW_JOBS * WORKFLOW_JOBS + 1 AS first) AS b,
+     LATERAL (SELECT $4::timestamptz - make_interval(secs => ($1 - b.first) * 86400.0 * $2 / $1))
+         AS g0(t0)
 """
+
+
+# Workflows of 10 jobs: the last (``k9``) waits for the other nine (a fan-in). Those of the last
+# 1 % of the range run: their ``k9`` is WAITING (a quiet install has none: nothing waits).
+WORKFLOW_JOBS = 10
+WAITING_CHILD = "(b.member AND b.k = WORKFLOW_JOBS - 1 AND i > $1 - $1 / 100)"
+
+
+# The workflows' rows computed from the same formulas as the jobs' ids (``$4``: the generation's
+# clock), block by block: no scan of the million jobs. ``f``: the first job of a workflow's
+# block.
+def _time(i: str) -> str:
+    return f"($4::timestamptz - make_interval(secs => ($1 - ({i})) * 86400.0 * $2 / $1))"
+
+
+def _job_id(i: str, seed: str) -> str:
+    epoch_ms = f"(extract(epoch FROM {_time(i)}) * 1000)::bigint"
+    return (
+        f"(lpad(to_hex({epoch_ms}), 12, '0') || '7' || substr(md5({seed}), 1, 3) || '8' "
+        f"|| substr(md5({seed}), 4, 15))::uuid"
+    )
+
+
+BLOCKS = "generate_series(1, $1 - WORKFLOW_JOBS + 1, WORKFLOW_JOBS * $3) AS f"
+RUNNING = "f + WORKFLOW_JOBS - 1 > $1 - $1 / 100"  # its last job is a WAITING child
+WORKFLOWS = f"""
+INSERT INTO workflows (id, name, status, created_at, finished_at)
+SELECT {_job_id("f", "'w' || f")}, 'wf_' || (f / WORKFLOW_JOBS % 20),
+       CASE WHEN {RUNNING} THEN 'RUNNING' WHEN f / WORKFLOW_JOBS % 7 = 3 THEN 'FAILED'
+            ELSE 'COMPLETED' END,
+       {_time("f")}, CASE WHEN NOT ({RUNNING}) THEN {_time("f + WORKFLOW_JOBS - 1")} END
+FROM {BLOCKS}
+"""
+
+# Each workflow's last job (its highest key) depends on the others: one pass over the
+# workflow jobs, sorted by workflow (computing each edge's ids again took four times as long).
+DEPENDENCIES = """
+INSERT INTO job_dependencies (job_id, depends_on)
+SELECT child, id FROM (
+    SELECT id, id = first_value(id) OVER w AS last, first_value(id) OVER w AS child
+    FROM jobs WHERE workflow_id IS NOT NULL
+    WINDOW w AS (PARTITION BY workflow_id ORDER BY substr(workflow_key, 2)::int DESC)
+) x
+WHERE NOT last
+"""
+
+
+def generate_sql(quiet: bool) -> str:
+    sql = GENERATE.replace("WAITING_CHILD", "false" if quiet else WAITING_CHILD)
+    sql = sql.replace("WORKFLOW_JOBS", str(WORKFLOW_JOBS))
+    return quiet_mix(sql) if quiet else sql
 
 
 def quiet_mix(generate: str) -> str:
@@ -75,13 +140,20 @@ QUIET_STATUSES = """(CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 T
 
 
 async def generate(
-    conn: asyncpg.Connection, rows: int, days: float = 30, *, quiet: bool = False
+    conn: asyncpg.Connection,
+    rows: int,
+    days: float = 30,
+    *,
+    quiet: bool = False,
+    workflow_every: int = 0,
 ) -> None:
     """``rows`` jobs over ``days``, their attempts, the outbox of the PENDING ones, fresh
     statistics (``quiet``: the mix of ``QUIET_STATUSES`` instead, nothing PENDING, and
-    vacuumed as autovacuum would have by then). The secondary indexes of ``jobs`` are dropped
-    first and built again after (as they were): one sort each instead of millions of random
-    index insertions."""
+    vacuumed as autovacuum would have by then). ``workflow_every``: one block of
+    ``WORKFLOW_JOBS`` jobs in every that many is a workflow (a fan-in), with its row and its
+    dependency edges (0: no workflow). The secondary indexes of ``jobs`` are dropped first and
+    built again after (as they were): one sort each instead of millions of random index
+    insertions."""
     indexes = await conn.fetch(
         "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
         " AND tablename = 'jobs' AND indexname <> 'jobs_pkey'"
@@ -89,19 +161,24 @@ async def generate(
     await conn.execute("SET maintenance_work_mem = '256MB'")
     for r in indexes:
         await conn.execute(f"DROP INDEX {r['indexname']}")
-    await conn.execute(quiet_mix(GENERATE) if quiet else GENERATE, rows, days, timeout=7200)
+    clock = await conn.fetchval("SELECT now()")
+    await conn.execute(generate_sql(quiet), rows, days, workflow_every, clock, timeout=7200)
     for r in indexes:
         await conn.execute(r["indexdef"], timeout=7200)
+    if workflow_every:
+        workflows = WORKFLOWS.replace("WORKFLOW_JOBS", str(WORKFLOW_JOBS))
+        await conn.execute(workflows, rows, days, workflow_every, clock, timeout=7200)
+        await conn.execute(DEPENDENCIES, timeout=7200)
     await conn.execute(ATTEMPTS, timeout=7200)
     await conn.execute(OUTBOX, timeout=7200)
     if quiet:  # a quiet install: autovacuum has been through, the visibility map is set
-        for table in ("jobs", "job_attempts", "job_outbox"):
+        for table in BIG:
             await conn.execute(f"VACUUM ANALYZE {table}", timeout=7200)
     else:  # a fresh bulk load: statistics, no vacuum yet
-        await conn.execute("ANALYZE jobs; ANALYZE job_attempts; ANALYZE job_outbox", timeout=7200)
+        await conn.execute("; ".join(f"ANALYZE {table}" for table in BIG), timeout=7200)
 
 
-BIG = ("jobs", "job_attempts", "job_outbox")
+BIG = ("jobs", "job_attempts", "job_outbox", "workflows", "job_dependencies")
 LOOKUP = re.compile(r"\((\w+\.)?id = (ANY )?\(?[$\w.]+\)?\)")
 # The outbox is small by design (the relay drains it); these read all of it on purpose: the
 # reconciler's anti-join "no outbox row for this job" (hashing the outbox once per pass costs
@@ -111,6 +188,10 @@ OUTBOX_READERS = {
     "job_count_overdue", "job_recount_overdue", "job_overdue_ids", "job_republish_overdue",
     "outbox_stats",
 }  # fmt: skip
+# The gauges' count of workflows by status reads every workflow on purpose (most are COMPLETED:
+# the count of those is the table); the jobs' gauges cap their counts instead, and skip
+# COMPLETED. Workflows are one row per workflow, not per job.
+WHOLE_TABLE = {"workflow_status_counts": "workflows"}
 
 # Arguments by parameter type: one plausible value each (a type of the data, a limit of 500,
 # an age of seven days, ids that exist nowhere).
@@ -243,7 +324,54 @@ async def statement_cases(
                     )  # fmt: skip
     for view in ("backlog", "stuck_jobs", "recent_failures", "throughput"):
         cases[f"view {view}"] = (f"SELECT * FROM {schema}.{view}", ())
+    cases.update(await workflow_cases(conn, schema))
     return cases
+
+
+async def workflow_cases(
+    conn: asyncpg.Connection, schema: str = "conveyor"
+) -> dict[str, tuple[str, tuple[Any, ...]]]:
+    """GET /workflows (every combination of status, name and cursor), GET /workflows/{id} and a
+    claimed job's parents on a workflow in the middle of the data, the workflow views."""
+    sql = for_schema(schema).sql
+    mid = await conn.fetchval(
+        f"SELECT id FROM {schema}.workflows WHERE id < $1 ORDER BY id DESC LIMIT 1", MID_CURSOR
+    )
+    wf = mid or SOME_ID
+    cases: dict[str, tuple[str, tuple[Any, ...]]] = {}
+    for st in (None, "RUNNING", "COMPLETED", "FAILED", "CANCELLED"):
+        for name in (None, "wf_3"):
+            for cursor in (None, mid):
+                q = page_statement(st, name)
+                values = {"status": st, "name": name, "before": cursor, "limit": 51}
+                values = {k: v for k, v in values.items() if k in PARAMS[q]}
+                cases[f"GET /workflows status={st} name={name} cursor={cursor}"] = (
+                    sql[q], tuple(bind(q, values))
+                )  # fmt: skip
+    cases["GET /workflows/{id} workflow_get"] = (sql["workflow_get"], (wf,))
+    cases["GET /workflows/{id} workflow_jobs"] = (sql["workflow_jobs"], (wf,))
+    children = await conn.fetchval(
+        f"SELECT array_agg(id) FROM {schema}.jobs WHERE workflow_id = $1", wf
+    )
+    cases["workflow_parents of a workflow's jobs"] = (sql["workflow_parents"], (children or [],))
+    for view in ("running_workflows", "blocked_jobs"):
+        cases[f"view {view}"] = (f"SELECT * FROM {schema}.{view}", ())
+    cases["view workflow_counts of one"] = (
+        f"SELECT * FROM {schema}.workflow_counts WHERE workflow_id = $1",
+        (wf,),
+    )
+    return cases
+
+
+async def big_tables(conn: asyncpg.Connection, schema: str) -> tuple[str, ...]:
+    """The tables of ``BIG`` the statistics know rows of: a run generated without workflows
+    (``bench/scale.py``) leaves theirs empty, and reading an empty table costs nothing."""
+    rows = await conn.fetch(
+        "SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace "
+        "AND relname = ANY($2::text[]) AND reltuples > 1000",
+        schema, list(BIG),
+    )  # fmt: skip
+    return tuple(r["relname"] for r in rows)
 
 
 def scans(plan: Any) -> list[tuple[str, str, str]]:
@@ -274,6 +402,7 @@ async def explain_all(
     report: dict[str, list[tuple[str, str, str]]] = {}
     bad: list[str] = []
     cases = await statement_cases(conn, schema)
+    big = await big_tables(conn, schema)
     for mode in ("force_custom_plan", "force_generic_plan"):
         await conn.execute(f"SET plan_cache_mode = {mode}")
         for name, (query, args) in cases.items():
@@ -284,7 +413,8 @@ async def explain_all(
             found = scans(json.loads(raw))
             report[f"{name} ({mode})"] = found
             allowed = ("job_outbox",) if name in OUTBOX_READERS or empty_outbox else ()
-            seq = [s for s in found if s[0] == "Seq Scan" and s[1] in BIG and s[1] not in allowed]
+            allowed += (WHOLE_TABLE[name],) if name in WHOLE_TABLE else ()
+            seq = [s for s in found if s[0] == "Seq Scan" and s[1] in big and s[1] not in allowed]
             if seq:
                 bad.append(f"{name} ({mode}): {found}")
                 continue
@@ -298,4 +428,96 @@ async def explain_all(
             if filtered and not indexes <= allowed:
                 bad.append(f"{name} ({mode}) walks another index: {found}")
     await conn.execute("RESET plan_cache_mode")
+    return report, bad
+
+
+# The workflow triggers' own statements (migration 0016 and any later one that replaces them),
+# as they run: auto_explain sends each nested statement's plan to this session as a NOTICE while
+# a transaction, rolled back after, drives a running workflow through every path. ``parents``:
+# the dependencies of the workflow's waiting child; ``first_parent``: one of them.
+TRIGGER_PATHS = {
+    # a parent completes, then all of them in one statement: the child counted down, released
+    "release": """
+        UPDATE {s}.jobs SET status = 'COMPLETED' WHERE id = (TABLE first_parent);
+        UPDATE {s}.jobs SET status = 'COMPLETED' WHERE id = ANY(ARRAY(SELECT id FROM parents))""",
+    # a parent fails (on_failure cancel: the waiting child is cancelled), then it is retried
+    # (the child waits again) and a redrive meets the BEFORE trigger
+    "fail and retry": """
+        UPDATE {s}.jobs SET status = 'FAILED' WHERE id = (TABLE first_parent);
+        SELECT {s}.retry_job((TABLE first_parent))""",
+    "cancel_workflow": "SELECT {s}.cancel_workflow((SELECT workflow_id FROM parents LIMIT 1))",
+}
+
+
+async def explain_triggers(
+    conn: asyncpg.Connection, schema: str = "conveyor"
+) -> tuple[dict[str, list[tuple[str, str, str]]], list[str]]:
+    """Each path of ``TRIGGER_PATHS`` on the newest running workflow, under custom and generic
+    plans: the scans of every statement the triggers and functions ran, and the sequential
+    scans of a big table among them."""
+    plans: list[Any] = []
+
+    def notice(_: Any, message: Any) -> None:
+        text = str(getattr(message, "message", ""))
+        if "plan:" in text and "{" in text:
+            plans.append(json.loads(text[text.index("{") :]))
+
+    wf = await conn.fetchval(
+        f"SELECT id FROM {schema}.workflows WHERE status = 'RUNNING' ORDER BY id DESC LIMIT 1"
+    )
+    assert wf is not None, "no running workflow in the generated data"
+    setup = (
+        f"CREATE TEMP TABLE parents ON COMMIT DROP AS SELECT j.id, j.workflow_id "
+        f"FROM {schema}.jobs c JOIN {schema}.job_dependencies d ON d.job_id = c.id "
+        f"JOIN {schema}.jobs j ON j.id = d.depends_on "
+        f"WHERE c.workflow_id = '{wf}' AND c.status = 'WAITING'; "
+        "CREATE TEMP TABLE first_parent ON COMMIT DROP AS "
+        "SELECT id FROM parents ORDER BY id LIMIT 1; "
+        # the parents running (most generated ones are finished), the triggers off meanwhile
+        "SET LOCAL session_replication_role = replica; "
+        f"UPDATE {schema}.jobs SET status = 'IN_PROGRESS', finished_at = NULL "
+        "WHERE id = ANY(ARRAY(SELECT id FROM parents)); "
+        f"UPDATE {schema}.jobs SET deps_pending = (SELECT count(*) FROM parents) "
+        f"WHERE workflow_id = '{wf}' AND status = 'WAITING'; "
+        "SET LOCAL session_replication_role = origin"
+    )
+    report: dict[str, list[tuple[str, str, str]]] = {}
+    bad: list[str] = []
+    await conn.execute(
+        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; "
+        "SET auto_explain.log_nested_statements = on; SET auto_explain.log_format = json; "
+        "SET auto_explain.log_level = notice"
+    )
+    conn.add_log_listener(notice)
+    try:
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            await conn.execute(f"SET plan_cache_mode = {mode}")
+            for path, body in TRIGGER_PATHS.items():
+                tr = conn.transaction()
+                await tr.start()
+                try:
+                    await conn.execute(setup)
+                    plans.clear()
+                    for statement in body.format(s=schema).split(";"):
+                        await conn.execute(statement)
+                finally:
+                    await tr.rollback()
+                for plan in plans:
+                    query = " ".join(str(plan.get("Query Text", "")).split())[:160]
+                    found = scans(plan.get("Plan", {}))
+                    report[f"trigger {path}: {query} ({mode})"] = found
+                    # retry_job, the operator's redrive of one job, tests for its outbox row
+                    # as the OUTBOX_READERS do: the outbox is small by design
+                    allowed = ("job_outbox",) if "job_outbox o WHERE o.job_id" in query else ()
+                    seq = [x for x in found if x[0] == "Seq Scan" and x[1] in BIG
+                           and x[1] not in allowed]  # fmt: skip
+                    if seq:
+                        bad.append(f"trigger {path} ({mode}): {query}: {found}")
+    finally:
+        conn.remove_log_listener(notice)
+        await conn.execute("RESET plan_cache_mode; RESET auto_explain.log_level")
+    # the notices arrived, the release's and the cancel cascade's among them
+    texts = " ".join(report)
+    assert "INSERT INTO" in texts and "job_outbox" in texts, texts
+    assert "workflow_downstream" in texts or "frontier" in texts, texts
     return report, bad

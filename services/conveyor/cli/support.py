@@ -25,6 +25,7 @@ from ..core.config import Settings
 from ..core.logging import say
 from ..core.secrets import mask_url
 from ..store import Store, for_schema
+from ..store.bounds import API_STATEMENT_FLOOR, SessionBounds
 from ..store.connect import create_pool, database_name, is_unavailable, is_unmigrated
 
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a process killed by it (`set -o pipefail` sees this)
@@ -87,10 +88,22 @@ async def database(
     settings: Settings, name: str = "conveyor-cli"
 ) -> AsyncIterator[tuple[Store, Any]]:
     """The store and one connection for an operator command; a database that cannot be
-    reached, does not exist or is not migrated becomes a ``CliError``."""
+    reached, does not exist or is not migrated becomes a ``CliError``.
+
+    The connection carries the components' session bounds (``store/bounds.py``): a command
+    paused inside its transaction (Ctrl-Z, a frozen host) between ``cancel_workflow`` and its
+    COMMIT holds every open job of the workflow, and the workers' completions and heartbeats
+    wait on those rows; PostgreSQL ends that session after the idle bound, which rolls the
+    command back (it then fails with one line). Its statements keep the API's long bound: an
+    operator's bulk statement may run as long as the API's batch insert."""
     try:
+        bounds = SessionBounds.of(settings, statement_floor=API_STATEMENT_FLOOR)
         pool = await create_pool(
-            settings.database_url, application_name=name, max_size=1, pooler=settings.db_pooler
+            settings.database_url,
+            application_name=name,
+            max_size=1,
+            pooler=settings.db_pooler,
+            bounds=bounds,
         )
         try:
             async with pool.acquire() as conn:

@@ -55,6 +55,9 @@ def define_workflows(metadata: sa.MetaData, jobs: sa.Table) -> None:
         workflows.c.finished_at,
         postgresql_where=workflows.c.status != "RUNNING",
     )
+    # GET /workflows filtered by status or by name, newest first (migration 0018)
+    sa.Index("workflows_status_id_idx", workflows.c.status, workflows.c.id)
+    sa.Index("workflows_name_id_idx", workflows.c.name, workflows.c.id)
     sa.Index(
         "workflows_idempotency_key_idx",
         workflows.c.idempotency_key,

@@ -10,9 +10,19 @@ from .registry import bind, named
 from .workflows import WorkflowRow
 
 WORKFLOW_PAGE = named("workflow_page")
+WORKFLOW_PAGE_BY_STATUS = named("workflow_page_by_status")
+WORKFLOW_PAGE_BY_NAME = named("workflow_page_by_name")
 WORKFLOW_BY_IDEMPOTENCY_KEY = named("workflow_by_idempotency_key")
 WORKFLOW_SET_IDEMPOTENCY_KEY = named("workflow_set_idempotency_key")
 WORKFLOW_STATUS_COUNTS = named("workflow_status_counts")
+
+
+def page_statement(status: str | None, name: str | None) -> str:
+    """The ``workflow_page*`` statement of a filter: by name when a name is given (names are
+    the narrower filter), else by status, else none."""
+    if name is not None:
+        return WORKFLOW_PAGE_BY_NAME
+    return WORKFLOW_PAGE if status is None else WORKFLOW_PAGE_BY_STATUS
 
 
 class WorkflowPageStatements(Statements):
@@ -26,8 +36,13 @@ class WorkflowPageStatements(Statements):
         limit: int,
     ) -> list[WorkflowRow]:
         """Newest first, ids below ``before`` (the keyset cursor)."""
+        statement = page_statement(status, name)
         values = {"status": status, "name": name, "before": before, "limit": limit}
-        rows = await conn.fetch(self.sql[WORKFLOW_PAGE], *bind(WORKFLOW_PAGE, values))
+        if statement == WORKFLOW_PAGE:
+            del values["status"], values["name"]
+        elif statement == WORKFLOW_PAGE_BY_STATUS:
+            del values["name"]
+        rows = await conn.fetch(self.sql[statement], *bind(statement, values))
         return [WorkflowRow(*r.values()) for r in rows]
 
     async def workflow_by_idempotency_key(

@@ -2,15 +2,34 @@
 -- (workflow_pages.py): pages newest first, the submit's Idempotency-Key, counts by status.
 
 -- name: workflow_page
--- Newest first, keyset on the UUIDv7 id (``before``: the cursor), each with its jobs' counts;
--- ``status`` and ``name`` filter when given.
+-- Newest first, keyset on the UUIDv7 id (``before``: the cursor), each with its jobs' counts.
+-- Three statements, one per filter, so each reads an index range under a generic plan too
+-- (``:status IS NULL OR ...`` can use no index): no filter the primary key, a status
+-- ``workflows_status_id_idx``, a name (and perhaps a status) ``workflows_name_id_idx``
+-- (``workflow_pages.page_statement`` picks).
 SELECT workflow_id AS id, name, status, on_failure, created_at, finished_at, jobs, waiting,
        queued, running, completed, failed, cancelled
 FROM __schema__.workflow_counts
 WHERE workflow_id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
-  AND (:status::text IS NULL OR status = :status::text)
-  AND (:name::text IS NULL OR name = :name::text)
 ORDER BY workflow_id DESC
+LIMIT :limit
+
+-- name: workflow_page_by_status
+SELECT workflow_id AS id, name, status, on_failure, created_at, finished_at, jobs, waiting,
+       queued, running, completed, failed, cancelled
+FROM __schema__.workflow_counts
+WHERE status = :status::text
+  AND workflow_id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+ORDER BY status DESC, workflow_id DESC
+LIMIT :limit
+
+-- name: workflow_page_by_name
+SELECT workflow_id AS id, name, status, on_failure, created_at, finished_at, jobs, waiting,
+       queued, running, completed, failed, cancelled
+FROM __schema__.workflow_counts
+WHERE name = :name::text AND (:status::text IS NULL OR status = :status::text)
+  AND workflow_id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
+ORDER BY name DESC, workflow_id DESC
 LIMIT :limit
 
 -- name: workflow_by_idempotency_key
