@@ -128,7 +128,7 @@ WITH t AS (
         started_at = statement_timestamp(),
         updated_at = statement_timestamp(),
         lease_expires_at = statement_timestamp() + make_interval(secs => :lease_seconds),
-        worker_id = :worker_id,
+        worker_id = :worker_id, held_by = NULL,
         max_retries = COALESCE(j.max_retries,
                                (:handler_defaults::jsonb -> j.job_type ->> 'max_retries')::int,
                                :default_max_retries),
@@ -197,10 +197,13 @@ WITH t AS (
     -- the pen hands it back: the reconciler, which re-publishes jobs due for longer than
     -- reconcile_after and missing from their queue, must not take it for lost (it would add
     -- a copy per pass); short holds (pause, concurrency: <= 10 s) keep their run_at. Claimable
-    -- again: a job another claimer took meanwhile is left alone.
+    -- again: a job another claimer took meanwhile is left alone. A job kept in hand names its
+    -- holder (``held_by``): if the hold runs out, the lease sweep publishes it again
+    -- (``job_republish_hand``); one sent through a pen has its message and no holder.
     UPDATE __schema__.jobs j SET updated_at = statement_timestamp(),
         lease_expires_at = statement_timestamp()
                            + make_interval(secs => pen.delay + :lease_seconds),
+        held_by = CASE WHEN pen.in_hand THEN :worker_id END,
         run_at = CASE WHEN pen.rate_held
                       THEN statement_timestamp() + make_interval(secs => pen.delay)
                       ELSE j.run_at END
@@ -221,7 +224,7 @@ FROM held
 -- Jobs a worker held in hand for a concurrency slot and gives up (its drain): back through the
 -- shortest pen, their hold dropped so the reconciler treats them as any other job again.
 WITH r AS (
-    UPDATE __schema__.jobs j SET lease_expires_at = NULL, updated_at = now()
+    UPDATE __schema__.jobs j SET lease_expires_at = NULL, held_by = NULL, updated_at = now()
     WHERE j.id = ANY($1::uuid[]) AND {{job_claimable}}
     RETURNING j.id, j.job_type, j.priority
 )
