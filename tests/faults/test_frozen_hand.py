@@ -85,7 +85,7 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
             "lease_sweep_interval": 2.0,
             "db_timeout": 10.0,
             "log_format": "json",
-        }  # fmt: skip
+        }
     )
     ledger = str(tmp_path / "ledger")
     await register_router_types(db, router)
@@ -158,9 +158,9 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
         for p in procs:
             p.signal(signal.SIGCONT)
             await p.stop(15)
+    took = f"after {taken_over:.1f} s" if taken_over is not None else f"not within {WAIT} s"
     print(
-        f"\nfrozen hand: A held {len(hand)} jobs; B ran them all "
-        f"{'after %.1f s' % taken_over if taken_over is not None else f'not within {WAIT} s'} "
+        f"\nfrozen hand: A held {len(hand)} jobs; B ran them all {took} "
         f"(hold {HOLD} s, lease sweep 2 s, reconcile_after {settings.reconcile_after} s)"
     )
     b_pid = f":{b.pid}:"
