@@ -1,7 +1,9 @@
-"""jobs.held_by: the worker holding a waiting job in its hand (held for a full concurrency
-limit, its delivery acknowledged). The lease sweep publishes again the jobs of a hand whose hold
-ran out (the holder frozen or dead) instead of leaving them to the reconciler; the partial index
-keeps that pass to the held jobs.
+"""jobs.held_by / held_since: the worker holding a waiting job in its hand (held for a full
+concurrency limit, its delivery acknowledged), and since when. The lease sweep publishes again
+the jobs of a hand whose hold ran out (the holder frozen or dead) instead of leaving them to the
+reconciler; other workers' claims take a job held longer than its holder's retries (a slot
+freed on a busy worker no longer starves another worker's hand). The partial index keeps both
+reads to the held jobs.
 
 Revision ID: 0018
 Revises: 0017
@@ -22,16 +24,18 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     schema = op.get_context().version_table_schema
     op.add_column("jobs", sa.Column("held_by", sa.Text()), schema=schema)
+    op.add_column("jobs", sa.Column("held_since", sa.DateTime(timezone=True)), schema=schema)
     op.create_index(
         "jobs_hand_idx",
         "jobs",
         ["lease_expires_at"],
         schema=schema,
-        postgresql_where=sa.text("held_by IS NOT NULL AND status IN ('PENDING', 'RETRYING')"),
+        postgresql_where=sa.text("held_by IS NOT NULL"),
     )
 
 
 def downgrade() -> None:
     schema = op.get_context().version_table_schema
     op.drop_index("jobs_hand_idx", "jobs", schema=schema)
+    op.drop_column("jobs", "held_since", schema=schema)
     op.drop_column("jobs", "held_by", schema=schema)

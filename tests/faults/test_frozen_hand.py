@@ -3,13 +3,16 @@ does not keep them from the rest of the fleet for longer than its hold.
 
 A held job's delivery was acknowledged when it was held: no message is left anywhere, and only
 the hold (``lease_expires_at``, renewed by the holder's heartbeat) says it is in a hand. Worker
-B runs two long jobs, filling the type's limit of two; worker A starts, takes jobs of a backlog
-into its hand (its log's ``job_held`` with ``pen`` 0, the database shows them PENDING, held,
-with no outbox row) and is frozen. B's long jobs end, B runs the rest of the backlog, and the
-test measures how long until B has run every job of A's hand. A hold is ``visibility_timeout``
-(lowered to 10 s here; the sweeper's intervals are the defaults); the lease sweep (every 2 s)
-re-publishes the jobs of a hold that ran out. Then A resumes: none of its jobs runs twice (its
-hand's claims find them finished; the handlers' ledger shows one start per job)."""
+B runs two long jobs, filling the type's limit of two; worker A starts, takes jobs into its hand
+(its log's ``job_held`` with ``pen`` 0; the database shows them PENDING, held, with no outbox
+row) and is frozen. B's long jobs end, and the test measures how long until B has run every job
+of A's hand. ``sweep``: A's hand is the whole backlog, so nothing else is claimed and the lease
+sweep (every 2 s) must publish the jobs again once their hold has run out. ``claims``: a backlog
+of 30 sits in the queue, and B's claims take A's jobs while their hold lasts (fresh deliveries
+leave their slots to jobs held in other hands). A hold is ``visibility_timeout``, lowered to
+10 s here (the sweeper's intervals are the defaults); on main only the reconciler found the
+jobs: 85.8 s (``claims``). Then A resumes: none of its jobs runs twice (its hand's claims find
+them finished; the handlers' ledger shows one start per job)."""
 
 from __future__ import annotations
 
@@ -76,8 +79,13 @@ def _starts(ledger: Path) -> dict[str, int]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("backlog", [4, 30], ids=["sweep", "claims"])
 async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
-    settings: Settings, db: asyncpg.Connection, tmp_path: Path
+    settings: Settings,
+    db: asyncpg.Connection,
+    tmp_path: Path,
+    backlog: int,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     settings = settings.model_copy(
         update={
@@ -96,7 +104,7 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
             procs.append(b)
             await b.wait_for_log("worker_started", 60)
             # B fills the type's limit with two long jobs
-            long = [await stack.submit("h_pair", {"seconds": 8, "ledger": ledger}) for _ in "ab"]
+            long = [await stack.submit("h_pair", {"seconds": 12, "ledger": ledger}) for _ in "ab"]
 
             async def b_runs_both() -> bool:
                 rows = await _status(db, [uuid.UUID(i) for i in long])
@@ -107,8 +115,11 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
             a = worker_proc(a_settings, tmp_path, "a", concurrency=2, app=APP).start()
             procs.append(a)
             await a.wait_for_log("worker_started", 60)
-            backlog = [
-                await stack.submit("h_pair", {"seconds": 0.1, "ledger": ledger}) for _ in range(30)
+            # B's deliveries of the long jobs are unacknowledged until they finish: its prefetch
+            # (its concurrency) is full, so A receives these
+            rest = [
+                await stack.submit("h_pair", {"seconds": 0.1, "ledger": ledger})
+                for _ in range(backlog)
             ]
             hand: list[uuid.UUID] = []
 
@@ -141,7 +152,7 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
             rows = await _status(db, hand)
             # A resumes: its hand's claims must find the jobs finished, not run them again
             a.signal(signal.SIGCONT)
-            everything = [uuid.UUID(i) for i in long + backlog]
+            everything = [uuid.UUID(i) for i in long + rest]
 
             async def all_done() -> bool:
                 got = await _status(db, everything)
@@ -160,7 +171,7 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
             await p.stop(15)
     took = f"after {taken_over:.1f} s" if taken_over is not None else f"not within {WAIT} s"
     print(
-        f"\nfrozen hand: A held {len(hand)} jobs; B ran them all {took} "
+        f"\nfrozen hand ({backlog} jobs): A held {len(hand)}; B ran them all {took} "
         f"(hold {HOLD} s, lease sweep 2 s, reconcile_after {settings.reconcile_after} s)"
     )
     b_pid = f":{b.pid}:"
@@ -169,6 +180,9 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
     # about one hold after A's last renewal (at most one heartbeat before the freeze), plus a
     # sweep interval, the relay and B's run; the reconciler alone took 60-90 s
     assert taken_over < HOLD + 8, taken_over
+    expired = [r for r in caplog.records if r.getMessage() == "job_hold_expired"]
+    if backlog == len(hand):  # nothing else claimed: the lease sweep published them again
+        assert len(expired) == len(hand), len(expired)
     starts = _starts(Path(ledger))
     assert {str(i) for i in everything} == set(starts)
     assert all(n == 1 for n in starts.values()), {k: n for k, n in starts.items() if n > 1}

@@ -79,14 +79,14 @@ SELECT id, status::text AS status, job_type FROM upd
 -- acknowledged when they were held, so no message is left anywhere: each gets an outbox row
 -- (the work queue) in this statement, its hold and holder dropped, so it is published once;
 -- from then on the reconciler sees it as any other waiting job. ``jobs_hand_idx``: a pass reads
--- the held jobs only. A claim wins a race: a row being claimed is skipped (SKIP LOCKED), and one
+-- the held jobs only (the status test is a CASE: ``jobs_waiting_idx`` cannot serve it). A claim wins a race: a row being claimed is skipped (SKIP LOCKED), and one
 -- claimed since the statement's snapshot is re-checked after its lock (no longer waiting). A
 -- holder that comes back claims from its hand with the same conditional claim: whichever claim
 -- runs first runs the job, the other finds it taken.
 WITH exp AS (
     SELECT id FROM __schema__.jobs j
-    WHERE j.held_by IS NOT NULL AND j.status IN ('PENDING', 'RETRYING')
-      AND j.lease_expires_at <= now()
+    WHERE j.held_by IS NOT NULL AND j.lease_expires_at <= now()
+      AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN true ELSE false END
     ORDER BY j.lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET held_by = NULL, lease_expires_at = NULL, updated_at = now()
