@@ -6,7 +6,8 @@ own hand at once, while A's hand retries on a backoff (0.05-1 s): unless a claim
 jobs held longest in any hand, B keeps both slots for as long as it has jobs (its hand refills
 from the queue) and A's jobs wait out the backlog. The test reads when each worker took each job
 into its hand (its log's ``job_held``, pen 0) and when the job started (``started_at``): the
-longest time a job of A's hand waited measures the starvation."""
+longest time a job waited in either hand measures the starvation (which worker is starved
+depends on which took the slots first)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from .hand_app import router
 from .harness import Proc, worker_proc
 
 APP = "tests.faults.hand_app:router"
-JOBS = 200
-SECONDS = 0.1  # per job: the backlog takes JOBS * SECONDS / 2 = 10 s at the limit of two
+JOBS = 150
+# per job: the backlog takes JOBS * SECONDS / 2 = 15 s at the limit of two; a slot is free
+# for a few milliseconds after each job, so a starved hand's retry (every second) rarely wins
+SECONDS = 0.2
 
 
 def _first_held(log: str) -> dict[uuid.UUID, dt.datetime]:
@@ -112,6 +115,8 @@ async def test_a_workers_hand_is_not_starved_by_a_worker_holding_the_slots(
         f"B held {len(b_waits)} (longest {b_waits[-1] if b_waits else 0:.1f} s)"
     )
     assert a_waits, "A held no job in its hand"
-    # fair: a held job waits for the jobs held before it in any hand (two hands of at least
-    # four, two slots: about a second); starved, A's jobs waited for most of the 10 s backlog
-    assert a_waits[-1] < 4.0, a_waits[-5:]
+    # a job held for 2 s is first in line for the next slot freed on either worker; without
+    # that rule the worker that got the slots first kept them until the other's retry won a
+    # race for a slot freed for a few milliseconds
+    worst = max(a_waits[-1], b_waits[-1] if b_waits else 0.0)
+    assert worst < 6.0, (a_waits[-5:], b_waits[-5:])
