@@ -7,10 +7,10 @@ type rows for its own duration and claims at most what the limits allow; the res
 (acknowledged here, no retry consumed) instead of being reported as dropped duplicates. A job
 held for a full concurrency limit stays in this worker's hand (``waiting``; its lease renewed
 with the inbox's) and is claimed again as soon as one of this worker's jobs finishes, or after a
-short backoff for slots freed elsewhere. Slots go first in line across hands: fresh deliveries
-leave free slots to the jobs other workers hold (and wake this hand), and the hand's claim takes
-the jobs of any hand first in line before its own (``steal``); a worker frozen with jobs in hand
-loses them to the others' claims while its holds last, and to the lease sweep after. A full
+short backoff for slots freed elsewhere. A job held in another worker's hand for over
+``STEAL_AFTER`` comes first: fresh deliveries leave it their slot (and wake this hand), and the
+hand's claim takes it before its own (``steal``); a worker frozen with jobs in hand loses them
+to the others' claims while its holds last, and to the lease sweep after. A full
 hand (the type's limit, at least ``HOLD_IN_HAND``) stops consuming the type's queue until half
 of it has run, so the rest of a backlog stays in the queue for the other workers instead of all
 of it in one worker's hand; the others (paused, rate window, in flight beyond a full hand) go
