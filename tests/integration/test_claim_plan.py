@@ -39,7 +39,8 @@ _NAMED = {
     "job_claim_many": ("ids", "lease_seconds", "worker_id", "handler_defaults",
                        "default_max_retries", "types"),
     "job_claim_controlled": ("ids", "lease_seconds", "worker_id", "handler_defaults",
-                             "default_max_retries", "types", "pen_ladder", "room"),
+                             "default_max_retries", "types", "pen_ladder", "room", "steal",
+                             "steal_after"),
     "job_fail_many": ("job_id", "attempt", "error", "delay", "consume"),
 }  # fmt: skip
 
@@ -90,7 +91,7 @@ async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
     # the claim of a type with a concurrency/rate limit or pause (job_claim_controlled) has the
     # same type test in its candidates: it must not walk the unanalyzed type's range either
     ids = await _ghosts(db)
-    args = (ids, 30.0, "w", "{}", 3, ["ghost"], list(PEN_LADDER), [0])
+    args = (ids, 30.0, "w", "{}", 3, ["ghost"], list(PEN_LADDER), [0], False, 2.0)
     plan = await _explain(db, "job_claim_controlled", *args)
     scans = [
         n for n in _nodes(plan) if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
@@ -108,11 +109,16 @@ async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
 # that implied its predicate let the planner AND a scan of the whole index with the ids: a claim
 # of 8 ids read all 20,000 waiting jobs' entries (O(backlog) per claim: in the batch benchmark
 # 85-98 us of PostgreSQL CPU per job for the claim instead of 46).
+_CONTROLLED = (30.0, "w", "{}", 3, ["hot"], list(PEN_LADDER), [0])
+
+
 def _args(name: str, ids: list[Any]) -> tuple[Any, ...]:
     n = len(ids)
     return {
         "job_claim_many": (ids, 30.0, "w", "{}", 3, ["hot"]),
-        "job_claim_controlled": (ids, 30.0, "w", "{}", 3, ["hot"], list(PEN_LADDER), [0]),
+        "job_claim_controlled": (ids, *_CONTROLLED, False, 2.0),
+        # a hand's claim, which also reads the jobs in other hands (``jobs_hand_idx``)
+        "job_claim_controlled steal": (ids, *_CONTROLLED, True, 2.0),
         "job_touch_waiting": (ids, 30.0),
         "job_fence_many": (ids,),
         "job_complete_many": (ids, [1] * n, ["null"] * n),
@@ -122,7 +128,10 @@ def _args(name: str, ids: list[Any]) -> tuple[Any, ...]:
     }[name]
 
 
-_OF_WAITING = ("job_claim_many", "job_claim_controlled", "job_touch_waiting", "job_fence_many")
+_OF_WAITING = (
+    "job_claim_many", "job_claim_controlled", "job_claim_controlled steal", "job_touch_waiting",
+    "job_fence_many",
+)  # fmt: skip
 _OF_RUNNING = ("job_complete_many", "job_heartbeat_many", "job_release_many", "job_fail_many")
 
 
@@ -147,7 +156,7 @@ async def test_statements_by_id_read_their_ids_with_stale_statistics(
         await db.execute(f"SET plan_cache_mode = {mode}")
         for name in _OF_WAITING + _OF_RUNNING:
             of = ids["PENDING" if name in _OF_WAITING else "IN_PROGRESS"]
-            plan = await _explain(db, name, *_args(name, of))
+            plan = await _explain(db, name.split()[0], *_args(name, of))
             # 8 ids: an index scan on jobs that returns more read something else
             wide = [
                 (n["Index Name"], n["Actual Rows"])

@@ -168,3 +168,45 @@ async def test_a_job_held_for_its_rate_window_is_not_overdue_while_in_its_pen(
     run_at = await db.fetchval("SELECT run_at FROM jobs WHERE id = $1", next(iter(held)))
     now = await db.fetchval("SELECT now()")
     assert (run_at - now).total_seconds() >= delay - 5
+
+
+async def test_a_job_held_long_in_another_hand_takes_the_free_slot_first(
+    db: asyncpg.Connection,
+) -> None:
+    """Worker a holds j1 in its hand, worker b holds j2 in its own; a slot frees. While j1 is
+    younger than ``steal_after`` it is left to a: b's hand claim takes its own j2. Held longer
+    (a's retries got it no slot), j1 is first in line: b's fresh delivery leaves it the slot
+    (held instead), and b's hand claim takes j1, not j2; a's claim then finds j1 taken."""
+    await _register(db, "lim_s", concurrency=1)
+    j0, j1, j2, j3, j4 = [await enqueue(db, "lim_s", {"i": i}) for i in range(5)]
+
+    async def claim(worker: str, ids: list[uuid.UUID], steal: bool = False) -> tuple[
+        list[uuid.UUID], dict[uuid.UUID, int]
+    ]:  # fmt: skip
+        rows, held = await store.job_claim_controlled(
+            db, ids, lease_seconds=30.0, worker_id=worker, types=["lim_s"], handler_defaults={},
+            default_max_retries=3, room={"lim_s": 4}, steal=steal, steal_after=2.0,
+        )  # fmt: skip
+        return [r.id for r in rows], held
+
+    assert (await claim("a", [j0]))[0] == [j0]
+    assert await claim("a", [j1]) == ([], {j1: 0})
+    assert await claim("b", [j2]) == ([], {j2: 0})
+    holders = dict(await db.fetch("SELECT id, held_by FROM jobs WHERE held_by IS NOT NULL"))
+    assert holders == {j1: "a", j2: "b"}
+    await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE id = $1", j0)
+    # j1 held for less than steal_after: b's hand claim runs b's own job
+    assert (await claim("b", [j2], steal=True))[0] == [j2]
+    await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE id = $1", j2)
+    # and a fresh delivery takes a free slot
+    assert await claim("b", [j3]) == ([j3], {})
+    await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE id = $1", j3)
+    await db.execute(
+        "UPDATE jobs SET held_since = held_since - interval '5 s' WHERE id = $1", j1
+    )  # a's retries got it no slot for 5 s
+    # b's fresh delivery leaves the free slot to j1, and b's hand takes j1 before its own
+    assert await claim("b", [j4]) == ([], {j4: 0})
+    assert await claim("b", [j4], steal=True) == ([j1], {j4: 0})
+    assert await claim("a", [j1], steal=True) == ([], {})  # taken: gone from a's hand
+    row = await db.fetchrow("SELECT status::text, attempts, worker_id FROM jobs WHERE id = $1", j1)
+    assert tuple(row) == ("IN_PROGRESS", 1, "b")

@@ -146,7 +146,27 @@ class Sweeper:
             if len(rows) < BATCH:
                 break
         self._count("lease_recovered", sum(counts.values()))
+        await self.recover_hands()
         return counts
+
+    async def recover_hands(self) -> int:
+        """Jobs held in a worker's hand (a full concurrency limit) whose hold ran out: their
+        holder is frozen or dead and their deliveries were acknowledged, so each is published
+        again, once (part of the lease duty: within a hold plus ``lease_sweep_interval`` of
+        the holder's last renewal, instead of the reconciler's ``reconcile_after``)."""
+        total = 0
+        while True:
+            async with self.pool.acquire() as conn:
+                rows = await self.store.job_republish_hand(conn, limit=BATCH)
+            if rows:
+                self.notifier.wake()
+            for job_id, job_type in rows:
+                event(log, "job_hold_expired", logging.WARNING, job_id=str(job_id), type=job_type)
+            total += len(rows)
+            if len(rows) < BATCH:
+                break
+        self._count("hand_republished", total)
+        return total
 
     async def reconcile(self, *, queue_depth: Callable[[str], Awaitable[int]] | None = None) -> int:
         """Re-publish PENDING/RETRYING jobs that should long have reached a worker and have no

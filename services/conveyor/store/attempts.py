@@ -16,8 +16,11 @@ snapshot, or one of those claims (its cost grows with the type's running jobs, h
 and starts, and *holds* the rest: touched and leased, so the reconciler counts them neither as
 overdue nor as fresh. A job held only for a full concurrency limit, within ``room`` (what the
 worker keeps in hand), stays with the worker (pen 0: no outbox row; claimed again when a slot
-frees); the others go through a holding pen by an outbox row (held for the pen's delay plus a
-lease) — no retry consumed, nothing spins hot. Pens: 5 s while paused; until the rate window
+frees; its row names the holder, ``held_by``, so the lease sweep publishes it again if the
+hold runs out); the others go through a holding pen by an outbox row (held for the pen's delay
+plus a lease) — no retry consumed, nothing spins hot. Jobs in other workers' hands come first:
+fresh deliveries leave them their slots, and a claim of the caller's own hand takes them before
+its own jobs (``steal``). Pens: 5 s while paused; until the rate window
 frees a start for a rate limit; 1-10 s (a quarter of the time it has waited) for a full
 concurrency limit.
 
@@ -127,13 +130,24 @@ class AttemptStatements(Statements):
         handler_defaults: HandlerDefaults | Mapping[str, Mapping[str, Any]],
         default_max_retries: int,
         room: Mapping[str, int] | None = None,
+        steal: bool = False,
+        steal_after: float = 2.0,
     ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
         """One statement (no transaction around it): claim what the limits allow among
         ``ids``; returns the claimed jobs, and the held ones (id → pen seconds; 0: held in the
-        caller's hand, at most ``room[type]`` of each type, leased for ``lease_seconds``)."""
+        caller's hand, at most ``room[type]`` of each type, leased for ``lease_seconds``).
+        Fresh deliveries (``steal`` false) leave the slots to jobs held in other workers'
+        hands for over ``steal_after`` seconds; a claim of the caller's own hand (``steal``)
+        takes those first in line, at most ``len(ids)`` in all: the claimed jobs may then
+        include ids it did not pass."""
         values = claim_values(
             ids, lease_seconds, worker_id, types, handler_defaults, default_max_retries
-        ) | {"pen_ladder": list(PEN_LADDER), "room": [(room or {}).get(t, 0) for t in types]}
+        ) | {
+            "pen_ladder": list(PEN_LADDER),
+            "room": [(room or {}).get(t, 0) for t in types],
+            "steal": steal,
+            "steal_after": steal_after,
+        }
         name = JOB_CLAIM_CONTROLLED
         rows = await conn.fetch(self.sql[name], *bind(name, values))
         claimed = [ClaimedJob.from_record(r) for r in rows if not r["held"]]

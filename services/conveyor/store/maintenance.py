@@ -15,6 +15,7 @@ from .rows import JobStatus
 
 JOB_PROMOTE_DUE = named("job_promote_due")
 JOB_RECOVER_EXPIRED = named("job_recover_expired")
+JOB_REPUBLISH_HAND = named("job_republish_hand")
 JOB_COUNT_OVERDUE = named("job_count_overdue")
 JOB_RECOUNT_OVERDUE = named("job_recount_overdue")
 JOB_REPUBLISH_OVERDUE = named("job_republish_overdue")
@@ -38,6 +39,14 @@ class MaintenanceStatements(Statements):
             self.sql[JOB_RECOVER_EXPIRED], limit, default_max_retries, list(PEN_LADDER)
         )
         return [JobStatus(r["id"], Status(r["status"]), r["job_type"]) for r in rows]
+
+    async def job_republish_hand(
+        self, conn: Connection, *, limit: int
+    ) -> list[tuple[uuid.UUID, str]]:
+        """Jobs held in a hand whose hold ran out → an outbox row each, hold and holder
+        dropped; returns (id, type) of each."""
+        rows = await conn.fetch(self.sql[JOB_REPUBLISH_HAND], limit)
+        return [(r["id"], r["job_type"]) for r in rows]
 
     async def job_count_overdue(self, conn: Connection, *, after: float) -> dict[str, int]:
         """Per type, PENDING/RETRYING jobs untouched for ``after`` seconds with no outbox row."""

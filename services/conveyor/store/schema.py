@@ -61,6 +61,12 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         sa.Column("run_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("worker_id", sa.Text(), nullable=True),
+        # the worker holding this waiting job in its hand (a full concurrency limit; migration
+        # 0018): its hold is ``lease_expires_at``; NULL when no worker's hand has it
+        sa.Column("held_by", sa.Text(), nullable=True),
+        # since when that worker holds it (kept while the same worker holds it again): another
+        # worker's claim takes a job held longer than a holder's retries (``job_claim_controlled``)
+        sa.Column("held_since", sa.DateTime(timezone=True), nullable=True),
         sa.Column("cancel_requested", sa.Boolean(), nullable=False, server_default=sa.false()),
         sa.Column("idempotency_key", sa.Text(), nullable=True),
         sa.Column("request_hash", sa.Text(), nullable=True),
@@ -102,6 +108,16 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         "jobs_lease_idx",
         jobs.c.lease_expires_at,
         postgresql_where=jobs.c.status == "IN_PROGRESS",
+    )
+    # The lease sweep: jobs held in a worker's hand, by hold; one whose hold ran out (its holder
+    # frozen or dead: the delivery was acknowledged) is published again (``job_republish_hand``).
+    # No status in the predicate: the statements test the status with a CASE, so that no
+    # other partial index (``jobs_waiting_idx``) can serve them (sql/attempts.sql's header). A
+    # claim clears ``held_by``; a finished job that kept one has no lease and is never read.
+    sa.Index(
+        "jobs_hand_idx",
+        jobs.c.lease_expires_at,
+        postgresql_where=jobs.c.held_by.isnot(None),
     )
     # Retention, oldest first: COMPLETED/CANCELLED after retention_days, FAILED after
     # failed_retention_days, each from its own index, so an idle pass reads no row not yet due.

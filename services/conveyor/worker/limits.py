@@ -7,10 +7,14 @@ type rows for its own duration and claims at most what the limits allow; the res
 (acknowledged here, no retry consumed) instead of being reported as dropped duplicates. A job
 held for a full concurrency limit stays in this worker's hand (``waiting``; its lease renewed
 with the inbox's) and is claimed again as soon as one of this worker's jobs finishes, or after a
-short backoff for slots freed elsewhere. A full hand (the type's limit, at least
-``HOLD_IN_HAND``) stops consuming the type's queue until half of it has run, so the rest of a
-backlog stays in the queue for the other workers instead of all of it in one worker's hand; the
-others (paused, rate window, in flight beyond a full hand) go back through a holding pen.
+short backoff for slots freed elsewhere. A job held in another worker's hand for over
+``STEAL_AFTER`` comes first: fresh deliveries leave it their slot (and wake this hand), and the
+hand's claim takes it before its own (``steal``); a worker frozen with jobs in hand loses them
+to the others' claims while its holds last, and to the lease sweep after. A full
+hand (the type's limit, at least ``HOLD_IN_HAND``) stops consuming the type's queue until half
+of it has run, so the rest of a backlog stays in the queue for the other workers instead of all
+of it in one worker's hand; the others (paused, rate window, in flight beyond a full hand) go
+back through a holding pen.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ log = logging.getLogger("conveyor.worker")
 
 HOLD_IN_HAND = 4  # at least, jobs of a type held in a worker's hand (else: its limit)
 RETRY_MIN, RETRY_MAX = 0.05, 1.0  # backoff of a claim again with nothing freed locally
+# another worker's claim takes a job held longer than this in a hand (its holder's retries,
+# at most RETRY_MAX apart, got it no slot: the slots go elsewhere, or the holder is frozen)
+STEAL_AFTER = 2 * RETRY_MAX
 
 
 class LimitedConsumer(Consumer):
@@ -126,7 +133,9 @@ class LimitedConsumer(Consumer):
         started = 0
         try:
             if ids and not self.stopping:
-                got_back = await self._claim_controlled(ids, type_of)
+                # ``steal``: the slots go to the jobs first in line in any hand, this one's or
+                # another worker's (that worker's next claim finds them taken)
+                got_back = await self._claim_controlled(ids, type_of, steal=True)
                 rows, held = got_back or ([], {})
                 for i in ids:  # claimed, gone, or sent to a pen: no longer in hand
                     if held.get(i) != 0:
@@ -134,6 +143,8 @@ class LimitedConsumer(Consumer):
                 for row in rows:
                     self._claimed += 1
                     started += 1
+                    if row.id not in type_of:
+                        event(log, "job_taken_from_hand", logging.DEBUG, job_id=str(row.id))
                     self.start(row, None)  # its delivery was acknowledged when it was held
                 await self._regulate()
         finally:
@@ -196,14 +207,20 @@ class LimitedConsumer(Consumer):
             return None
         self._held.update(more[1])
         if 0 in more[1].values():
+            # held in hand: a slot may have been left to another hand's job, which this
+            # worker's hand claim takes at once (work-conserving) rather than that worker's
+            # backoff
+            self.freed.set()
             await self._regulate()
         return rows + more[0]
 
     async def _claim_controlled(
-        self, ids: list[uuid.UUID], type_of: dict[uuid.UUID, str]
+        self, ids: list[uuid.UUID], type_of: dict[uuid.UUID, str], *, steal: bool = False
     ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]] | None:
         """Claim ``ids`` (of controlled types): the claimed jobs and the held ones (id → pen
-        seconds, 0: now in ``waiting``); None when the drain stops a claim that keeps failing."""
+        seconds, 0: now in ``waiting``); None when the drain stops a claim that keeps failing.
+        ``steal`` (the hand's claim): jobs held in other hands first in line are claimed
+        instead of some of ``ids``, never more jobs than ``ids``."""
         types = sorted({type_of[i] for i in ids})
         room = {t: self._cap(t) - len(self.waiting.get(t, ())) for t in types}
         for i in ids:  # already in hand: claimed again, or held again in the same place
@@ -221,6 +238,8 @@ class LimitedConsumer(Consumer):
                 handler_defaults=self.handler_defaults,
                 default_max_retries=self.default_max_retries,
                 room=room,
+                steal=steal,
+                steal_after=STEAL_AFTER,
             )
             if any(held.values()):
                 await self.store.outbox_notify(conn)

@@ -109,17 +109,45 @@ WITH t AS (
            t.rate_limit - cardinality(t.win) AS rate_free,
            (:room::int4[])[array_position(:types::text[], t.name)] AS room
     FROM t
+), other AS (
+    -- jobs kept in other workers' hands for longer than ``:steal_after`` (their holders'
+    -- retries, at most a second apart, have not got them a slot: the slots went to the
+    -- workers whose jobs freed them, or the holder is frozen), holds alive (``jobs_hand_idx``),
+    -- of the types only a concurrency limit holds (not paused, no rate limit). Fresh
+    -- deliveries leave them their slots, and a claim of the worker's own hand (``:steal``)
+    -- takes the ones first in line (priority, then id: the order of submission) before its
+    -- own. Younger ones are left to their holders: each worker runs the jobs it took.
+    SELECT j.id, j.job_type, j.run_at, j.created_at, j.priority
+    FROM __schema__.jobs j JOIN c ON c.name = j.job_type
+    WHERE j.held_by IS NOT NULL AND j.held_by <> :worker_id
+      AND j.lease_expires_at > statement_timestamp()
+      AND j.held_since <= statement_timestamp() - make_interval(secs => :steal_after)
+      AND c.concurrency IS NOT NULL AND c.rate_limit IS NULL AND NOT c.paused
+      AND NOT j.id = ANY(:ids::uuid[]) AND {{job_claimable}}
 ), cand AS (
-    SELECT j.id, j.job_type, j.run_at, j.created_at,
-           row_number() OVER (PARTITION BY j.job_type ORDER BY j.priority DESC, j.id) AS rn
-    FROM __schema__.jobs j
-    WHERE j.id = ANY(:ids::uuid[]) AND array_position(:types::text[], j.job_type) IS NOT NULL
-      AND {{job_claimable}}
+    SELECT x.*,
+           row_number() OVER (PARTITION BY x.job_type ORDER BY x.priority DESC, x.id) AS rn,
+           count(*) FILTER (WHERE NOT x.theirs) OVER (PARTITION BY x.job_type) AS mine
+    FROM (
+        SELECT j.id, j.job_type, j.run_at, j.created_at, j.priority, false AS theirs
+        FROM __schema__.jobs j
+        WHERE j.id = ANY(:ids::uuid[]) AND array_position(:types::text[], j.job_type) IS NOT NULL
+          AND {{job_claimable}}
+        UNION ALL
+        SELECT o.id, o.job_type, o.run_at, o.created_at, o.priority, true FROM other o
+        WHERE :steal::bool
+    ) x
 ), pick AS (
+    -- claimed: within the free slots (less those left to other hands' jobs by fresh
+    -- deliveries) and the rate window; a steal claims at most as many as the worker asked for
+    -- (it has a slot for each)
     SELECT cand.*, c.paused, c.conc_free, c.rate_free, c.rate_limit, c.rate_period, c.win,
            coalesce(c.room, 0) AS room,
-           (NOT coalesce(c.paused, false) AND cand.rn <= coalesce(least(c.conc_free, c.rate_free),
-                                                                  cand.rn)) AS go
+           (NOT coalesce(c.paused, false) AND cand.rn <= coalesce(least(
+               c.conc_free - CASE WHEN :steal::bool THEN 0 ELSE
+                   (SELECT count(*) FROM other o WHERE o.job_type = cand.job_type) END,
+               c.rate_free,
+               CASE WHEN :steal::bool THEN cand.mine END), cand.rn)) AS go
     FROM cand LEFT JOIN c ON c.name = cand.job_type
 ), upd AS (
     UPDATE __schema__.jobs j SET
@@ -128,7 +156,7 @@ WITH t AS (
         started_at = statement_timestamp(),
         updated_at = statement_timestamp(),
         lease_expires_at = statement_timestamp() + make_interval(secs => :lease_seconds),
-        worker_id = :worker_id,
+        worker_id = :worker_id, held_by = NULL,
         max_retries = COALESCE(j.max_retries,
                                (:handler_defaults::jsonb -> j.job_type ->> 'max_retries')::int,
                                :default_max_retries),
@@ -170,9 +198,9 @@ WITH t AS (
         -- held for a full concurrency limit only, within the room the worker has: kept in its
         -- hand (no pen) and claimed again as soon as a slot frees
         (NOT coalesce(pick.paused, false) AND pick.conc_free IS NOT NULL
-         AND pick.rn > pick.conc_free
          AND (pick.rate_free IS NULL OR pick.rn <= pick.rate_free)
-         AND pick.rn - greatest(pick.conc_free, 0) <= pick.room) AS in_hand,
+         AND row_number() OVER (PARTITION BY pick.job_type ORDER BY pick.priority DESC, pick.id)
+             <= pick.room) AS in_hand,
         greatest(
         CASE WHEN pick.paused THEN 5 ELSE 1 END,
         CASE WHEN pick.conc_free IS NOT NULL AND pick.rn > pick.conc_free
@@ -186,7 +214,7 @@ WITH t AS (
                  statement_timestamp() + make_interval(secs => pick.rate_period))
                  - statement_timestamp())
              ELSE 0 END) AS wait_for
-    FROM pick WHERE NOT pick.go
+    FROM pick WHERE NOT pick.go AND NOT pick.theirs  -- another hand's job stays there
 ), pen AS (
     SELECT hold.*, CASE WHEN hold.in_hand THEN 0 ELSE
         coalesce((SELECT min(p) FROM unnest(:pen_ladder::int4[]) p WHERE p >= hold.wait_for),
@@ -197,10 +225,16 @@ WITH t AS (
     -- the pen hands it back: the reconciler, which re-publishes jobs due for longer than
     -- reconcile_after and missing from their queue, must not take it for lost (it would add
     -- a copy per pass); short holds (pause, concurrency: <= 10 s) keep their run_at. Claimable
-    -- again: a job another claimer took meanwhile is left alone.
+    -- again: a job another claimer took meanwhile is left alone. A job kept in hand names its
+    -- holder (``held_by``): if the hold runs out, the lease sweep publishes it again
+    -- (``job_republish_hand``); one sent through a pen has its message and no holder.
     UPDATE __schema__.jobs j SET updated_at = statement_timestamp(),
         lease_expires_at = statement_timestamp()
                            + make_interval(secs => pen.delay + :lease_seconds),
+        held_by = CASE WHEN pen.in_hand THEN :worker_id END,
+        held_since = CASE WHEN NOT pen.in_hand THEN NULL
+                          WHEN j.held_by = :worker_id THEN j.held_since
+                          ELSE statement_timestamp() END,
         run_at = CASE WHEN pen.rate_held
                       THEN statement_timestamp() + make_interval(secs => pen.delay)
                       ELSE j.run_at END
@@ -221,7 +255,7 @@ FROM held
 -- Jobs a worker held in hand for a concurrency slot and gives up (its drain): back through the
 -- shortest pen, their hold dropped so the reconciler treats them as any other job again.
 WITH r AS (
-    UPDATE __schema__.jobs j SET lease_expires_at = NULL, updated_at = now()
+    UPDATE __schema__.jobs j SET lease_expires_at = NULL, held_by = NULL, updated_at = now()
     WHERE j.id = ANY($1::uuid[]) AND {{job_claimable}}
     RETURNING j.id, j.job_type, j.priority
 )

@@ -94,6 +94,7 @@ UPDATE __schema__.jobs SET
     cancel_requested = true,
     finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
     lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
+    held_by = NULL,
     run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS', 'WAITING') THEN run_at END,
     updated_at = now()
 WHERE id = $1 AND status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
@@ -110,7 +111,7 @@ WITH r AS (
     run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
                   THEN run_at END,
     retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
-    lease_expires_at = NULL, updated_at = now()
+    lease_expires_at = NULL, held_by = NULL, updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status IN ('FAILED', 'CANCELLED')
     RETURNING id, job_type, priority, status
 ), ob AS (
@@ -131,7 +132,7 @@ WITH r AS (
     run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
                   THEN run_at END,
     retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
-    lease_expires_at = NULL, updated_at = now()
+    lease_expires_at = NULL, held_by = NULL, updated_at = now()
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
     WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'FAILED'
     RETURNING j.id, j.job_type, j.priority, j.status
