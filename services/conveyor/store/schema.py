@@ -62,7 +62,7 @@ def _define(metadata: sa.MetaData, schema: str) -> None:
         sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("worker_id", sa.Text(), nullable=True),
         # the worker holding this waiting job in its hand (a full concurrency limit; migration
-        # 0018): its hold is ``lease_expires_at``; NULL when no worker's hand has it
+        # 0019): its hold is ``lease_expires_at``; NULL when no worker's hand has it
         sa.Column("held_by", sa.Text(), nullable=True),
         # since when that worker holds it (kept while the same worker holds it again): another
         # worker's claim takes a job held longer than a holder's retries (``job_claim_controlled``)
