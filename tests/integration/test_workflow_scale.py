@@ -1,7 +1,8 @@
 """A workflow of the largest size allowed (``DEFAULT_MAX_JOBS``, 10,000 jobs: a root, its fan-out
 and a fan-in) submitted, read and cancelled on a table whose statistics have never seen it:
 each step within bounds generous for a loaded machine, and the cancel complete (every job
-cancelled, nothing released after, not even by the root's completion)."""
+cancelled, nothing released after, not even by the root's completion); and the root's completion
+releasing its 9,998 dependents within the same bound."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import asyncpg
 import pytest
 
 from conveyor import Workflow, cancel_workflow, enqueue_workflow
-from conveyor.workflows import DEFAULT_MAX_JOBS, get_workflow
-
 from conveyor.store import Completion
+from conveyor.workflows import DEFAULT_MAX_JOBS, get_workflow
 
 from .workflow_steps import STORE, claim
 
