@@ -9,6 +9,10 @@ completion of a fan-out's root). Here the status test is a CASE, which no statis
 so the counts drive the join (a hash of them, or the primary key per child): linear in n. The
 rows were locked, in id order, by the statement before it, which tests WAITING the same way.
 
+The finished jobs' workflows (for the test that finishes a workflow) are read by primary key,
+one lookup per job: as ``j.id = ANY(done)`` a never-analyzed ``jobs`` (a fresh install) was
+scanned whole by every completion statement of a workflow job.
+
 Revision ID: 0018
 Revises: 0017
 Create Date: 2026-11-26
@@ -80,8 +84,9 @@ BEGIN
     END IF;
     UPDATE {{s}}.workflows w SET status = {DERIVED.format(s="{s}")},
         finished_at = COALESCE(w.finished_at, now())
-    WHERE w.id = ANY(ARRAY(SELECT DISTINCT j.workflow_id FROM {{s}}.jobs j
-                           WHERE j.id = ANY(done)))
+    WHERE w.id = ANY(ARRAY(SELECT DISTINCT (SELECT j.workflow_id FROM {{s}}.jobs j
+                                            WHERE j.id = x.id)
+                           FROM unnest(done) AS x(id)))
       AND NOT EXISTS (SELECT 1 FROM {{s}}.jobs x WHERE x.workflow_id = w.id
                       AND x.status IN ({OPEN}))
       AND w.status <> {DERIVED.format(s="{s}")};
