@@ -241,7 +241,8 @@ def ordered(jobs: list[WorkflowJob]) -> list[WorkflowJob]:
         for k in level:
             for c in children.get(k, ()):
                 waiting[c] -= 1
-        level = sorted(c for k in level for c in children.get(k, ()) if waiting[c] == 0)
+        # a set: a job whose last dependencies are on this level is reached once from each
+        level = sorted({c for k in level for c in children.get(k, ()) if waiting[c] == 0})
     return [by_key[k] for k in out]
 
 

@@ -43,6 +43,21 @@ SELECT id, attempts, job_type, worker_id, started_at, now(), outcome, error,
        greatest(0, extract(epoch FROM started_at - due))::float8
 FROM upd
 
+-- name: workflow_parents_json fragment
+-- A claimed workflow job's dependencies as its handler sees them (key -> status, result), the
+-- jobs row ``j`` (NULL for a plain job). Each dependency is read by its own primary key, one
+-- row per lookup: the planner takes the index for that even on a fresh install's empty or
+-- never-analyzed tables. As ``p.id = ANY(the dependencies)`` (ten rows estimated) a table it
+-- took for small was scanned whole once per claimed job (a 1,000-job fan-out's claims: 0.7 to
+-- 3.5 s against 0.1 to 0.3 s for 1,000 plain jobs); as a join, the same.
+CASE WHEN j.workflow_id IS NOT NULL THEN (
+    SELECT jsonb_object_agg(x.p ->> 'key', x.p - 'key')
+    FROM (SELECT (SELECT jsonb_build_object('key', p.workflow_key, 'status', p.status,
+                                            'result', p.result)
+                  FROM __schema__.jobs p WHERE p.id = d.depends_on) AS p
+          FROM __schema__.job_dependencies d WHERE d.job_id = j.id) x
+    WHERE x.p IS NOT NULL)::text END
+
 -- name: job_claim_many
 -- The claim: one conditional UPDATE for a batch of delivered ids (``job_claimable``).
 -- The attempt is counted here, so a handler that kills its process still uses up its retries.
@@ -70,15 +85,7 @@ RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_coun
           timeout_seconds, meta::text AS meta,
           greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
           trace_context, workflow_id,
-          -- a workflow job's dependencies as its handler sees them (key -> status, result),
-          -- found by id: as a join, statistics that had not seen the workflow planned a scan of
-          -- ``jobs`` per claimed job
-          CASE WHEN j.workflow_id IS NOT NULL THEN (
-              SELECT jsonb_object_agg(p.workflow_key, jsonb_build_object('status', p.status,
-                                                                         'result', p.result))
-              FROM __schema__.jobs p
-              WHERE p.id = ANY(ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
-                                     WHERE d.job_id = j.id)))::text END AS parents
+          {{workflow_parents_json}} AS parents
 
 -- name: job_claim_controlled
 -- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the
@@ -169,13 +176,7 @@ WITH t AS (
               j.trace_context,
               greatest(0, extract(epoch FROM statement_timestamp()
                                               - COALESCE(j.run_at, j.created_at)))::float8 AS wait,
-              j.workflow_id, CASE WHEN j.workflow_id IS NOT NULL THEN (
-                  SELECT jsonb_object_agg(p.workflow_key, jsonb_build_object(
-                      'status', p.status, 'result', p.result))
-                  FROM __schema__.jobs p
-                  WHERE p.id = ANY(ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
-                                         WHERE d.job_id = j.id)))::text END AS parents
-                  -- as in job_claim_many
+              j.workflow_id, {{workflow_parents_json}} AS parents
 ), keep AS (
     SELECT name, id, att FROM listed UNION ALL SELECT job_type, id, attempts FROM upd
 ), starts AS (
