@@ -139,6 +139,32 @@ async def test_invalid_workflows_are_422_and_write_nothing(
     assert await _rows(db) == (0, 1, 0, 1)
 
 
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        (b'{"name": "x", "jobs": [', 400, "malformed_json"),
+        (b'{"name": "x", "jobs": [{"key": "a", "type": "a", "payload": {"v": NaN}}]}', 422,
+         "invalid_number"),
+        (b'{"name": "x", "jobs": [{"key": "a", "type": "a", "payload": {"v": 1e400}}]}', 422,
+         "invalid_number"),
+        (b'{"name": "x", "jobs": [{"key": "a", "type": "a", "payload": '
+         + b'{"v": ' * 1100 + b"1" + b"}" * 1100 + b"}]}", 422, "nesting_too_deep"),
+    ],
+)  # fmt: skip
+async def test_a_workflow_body_is_read_as_a_batch_body_is(
+    stack: Stack, db: asyncpg.Connection, body: bytes, status: int, error: str
+) -> None:
+    """The same strict JSON as POST /jobs/batch (no NaN, no overflowing number, bounded
+    nesting; malformed JSON a 400), and the same answer, for the same body in a batch."""
+    headers = {"content-type": "application/json"}
+    r = await stack.client.post("/workflows", content=body, headers=headers)
+    assert (r.status_code, r.json()["error"]) == (status, error), r.text
+    as_batch = body.replace(b'"name": "x", ', b"").replace(b'"key": "a", ', b"")
+    b = await stack.client.post("/jobs/batch", content=as_batch, headers=headers)
+    assert (b.status_code, b.json()["error"]) == (status, error), b.text
+    assert await _rows(db) == (0, 0, 0, 0)
+
+
 @pytest.mark.parametrize("limit", [1000, 300 * 1024])  # below and above the default 256 KiB
 async def test_workflow_jobs_have_the_plain_jobs_payload_limit(
     settings: Settings, db: asyncpg.Connection, limit: int

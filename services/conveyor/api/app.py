@@ -17,13 +17,14 @@ from .access import AccessLog
 from .attempts import add_attempt_routes
 from .body import BodyLimit, TooManyJobs, count_batch_items
 from .docs import install_docs
+from .models import SubmitBatch, SubmitJob
 from .routes import add_routes
 from .schedules import add_schedule_routes
 from .service import Api
 from .types_routes import add_type_routes
 from .ui import add_ui
 from .ui.session import refused_page
-from .workflows import add_workflow_routes
+from .workflows import SubmitWorkflow, add_workflow_routes
 
 log = logging.getLogger("conveyor.api")
 
@@ -63,7 +64,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     add_ui(app, api)
     install_docs(app)
     errors.install(app, metrics)
-    openapi.install(app)
+    openapi.install(app, bodies=[SubmitJob, SubmitBatch, SubmitWorkflow])
 
     def limit_for(path: str) -> int:
         if path.endswith(("/jobs/batch", "/workflows")):

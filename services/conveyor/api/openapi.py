@@ -4,15 +4,16 @@ stateful client (Schemathesis) follow a created job to its other operations."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .auth import OPEN, SUBMITS
 from .error_models import ErrorBody
-from .models import SubmitBatch, SubmitJob
 
 REF = "#/components/schemas/{model}"
 
@@ -92,7 +93,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def json_body(
-    model: type[SubmitJob] | type[SubmitBatch],
+    model: type[BaseModel],
     description: str,
     headers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
@@ -150,7 +151,10 @@ _BATCH_LINKS = {
 }
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, bodies: Sequence[type[BaseModel]]) -> None:
+    """The app's OpenAPI document, with the schemas of ``bodies``: the request bodies that routes
+    read themselves (``json_body``) and FastAPI therefore does not see."""
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
@@ -160,9 +164,7 @@ def install(app: FastAPI) -> None:
             description=app.description,
             routes=app.routes,
         )
-        _, defs = models_json_schema(
-            [(SubmitJob, "validation"), (SubmitBatch, "validation")], ref_template=REF
-        )
+        _, defs = models_json_schema([(b, "validation") for b in bodies], ref_template=REF)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for name, definition in defs.get("$defs", {}).items():
             components.setdefault(name, definition)
