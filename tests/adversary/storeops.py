@@ -117,7 +117,7 @@ class StoreOps:
             held = await self.store.job_heartbeat_many(
                 conn, [Attempt(c.job_id, c.attempt)], lease_seconds=VISIBILITY
             )
-        return bool(held)
+        return c.job_id in held.extended
 
     # ------------------------------------------------------------------ the relay
 

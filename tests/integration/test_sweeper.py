@@ -87,7 +87,8 @@ async def test_fencing_a_superseded_attempt_cannot_write(
     assert await store.job_complete_many(db, [Completion(job_id, 1, '"stale"')]) == set()
     assert await store.job_fail_many(db, [Failure(job_id, 1, "x", None)]) == {}
     assert await store.job_release_many(db, [Attempt(job_id, 1)]) == set()
-    assert await store.job_heartbeat_many(db, [Attempt(job_id, 1)], lease_seconds=5.0) == {}
+    beat = await store.job_heartbeat_many(db, [Attempt(job_id, 1)], lease_seconds=5.0)
+    assert beat.extended == {} and beat.busy == set()
     # attempt 2 completes once; a second completion of the same attempt changes nothing
     assert await store.job_complete_many(db, [Completion(job_id, 2, '"fresh"')]) == {job_id}
     assert await store.job_complete_many(db, [Completion(job_id, 2, '"again"')]) == set()
@@ -546,3 +547,37 @@ async def test_a_cancelled_rate_held_job_is_redriven_pending(db: asyncpg.Connect
     assert await store.job_cancel(db, later)
     assert await store.job_redrive(db, [later]) == [later]
     assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", later) == "SCHEDULED"
+
+
+async def test_a_heartbeat_skips_rows_locked_elsewhere_and_extends_the_rest(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    """A worker's beat covers every job it runs, some of them row-locked by its own outcome
+    batch while that batch waits on a lock elsewhere (a frozen peer's release holds a child):
+    the beat must not wait behind them, or every other job of the worker loses its lease.
+    The locked job is reported busy, neither extended nor lost."""
+    ids = await enqueue_many(db, [JobSpec("t"), JobSpec("t")])
+    await db.execute("DELETE FROM job_outbox")
+    await _claim(db, ids)
+    busy, free = ids
+    await db.execute("UPDATE jobs SET lease_expires_at = now() + interval '1 s'")
+    holder = await tdb.connect(db_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", busy)
+            beat = store.job_heartbeat_many(
+                db, [Attempt(busy, 1), Attempt(free, 1)], lease_seconds=60.0
+            )
+            alive = await asyncio.wait_for(beat, timeout=3.0)
+    finally:
+        await holder.close()
+    assert alive.extended == {free: False} and alive.busy == {busy}
+    leases = dict(await db.fetch(
+        "SELECT id, lease_expires_at > now() + interval '30 s' FROM jobs"))  # fmt: skip
+    assert leases == {free: True, busy: False}
+    # the lock gone, the next beat extends it; a job taken over is neither extended nor busy
+    await db.execute("UPDATE jobs SET attempts = 2 WHERE id = $1", free)
+    alive = await store.job_heartbeat_many(
+        db, [Attempt(busy, 1), Attempt(free, 1)], lease_seconds=60.0
+    )
+    assert alive.extended == {busy: False} and alive.busy == set()

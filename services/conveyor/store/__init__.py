@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 
-from .attempts import AttemptStatements, ProgressReport
+from .attempts import AttemptStatements, Beat, ProgressReport
 from .base import Connection
 from .jobs import Inserted, JobStatements
 from .keys import ApiKeyRow, KeyStatements
@@ -87,6 +87,7 @@ __all__ = [
     "ApiKeyRow",
     "Attempt",
     "AttemptRow",
+    "Beat",
     "ClaimedJob",
     "Completion",
     "Connection",

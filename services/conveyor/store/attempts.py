@@ -69,6 +69,16 @@ class HandlerDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class Beat:
+    """One heartbeat's answer. ``extended``: per job whose lease was extended, whether its
+    cancellation was requested. ``busy``: jobs still running whose row another transaction held
+    (not extended this time, not lost). A job in neither lost its lease."""
+
+    extended: dict[uuid.UUID, bool]
+    busy: set[uuid.UUID]
+
+
+@dataclass(frozen=True, slots=True)
 class ProgressReport:
     job_id: uuid.UUID
     attempt: int
@@ -191,16 +201,18 @@ class AttemptStatements(Statements):
 
     async def job_heartbeat_many(
         self, conn: Connection, items: Sequence[Attempt], *, lease_seconds: float
-    ) -> dict[uuid.UUID, bool]:
-        """Extend the leases still held. Returns, per job whose lease was extended, whether a
-        cancellation was requested; a job missing from the result lost its lease."""
+    ) -> Beat:
+        """Extend the leases still held, skipping rows locked elsewhere (``Beat``)."""
         rows = await conn.fetch(
             self.sql[JOB_HEARTBEAT_MANY],
             [a.job_id for a in items],
             [a.attempt for a in items],
             lease_seconds,
         )
-        return {r["id"]: r["cancel_requested"] for r in rows}
+        return Beat(
+            {r["id"]: r["cancel_requested"] for r in rows if not r["busy"]},
+            {r["id"] for r in rows if r["busy"]},
+        )
 
     async def job_touch_waiting(
         self, conn: Connection, ids: Sequence[uuid.UUID], *, hold_seconds: float

@@ -1,11 +1,12 @@
 """Keeping running jobs' leases, and their deliveries within RabbitMQ's ``consumer_timeout``.
 
 Every ``visibility_timeout / 3`` seconds one statement extends the lease of every running job
-(fenced by attempt); a job missing from the answer was taken over (its lease expired) or its
-row is gone, and a job whose cancellation was requested is told so through
-``job.cancel_requested``. Deliveries of jobs running longer than ``early_ack_after`` are
-acknowledged early (the lease alone holds them from then on), and deliveries waiting for a slot
-are touched so the reconciler does not take their jobs for lost.
+(fenced by attempt), skipping rows another transaction holds (the worker's own outcome batch,
+waiting on a lock): such a job is neither extended nor lost this time. A job missing from the
+answer was taken over (its lease expired) or its row is gone, and a job whose cancellation was
+requested is told so through ``job.cancel_requested``. Deliveries of jobs running longer than
+``early_ack_after`` are acknowledged early (the lease alone holds them from then on), and
+deliveries waiting for a slot are touched so the reconciler does not take their jobs for lost.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Heartbeater:
             self._last = self.clock()
             return
         async with self.pool.acquire() as conn:
-            alive = await self.store.job_heartbeat_many(
+            beat = await self.store.job_heartbeat_many(
                 conn,
                 [Attempt(r.job.id, r.job.attempt) for r in running],
                 lease_seconds=self.visibility_timeout,
@@ -98,7 +99,10 @@ class Heartbeater:
             self.acked_early.update(r.job.id for r in late)
             self._early += len(late)
             await self.acks.ack(take_deliveries(late))
+        alive = beat.extended
         for r in running:
+            if r.job.id in beat.busy:  # its row held elsewhere (its own outcome batch): next beat
+                continue
             if r.job.id not in alive:
                 if r.task is not None and not r.task.done() and not r.lease_lost:
                     r.lease_lost = True

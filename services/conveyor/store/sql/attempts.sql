@@ -348,10 +348,23 @@ WITH upd AS (
 SELECT id FROM upd
 
 -- name: job_heartbeat_many
-UPDATE __schema__.jobs j SET lease_expires_at = now() + make_interval(secs => $3)
-FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
-WHERE {{job_fenced}}
-RETURNING j.id, j.cancel_requested
+-- Extends the lease of each attempt still running. A beat never waits on a row lock: a row
+-- locked elsewhere is skipped and reported ``busy`` (neither extended nor lost; the next beat
+-- tries again). The worker's own outcome batch holds such rows while it waits on a lock of its
+-- own (a dependent's row held by a frozen peer's release, until PostgreSQL ends that session),
+-- and a beat waiting behind it would let the lease of every other job of the worker run out.
+-- A job missing from the answer lost its lease (taken over, or its row is gone).
+WITH u AS (SELECT * FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)),
+held AS (
+    SELECT j.id FROM __schema__.jobs j JOIN u ON {{job_fenced}}
+    ORDER BY j.id FOR UPDATE OF j SKIP LOCKED
+), upd AS (
+    UPDATE __schema__.jobs j SET lease_expires_at = now() + make_interval(secs => $3)
+    FROM held WHERE j.id = held.id
+    RETURNING j.id, j.cancel_requested
+)
+SELECT j.id, upd.cancel_requested, upd.id IS NULL AS busy
+FROM __schema__.jobs j JOIN u ON {{job_fenced}} LEFT JOIN upd ON upd.id = j.id
 
 -- name: job_touch_waiting
 -- Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost,
@@ -360,9 +373,12 @@ RETURNING j.id, j.cancel_requested
 -- job; ``maintenance.sql``'s ``job_unheld``): the reconciler counts a held job neither as
 -- overdue nor as fresh (a fresh job stands for a ready message). A holder that dies stops touching; the
 -- broker requeues its unacknowledged deliveries and the hold runs out.
+-- Like the heartbeat, it skips rows locked elsewhere (a claim in flight) instead of waiting.
 UPDATE __schema__.jobs SET updated_at = now(), lease_expires_at = now() + make_interval(secs => $2)
-WHERE id = ANY($1::uuid[]) AND CASE status WHEN 'PENDING' THEN true WHEN 'RETRYING'
-    THEN true ELSE false END
+WHERE id IN (
+    SELECT id FROM __schema__.jobs WHERE id = ANY($1::uuid[]) AND CASE status WHEN 'PENDING'
+        THEN true WHEN 'RETRYING' THEN true ELSE false END
+    ORDER BY id FOR UPDATE SKIP LOCKED)
 
 -- name: job_progress_many
 -- Fenced like every write of an attempt (``job_fenced``): a stale attempt's report changes
