@@ -307,14 +307,18 @@ class WorkflowApi:
     async def submit(self, raw: bytes, key: str | None) -> tuple[int, Any]:
         api = self.api
         limit = api.settings.max_payload_bytes
-        # a large workflow is parsed and validated in a thread, so the loop keeps serving (as
-        # a batch is): 10,000 jobs are about half a second of CPU
-        if len(raw) <= INLINE_PARSE_BYTES:
+
+        def parse() -> tuple[Workflow, Any, str]:
             body, wf, built = build(raw, limit)
+            return wf, built, request_hash(body) if key is not None else ""
+
+        # a large workflow is parsed, validated and hashed in a thread, so the loop keeps
+        # serving (as a batch is): 10,000 jobs are about half a second of CPU
+        if len(raw) <= INLINE_PARSE_BYTES:
+            wf, built, digest = parse()
         else:
-            body, wf, built = await asyncio.to_thread(build, raw, limit)
+            wf, built, digest = await asyncio.to_thread(parse)
         rows = [row for _, row in built[0]]
-        digest = request_hash(body) if key is not None else ""
         async with api.connection() as conn:
             if key is not None and (seen := await self.replay(conn, key, digest)) is not None:
                 return 200, seen
