@@ -4,11 +4,12 @@ at the end unless ``--keep``; ``--reuse`` starts from a kept one that still has 
 
 1. on the empty table: each maintenance duty's idle pass;
 2. ``--rows`` jobs generated in SQL (``tests/integration/plans.py``: 30 days, 94 % COMPLETED,
-   2 % FAILED, 1 % each SCHEDULED / PENDING / RETRYING / IN_PROGRESS), their attempts,
-   ``VACUUM ANALYZE`` (indexes built after the rows, like a restore);
-3. on the full table: EXPLAIN of every statement (no sequential scan), each duty's idle pass
-   (median of 7; target ≤ 50 ms), the jobs gauges against exact counts (which pairs are
-   estimated, how far off);
+   2 % FAILED, 1 % each SCHEDULED / PENDING / RETRYING / IN_PROGRESS; a fifth of them in
+   workflows, fan-ins with their rows and edges), their attempts, ``VACUUM ANALYZE`` (indexes
+   built after the rows, like a restore);
+3. on the full table: EXPLAIN of every statement, view and workflow trigger path (no
+   sequential scan), each duty's idle pass (median of 7; target ≤ 50 ms), the jobs gauges
+   against exact counts (which pairs are estimated, how far off);
 4. the store's batch rate (insert 500 jobs with their outbox rows → take the outbox batch →
    claim → complete, as the API, relay and worker do, straight through the store), empty and
    full in ``--rounds`` ABBA pairs of ``--seconds`` each: medians and the median of the pairs'
@@ -45,7 +46,7 @@ from conveyor.maintenance.sweeper import Sweeper
 from conveyor.store import Completion, NewJob, for_schema
 from conveyor.store.connect import create_pool, with_database
 from conveyor.store.migrate import upgrade
-from tests.integration.plans import OUTBOX, explain_all, generate
+from tests.integration.plans import OUTBOX, explain_all, explain_triggers, generate
 
 DATABASE = "conveyor_scale_bench"
 RESULTS = Path(__file__).parent / "results" / "scale.json"
@@ -146,7 +147,7 @@ async def _generate(url: str, rows: int) -> dict[str, float]:
     took: dict[str, float] = {}
     try:
         t = time.perf_counter()
-        await generate(conn, rows)
+        await generate(conn, rows, workflow_every=5)
         took["generate_s"] = round(time.perf_counter() - t, 1)
         t = time.perf_counter()
         await conn.execute("VACUUM ANALYZE jobs", timeout=7200)
@@ -164,9 +165,10 @@ async def _plans(url: str) -> list[str]:
     conn = await asyncpg.connect(url, server_settings={"search_path": "conveyor, public"})
     try:
         _, bad = await explain_all(conn)
+        _, bad_triggers = await explain_triggers(conn)
     finally:
         await conn.close()
-    return bad
+    return bad + bad_triggers
 
 
 async def _retention_under_load(
