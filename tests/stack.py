@@ -133,7 +133,7 @@ async def running_stack(
             raise RuntimeError("API did not start")
         await asyncio.sleep(0.01)
     # keep-alive shorter than uvicorn's 5 s: a pooled connection the server is closing at that
-    # very moment fails the next request with ReadError (seen under load in the fault suite)
+    # very moment fails the next request with ReadError
     client = httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", timeout=30, limits=httpx.Limits(keepalive_expiry=2)
     )

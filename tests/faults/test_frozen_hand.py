@@ -178,7 +178,7 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
     assert taken_over is not None, {i: dict(r) for i, r in rows.items()}
     assert all(b_pid in (r["worker_id"] or "") for r in rows.values()), rows
     # about one hold after A's last renewal (at most one heartbeat before the freeze), plus a
-    # sweep interval, the relay and B's run; the reconciler alone took 60-90 s
+    # sweep interval, the relay and B's run; the reconciler alone would be far later
     assert taken_over < HOLD + 8, taken_over
     expired = [r for r in caplog.records if r.getMessage() == "job_hold_expired"]
     if backlog == len(hand):  # nothing else claimed: the lease sweep published them again
