@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import socket
 import time
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -91,28 +89,6 @@ async def wait_for(
         await conn.close()
 
 
-async def _started_relay(settings: Settings, setup: Callable[[Relay], Any] | None) -> Relay:
-    """A started relay, with a second try when RabbitMQ's handshake outlasts the connect bound
-    (5 s: seen once in a full run, four test processes on two loaded cores). aiormq leaves the
-    failed try's half-open socket unclosed; it is collected here with its ResourceWarning
-    ignored, so it cannot fail a later test when the garbage collector finds it there."""
-    for last in (False, True):
-        relay = Relay(settings)
-        if setup is not None:
-            setup(relay)
-        try:
-            await relay.start()
-            return relay
-        except TimeoutError:
-            await relay.close()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ResourceWarning)
-                gc.collect()
-            if last:
-                raise
-    raise AssertionError("unreachable")
-
-
 @contextlib.asynccontextmanager
 async def running_stack(
     settings: Settings,
@@ -135,7 +111,10 @@ async def running_stack(
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(serve_api(server, stop))]
     started_relays: list[Relay] = []
     for _ in range(relays):
-        relay = await _started_relay(settings, relay_setup)
+        relay = Relay(settings)
+        if relay_setup is not None:
+            relay_setup(relay)
+        await relay.start()
         started_relays.append(relay)
         tasks.append(asyncio.create_task(relay.run(stop)))
     sweeper: Sweeper | None = None
@@ -154,7 +133,7 @@ async def running_stack(
             raise RuntimeError("API did not start")
         await asyncio.sleep(0.01)
     # keep-alive shorter than uvicorn's 5 s: a pooled connection the server is closing at that
-    # very moment fails the next request with ReadError (seen under load in the fault suite)
+    # very moment fails the next request with ReadError
     client = httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", timeout=30, limits=httpx.Limits(keepalive_expiry=2)
     )

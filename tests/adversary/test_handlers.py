@@ -91,7 +91,7 @@ async def run_case(settings: Settings, log_dir: Path, job_type: str) -> dict[str
         t0 = time.monotonic()
         await r.started(job_id)
         during = await r.neighbour_rates()
-        # a restart takes ~1 s idle and 17-23 s at a load of ~20: as long as the
+        # a restart takes longer the more loaded the machine is: as long as the
         # rig's own start took, 3 s at least
         restart = max(3.0, r.started_in)
         budget = handlers.budget(

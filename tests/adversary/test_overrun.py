@@ -191,8 +191,8 @@ async def test_an_async_handler_that_never_stops_is_given_up_and_fails_liveness(
         assert (await r.job(job))["status"] == "FAILED"
 
 
-# Item 7: a non-daemon thread left by a handler kept the worker alive after SIGTERM (119 s with
-# a 3 s grace). Fails on the unfixed worker: still running 12 s after SIGTERM.
+# Item 7: a non-daemon thread left by a handler must not keep the worker alive after SIGTERM:
+# it ends within its grace (3 s) and its own bounded waits.
 
 
 @pytest.mark.timeout(90)
@@ -214,8 +214,8 @@ async def test_sigterm_ends_the_worker_within_its_grace_despite_a_non_daemon_thr
         assert took < 3 + 6, took
 
 
-# Item 5 (SIGTERM): timed-out to_thread work kept the process after SIGTERM (81 s with a 3 s
-# grace). Fails on the unfixed worker: still running 12 s after SIGTERM.
+# Item 5 (SIGTERM): timed-out to_thread work must not keep the process alive after SIGTERM:
+# the same bound.
 
 
 @pytest.mark.timeout(90)
@@ -282,9 +282,9 @@ async def test_a_forked_child_does_not_keep_the_health_port_from_the_restarted_w
                 os.kill(child, 9)
 
 
-# Item 8: sync handlers past their timeout (1 s, running 4 s) kept running while their jobs'
-# outcomes were written, so the fleet limit of 2 admitted more: 8 bodies at once. Counted by the
-# bodies themselves. Fails on the unfixed worker: more than 2 at once.
+# Item 8: sync handlers past their timeout (1 s, running 4 s) go on running in their threads
+# after their jobs' outcomes are written; the fleet limit of 2 counts them until they end, so at
+# most 2 bodies run at once (counted by the bodies themselves).
 
 
 @pytest.mark.timeout(90)
@@ -306,8 +306,8 @@ async def test_overrunning_sync_bodies_stay_within_the_fleet_limit(
 
 # The residuals: a handler that returns 10 MB (the result cap raised so it is written) and an
 # async handler that blocks the event loop (with CONVEYOR_WORKER_LOOP_BLOCK_LIMIT=0.1: by default
-# the guard preempts it at its 1 s timeout only, and the neighbours measured 3.9/s against a
-# baseline of 11.1/s), on the same process as the neighbours.
+# the guard preempts it at its 1 s timeout only, far too late for the neighbours' rates), on the
+# same process as the neighbours.
 
 
 async def _neighbours_beside(

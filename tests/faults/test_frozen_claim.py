@@ -108,8 +108,8 @@ async def _freeze_in_claim(db: asyncpg.Connection, a: asyncio.subprocess.Process
 async def test_a_worker_frozen_in_a_limited_claim_does_not_wedge_the_type(
     settings: Settings, db: asyncpg.Connection, db_url: str
 ) -> None:
-    # the API fails fast (503 after CONVEYOR_DB_TIMEOUT, 1.5 s) by design; 300 submits beside
-    # three worker processes starting on two busy cores once took longer
+    # the API fails fast (503 after CONVEYOR_DB_TIMEOUT, 1.5 s) by design; here 300 submits
+    # share a loaded machine with three starting worker processes, so the API gets 10 s
     settings = settings.model_copy(update={"db_timeout": 10.0})
     host, port = urlsplit(settings.database_url).hostname, urlsplit(settings.database_url).port
     proxy = SlowProxy(host or "127.0.0.1", port or 5432, delay=0.05)
@@ -199,7 +199,7 @@ async def test_a_worker_frozen_in_a_limited_claim_does_not_wedge_the_type(
     assert queued >= 100, f"the backlog ran out before the freeze: {queued} left"
     assert during >= 5
     assert c_started is not None
-    # a CLI process, imports included: 1.9-3.9 s on a quiet machine, 11 s at a load of 10
+    # a whole CLI process, imports included, on a loaded machine: its bound is generous
     assert registered[0] == 0 and registered[1] < 20, registered
     assert put[0] == 200 and put[1] < 5, put
     assert locks == 0

@@ -10,9 +10,9 @@ of A's hand. ``sweep``: A's hand is the whole backlog, so nothing else is claime
 sweep (every 2 s) must publish the jobs again once their hold has run out. ``claims``: a backlog
 of 30 sits in the queue, and B's claims take A's jobs while their hold lasts (fresh deliveries
 leave their slots to jobs held in other hands). A hold is ``visibility_timeout``, lowered to
-10 s here (the sweeper's intervals are the defaults); on main only the reconciler found the
-jobs: 85.8 s (``claims``). Then A resumes: none of its jobs runs twice (its hand's claims find
-them finished; the handlers' ledger shows one start per job)."""
+10 s here (the sweeper's intervals are the defaults); without the hold's takeover only the
+reconciler would find the jobs, far later. Then A resumes: none of its jobs runs twice (its
+hand's claims find them finished; the handlers' ledger shows one start per job)."""
 
 from __future__ import annotations
 
@@ -23,31 +23,14 @@ import uuid
 from pathlib import Path
 
 import asyncpg
-import orjson
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.jobs.types import register_router_types
 
-from ..stack import running_stack
-from .hand_app import router
-from .harness import Proc, worker_proc
+from .hand_fleet import hand_fleet, held_in_hand
 
-APP = "tests.faults.hand_app:router"
 HOLD = 10.0  # visibility_timeout: a running job's lease, a held job's hold
 WAIT = 120.0  # how long the test watches for the takeover (the figure is printed either way)
-
-
-def _held_in_hand(log: str) -> list[uuid.UUID]:
-    """The jobs a worker logged as taken into its hand (``job_held``, pen 0), in order."""
-    ids: list[uuid.UUID] = []
-    for line in log.splitlines():
-        if '"job_held"' not in line:
-            continue
-        rec = orjson.loads(line)
-        if rec.get("pen") == 0:
-            ids.append(uuid.UUID(rec["job_id"]))
-    return ids
 
 
 async def _status(db: asyncpg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
@@ -87,88 +70,65 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
     backlog: int,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = settings.model_copy(
-        update={
-            "visibility_timeout": HOLD,
-            "lease_sweep_interval": 2.0,
-            "db_timeout": 10.0,
-            "log_format": "json",
-        }
-    )
-    ledger = str(tmp_path / "ledger")
-    await register_router_types(db, router)
-    procs: list[Proc] = []
-    try:
-        async with running_stack(settings, None) as stack:
-            b = worker_proc(settings, tmp_path, "b", concurrency=2, app=APP).start()
-            procs.append(b)
-            await b.wait_for_log("worker_started", 60)
-            # B fills the type's limit with two long jobs
-            long = [await stack.submit("h_pair", {"seconds": 12, "ledger": ledger}) for _ in "ab"]
+    async with hand_fleet(
+        settings, db, tmp_path, visibility_timeout=HOLD, lease_sweep_interval=2.0
+    ) as fleet:
+        b = await fleet.worker("b")
+        # B fills the type's limit with two long jobs
+        long = [await fleet.submit(12) for _ in "ab"]
 
-            async def b_runs_both() -> bool:
-                rows = await _status(db, [uuid.UUID(i) for i in long])
-                return all(r["status"] == "IN_PROGRESS" for r in rows.values())
+        async def b_runs_both() -> bool:
+            rows = await _status(db, [uuid.UUID(i) for i in long])
+            return all(r["status"] == "IN_PROGRESS" for r in rows.values())
 
-            await _until("B runs the two long jobs", b_runs_both, 30)
-            a_settings = settings.model_copy(update={"log_level": "DEBUG"})
-            a = worker_proc(a_settings, tmp_path, "a", concurrency=2, app=APP).start()
-            procs.append(a)
-            await a.wait_for_log("worker_started", 60)
-            # B's deliveries of the long jobs are unacknowledged until they finish: its prefetch
-            # (its concurrency) is full, so A receives these
-            rest = [
-                await stack.submit("h_pair", {"seconds": 0.1, "ledger": ledger})
-                for _ in range(backlog)
-            ]
-            hand: list[uuid.UUID] = []
+        await _until("B runs the two long jobs", b_runs_both, 30)
+        a = await fleet.worker("a", fleet.settings.model_copy(update={"log_level": "DEBUG"}))
+        # B's deliveries of the long jobs are unacknowledged until they finish: its prefetch
+        # (its concurrency) is full, so A receives these
+        rest = [await fleet.submit(0.1) for _ in range(backlog)]
+        hand: list[uuid.UUID] = []
 
-            async def a_holds_jobs() -> bool:
-                nonlocal hand
-                hand = _held_in_hand(a.log())
-                if len(hand) < 4:
-                    return False
-                rows = await _status(db, hand)
-                return all(
-                    r["status"] == "PENDING" and r["held"] and not r["queued"]
-                    for r in rows.values()
-                )
-
-            await _until("A holds four jobs in hand", a_holds_jobs, 30)
-            assert await b_runs_both(), "B's long jobs ended before A was frozen"
-            a.signal(signal.SIGSTOP)
-            frozen = time.monotonic()
-
-            async def hand_done() -> bool:
-                rows = await _status(db, hand)
-                return all(r["status"] == "COMPLETED" for r in rows.values())
-
-            taken_over: float | None = None
-            try:
-                await _until("B runs A's hand", hand_done, WAIT)
-                taken_over = time.monotonic() - frozen
-            except AssertionError:
-                pass
+        async def a_holds_jobs() -> bool:
+            nonlocal hand
+            hand = [job for job, _ in held_in_hand(a.log())]
+            if len(hand) < 4:
+                return False
             rows = await _status(db, hand)
-            # A resumes: its hand's claims must find the jobs finished, not run them again
-            a.signal(signal.SIGCONT)
-            everything = [uuid.UUID(i) for i in long + rest]
+            return all(
+                r["status"] == "PENDING" and r["held"] and not r["queued"] for r in rows.values()
+            )
 
-            async def all_done() -> bool:
-                got = await _status(db, everything)
-                return all(r["status"] == "COMPLETED" for r in got.values())
+        await _until("A holds four jobs in hand", a_holds_jobs, 30)
+        assert await b_runs_both(), "B's long jobs ended before A was frozen"
+        a.signal(signal.SIGSTOP)
+        frozen = time.monotonic()
 
-            await _until("every job completed", all_done, 60)
-            # the waiting loop claims its hand again at least every second (RETRY_MAX): three
-            # of its passes after the resume, then A drains and exits
-            await asyncio.sleep(3)
-            assert await a.stop(30) == 0, a.log()[-3000:]
-            assert await b.stop(30) == 0, b.log()[-3000:]
-            final = await _status(db, everything)
-    finally:
-        for p in procs:
-            p.signal(signal.SIGCONT)
-            await p.stop(15)
+        async def hand_done() -> bool:
+            rows = await _status(db, hand)
+            return all(r["status"] == "COMPLETED" for r in rows.values())
+
+        taken_over: float | None = None
+        try:
+            await _until("B runs A's hand", hand_done, WAIT)
+            taken_over = time.monotonic() - frozen
+        except AssertionError:
+            pass
+        rows = await _status(db, hand)
+        # A resumes: its hand's claims must find the jobs finished, not run them again
+        a.signal(signal.SIGCONT)
+        everything = [uuid.UUID(i) for i in long + rest]
+
+        async def all_done() -> bool:
+            got = await _status(db, everything)
+            return all(r["status"] == "COMPLETED" for r in got.values())
+
+        await _until("every job completed", all_done, 60)
+        # the waiting loop claims its hand again at least every second (RETRY_MAX): three
+        # of its passes after the resume, then A drains and exits
+        await asyncio.sleep(3)
+        assert await a.stop(30) == 0, a.log()[-3000:]
+        assert await b.stop(30) == 0, b.log()[-3000:]
+        final = await _status(db, everything)
     took = f"after {taken_over:.1f} s" if taken_over is not None else f"not within {WAIT} s"
     print(
         f"\nfrozen hand ({backlog} jobs): A held {len(hand)}; B ran them all {took} "
@@ -178,12 +138,12 @@ async def test_jobs_held_in_a_frozen_workers_hand_are_taken_over_within_a_hold(
     assert taken_over is not None, {i: dict(r) for i, r in rows.items()}
     assert all(b_pid in (r["worker_id"] or "") for r in rows.values()), rows
     # about one hold after A's last renewal (at most one heartbeat before the freeze), plus a
-    # sweep interval, the relay and B's run; the reconciler alone took 60-90 s
+    # sweep interval, the relay and B's run; the reconciler alone would be far later
     assert taken_over < HOLD + 8, taken_over
     expired = [r for r in caplog.records if r.getMessage() == "job_hold_expired"]
     if backlog == len(hand):  # nothing else claimed: the lease sweep published them again
         assert len(expired) == len(hand), len(expired)
-    starts = _starts(Path(ledger))
+    starts = _starts(Path(fleet.ledger))
     assert {str(i) for i in everything} == set(starts)
     assert all(n == 1 for n in starts.values()), {k: n for k, n in starts.items() if n > 1}
     assert all(r["attempts"] == 1 for r in final.values())

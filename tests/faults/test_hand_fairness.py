@@ -13,23 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import signal
 import time
 import uuid
 from pathlib import Path
 
 import asyncpg
-import orjson
 import pytest
 
 from conveyor.core.config import Settings
-from conveyor.jobs.types import register_router_types
 
-from ..stack import running_stack
-from .hand_app import router
-from .harness import Proc, worker_proc
+from .hand_fleet import hand_fleet, held_in_hand
 
-APP = "tests.faults.hand_app:router"
 JOBS = 150
 # per job: the backlog takes JOBS * SECONDS / 2 = 15 s at the limit of two; a slot is free
 # for a few milliseconds after each job, so a starved hand's retry (every second) rarely wins
@@ -39,13 +33,8 @@ SECONDS = 0.2
 def _first_held(log: str) -> dict[uuid.UUID, dt.datetime]:
     """When the worker first took each job into its hand (``job_held``, pen 0)."""
     held: dict[uuid.UUID, dt.datetime] = {}
-    for line in log.splitlines():
-        if '"job_held"' not in line:
-            continue
-        rec = orjson.loads(line)
-        if rec.get("pen") == 0:
-            at = dt.datetime.fromisoformat(rec["ts"].replace("Z", "+00:00"))
-            held.setdefault(uuid.UUID(rec["job_id"]), at)
+    for job, at in held_in_hand(log):
+        held.setdefault(job, at)
     return held
 
 
@@ -53,50 +42,29 @@ def _first_held(log: str) -> dict[uuid.UUID, dt.datetime]:
 async def test_a_workers_hand_is_not_starved_by_a_worker_holding_the_slots(
     settings: Settings, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    settings = settings.model_copy(
-        update={
-            "visibility_timeout": 30.0,
-            "db_timeout": 10.0,
-            "log_format": "json",
-            "log_level": "DEBUG",
-        }
-    )
-    ledger = str(tmp_path / "ledger")
-    await register_router_types(db, router)
-    procs: list[Proc] = []
-    try:
-        async with running_stack(settings, None) as stack:
-            b = worker_proc(settings, tmp_path, "b", concurrency=2, app=APP).start()
-            procs.append(b)
-            await b.wait_for_log("worker_started", 60)
-            ids = await asyncio.gather(*(
-                stack.submit("h_pair", {"seconds": SECONDS, "ledger": ledger})
-                for _ in range(JOBS)
-            ))  # fmt: skip
-            a = worker_proc(settings, tmp_path, "a", concurrency=2, app=APP).start()
-            procs.append(a)
-            await a.wait_for_log("worker_started", 60)
-            deadline = time.monotonic() + 120
-            wanted = [uuid.UUID(i) for i in ids]
-            while time.monotonic() < deadline:
-                n = await db.fetchval(
-                    "SELECT count(*) FROM jobs WHERE id = ANY($1::uuid[]) AND status = 'COMPLETED'",
-                    wanted,
-                )
-                if n == JOBS:
-                    break
-                await asyncio.sleep(0.2)
-            assert await a.stop(30) == 0, a.log()[-3000:]
-            assert await b.stop(30) == 0, b.log()[-3000:]
-            rows = await db.fetch(
-                "SELECT id, status::text AS s, started_at, worker_id, attempts FROM jobs "
-                "WHERE id = ANY($1::uuid[])",
+    async with hand_fleet(
+        settings, db, tmp_path, visibility_timeout=30.0, log_level="DEBUG"
+    ) as fleet:
+        b = await fleet.worker("b")
+        ids = await asyncio.gather(*(fleet.submit(SECONDS) for _ in range(JOBS)))
+        a = await fleet.worker("a")
+        deadline = time.monotonic() + 120
+        wanted = [uuid.UUID(i) for i in ids]
+        while time.monotonic() < deadline:
+            n = await db.fetchval(
+                "SELECT count(*) FROM jobs WHERE id = ANY($1::uuid[]) AND status = 'COMPLETED'",
                 wanted,
             )
-    finally:
-        for p in procs:
-            p.signal(signal.SIGCONT)
-            await p.stop(15)
+            if n == JOBS:
+                break
+            await asyncio.sleep(0.2)
+        assert await a.stop(30) == 0, a.log()[-3000:]
+        assert await b.stop(30) == 0, b.log()[-3000:]
+        rows = await db.fetch(
+            "SELECT id, status::text AS s, started_at, worker_id, attempts FROM jobs "
+            "WHERE id = ANY($1::uuid[])",
+            wanted,
+        )
     by_id = {r["id"]: r for r in rows}
     assert all(r["s"] == "COMPLETED" and r["attempts"] == 1 for r in rows)
 

@@ -142,8 +142,8 @@ async def test_a_publisher_frozen_in_its_relay_transaction_is_taken_over(
             await victim.wait_for_log("pausing_publisher: resumed", 10)
             if bound == "idle_bound":
                 await victim.wait_for_log("relay_error", 20)
-            # 20 s was once not enough in a full run on two loaded cores (it is the resumed
-            # process's publish and the worker's consumption, not a bound of Conveyor's)
+            # the stale batch's way to the worker is the resumed process's publish and the
+            # worker's consumption, no bound of Conveyor's: a generous wait, for a loaded machine
             deadline = time.monotonic() + 40
             while _total(stack.workers[0].metrics.messages_dropped) - dropped < held:
                 assert time.monotonic() < deadline, "the stale batch never reached the worker"

@@ -210,8 +210,8 @@ async def test_always_failing_handler_ends_failed_and_dead_lettered(
     assert all("doomed: attempt 3" in (d.get("error") or "") for d in letters.values())
 
 
-# A worker's start, generously: ~1 s on an idle machine, 3-5 s at a load of 6-12 on two cores,
-# more under a parallel run that also loads PostgreSQL.
+# A worker's start, generously: seconds on a loaded machine, more under a parallel run that also
+# loads PostgreSQL.
 RESTART_BUDGET = 30.0
 
 

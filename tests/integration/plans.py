@@ -92,7 +92,7 @@ FROM {BLOCKS}
 """
 
 # Each workflow's last job (its highest key) depends on the others: one pass over the
-# workflow jobs, sorted by workflow (computing each edge's ids again took four times as long).
+# workflow jobs, sorted by workflow (cheaper than computing each edge's ids again).
 DEPENDENCIES = """
 INSERT INTO job_dependencies (job_id, depends_on)
 SELECT child, id FROM (
@@ -133,8 +133,8 @@ SELECT id, job_type, priority FROM jobs WHERE status = 'PENDING'
 
 # A quiet install's mix, as ANALYZE may find it at night: nothing waits or runs, the statistics
 # know only finished and SCHEDULED jobs (four statuses), so a statement about PENDING or running
-# jobs is planned from a guess. The generic plan of a count stopped by ``LIMIT`` then took the
-# guess for millions of matching rows and scanned the whole table.
+# jobs is planned from a guess. The generic plan of a count stopped by ``LIMIT`` can then take
+# the guess for millions of matching rows and scan the whole table.
 QUIET_STATUSES = """(CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
              WHEN i % 100 = 96 THEN 'CANCELLED' ELSE 'SCHEDULED' END)::job_status"""
 

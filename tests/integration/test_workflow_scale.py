@@ -17,9 +17,9 @@ from conveyor.workflows import DEFAULT_MAX_JOBS, get_workflow
 
 from .workflow_steps import STORE, claim
 
-BOUND = 3.0  # seconds, for each of read and cancel (by a scan of jobs per job they took 5-9 s)
-# the submit validates and encodes 10,000 jobs in this process: about 1 s of CPU on a quiet
-# machine, 3 s at a load of 8 on two cores
+BOUND = 3.0  # seconds, for each of read and cancel: a scan of jobs per job would outlast it
+# the submit validates and encodes 10,000 jobs in this process (CPU): its bound leaves room for
+# a loaded machine
 SUBMIT_BOUND = 8.0
 
 

@@ -32,8 +32,8 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 SUSPECT = re.compile(rb"[eE]-[0-9]{3}|[0-9]{19}|0{300}")
 # ``suspect`` maps every byte onto "9" (a digit), "e" (e or E), "-" or " " (anything else) and
 # searches the result with bytes' substring search (C memchr/two-way): "e-999" is
-# [eE]-[0-9]{3}, nineteen "9"s are [0-9]{19}, which 0{300} implies. The regex took 1.1-2.8 ms on
-# a 500-job batch (~14 KB: its alternation is tried at every byte), this 0.04 ms.
+# [eE]-[0-9]{3}, nineteen "9"s are [0-9]{19}, which 0{300} implies. The regex tries its
+# alternation at every byte of the body; the substring search is many times faster.
 _NUMBER_CHARS = bytes(
     0x39 if 0x30 <= i <= 0x39 else 0x65 if i in (0x45, 0x65) else 0x2D if i == 0x2D else 0x20
     for i in range(256)

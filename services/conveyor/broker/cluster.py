@@ -7,11 +7,19 @@ answers; when it is lost, or an attempt fails, the next attempt goes to the next
 so a dead node is skipped instead of retried for ever (aio-pika's robust connection alone
 retries the one URL it was given). Channels, queues and consumers are restored on the new node
 by the robust connection as usual; quorum queues live on every node.
+
+A connection whose first connect fails, times out or is cancelled is closed before the error
+reaches the caller, so nothing it opened is left for the garbage collector. ``timeout`` bounds
+one handshake; a component's start passes ``attempts=START_ATTEMPTS``, so a broker too loaded to
+answer one handshake in time gets a few, each logged (``broker_connect_timed_out``), before the
+start fails (a process's start then retries with backoff: ``cli/lifecycle.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from typing import Any
 
 import aio_pika
@@ -20,7 +28,13 @@ from aio_pika.robust_connection import RobustConnection
 from pamqp.common import FieldTable
 from yarl import URL
 
+from ..core.logging import event
+
+log = logging.getLogger("conveyor.broker")
+
 RECONNECT_INTERVAL = 2.0
+# handshakes a component's start tries, each within the connect timeout, before it fails
+START_ATTEMPTS = 3
 
 
 def split_urls(url: str) -> list[str]:
@@ -69,40 +83,77 @@ class ClusterConnection(RobustConnection):
 _CONNECT_TRANSPORT = RobustConnection._RobustConnection__connect_transport  # type: ignore[attr-defined]
 
 
-async def connect(url: str, *, name: str, timeout: float = 5.0) -> AbstractRobustConnection:
+async def connect(
+    url: str, *, name: str, timeout: float = 5.0, attempts: int = 1
+) -> AbstractRobustConnection:
     """A robust connection named after the component, to the first node of ``url`` that
-    answers (one node: aio-pika's own robust connection)."""
+    answers (one node: aio-pika's own robust connection). A handshake that outlasts
+    ``timeout`` is tried again, up to ``attempts`` times in all (at most ``attempts * timeout``
+    seconds); a refused or rejected connection is not: it raises at once."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    for attempt in range(1, attempts + 1):
+        try:
+            return await _connect_once(url, name=name, timeout=timeout)
+        except TimeoutError:
+            event(
+                log,
+                "broker_connect_timed_out",
+                logging.WARNING,
+                connection=name,
+                attempt=attempt,
+                attempts=attempts,
+                timeout=timeout,
+            )
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _connect_once(url: str, *, name: str, timeout: float) -> AbstractRobustConnection:
     nodes = split_urls(url)
     properties: FieldTable = {"connection_name": name}
     if len(nodes) == 1:
-        return await aio_pika.connect_robust(
-            nodes[0], timeout=timeout, client_properties=properties
-        )
+        connection = RobustConnection(URL(nodes[0]), client_properties=properties)
+        await _opened(connection, timeout)
+        return connection
     last: BaseException | None = None
     for i in range(len(nodes)):
         order = [URL(n) for n in nodes[i:] + nodes[:i]]
-        connection = ClusterConnection(
+        cluster = ClusterConnection(
             order[0],
             nodes=order,
             client_properties=properties,
             reconnect_interval=RECONNECT_INTERVAL,
         )
         try:
-            await connection.connect(timeout=timeout)
-            return connection
+            await _opened(cluster, timeout)
+            return cluster
         except Exception as exc:  # this node does not answer: the next one
             last = exc
-            await connection.close()
     assert last is not None
     raise last
+
+
+async def _opened(connection: aio_pika.Connection, timeout: float) -> None:
+    """``connection`` connected within ``timeout``; closed when it is not (failed, timed out,
+    cancelled): aio-pika leaves a connection whose connect failed open, for its finaliser to
+    close on whatever event loop runs when it is collected."""
+    try:
+        await connection.connect(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await connection.close()
+        raise
 
 
 async def reachable(url: str, *, timeout: float = 3.0) -> None:
     """Raises unless some node of ``url`` accepts a connection."""
     last: BaseException | None = None
     for node in split_urls(url):
+        connection = aio_pika.Connection(URL(node))
         try:
-            connection = await aio_pika.connect(node, timeout=timeout)
+            await _opened(connection, timeout)
         except Exception as exc:
             last = exc
             continue

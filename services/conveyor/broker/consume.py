@@ -30,7 +30,7 @@ from aio_pika.abc import (
 from aiormq.abc import DeliveredMessage
 
 from ..core.jobs import DEFAULT_PRIORITY
-from .cluster import connect
+from .cluster import START_ATTEMPTS, connect
 from .topology import Topology
 from .wire import MalformedMessage, decode, traceparent_of
 
@@ -139,7 +139,7 @@ class Subscription:
         self._stopped = False  # cancel() was called: nothing resumes after it
 
     async def open(self, types: list[str]) -> None:
-        self.connection = await connect(self.amqp_url, name=self.name)
+        self.connection = await connect(self.amqp_url, name=self.name, attempts=START_ATTEMPTS)
         self.channel = await self.connection.channel(publisher_confirms=False)
         await self.channel.set_qos(prefetch_count=self.prefetch, global_=not self.topology.quorum)
         await self.topology.declare_base(self.channel)

@@ -28,7 +28,7 @@ from ..core.backoff import ceiling
 from ..core.logging import event
 from ..core.metrics import Metrics
 from . import frames, wire
-from .cluster import connect
+from .cluster import START_ATTEMPTS, connect
 from .frames import PublishFailed as PublishFailed  # re-exported: the relay catches it
 from .topology import Topology
 
@@ -114,7 +114,7 @@ class Publisher:
     # ------------------------------------------------------------------ lifecycle
 
     async def connect(self) -> None:
-        self.connection = await connect(self.url, name=self.name)
+        self.connection = await connect(self.url, name=self.name, attempts=START_ATTEMPTS)
         self.channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
         self._declare_channel = await self.connection.channel(publisher_confirms=False)
         exchanges = await self.topology.declare_base(self._declare_channel)

@@ -5,11 +5,11 @@ SELECT type, status::text AS status, count, oldest FROM __schema__.backlog
 -- The backlog view's skip scan over the types, with each count stopped at the cap ($1): one
 -- branch per status of the ``backlog`` view (every one but COMPLETED and CANCELLED:
 -- ``stats.COUNTED_STATUSES``), the status a constant in each. As a parameter (a loop over the
--- statuses) the planner had to guess a pair's rows, 1/n_distinct of the type's, and when the
--- statistics had seen no PENDING or running job (a quiet install analysed at night: four
--- statuses) or were older than the table (a bulk load), the guess was large enough that "a
--- sequential scan, or a walk of the primary key, stopped after $1 matching rows" looked cheap:
--- it read the whole table for every empty pair, ~8 s a refresh at 10 million rows. A constant
+-- statuses) the planner must guess a pair's rows, 1/n_distinct of the type's, and when the
+-- statistics have seen no PENDING or running job (a quiet install analysed at night: four
+-- statuses) or are older than the table (a bulk load), the guess is large enough that "a
+-- sequential scan, or a walk of the primary key, stopped after $1 matching rows" looks cheap:
+-- it reads the whole table for every empty pair. A constant
 -- is estimated from the statistics (a status they never saw: one row), so the pair's range of
 -- the (type, status, id) index is the plan. ``ORDER BY j.id`` does not pin it: the equalities
 -- make (type, status) redundant in the ordering, and the primary key supplies ``id`` order.
