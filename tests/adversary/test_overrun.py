@@ -304,6 +304,40 @@ async def test_overrunning_sync_bodies_stay_within_the_fleet_limit(
             assert "TimeoutError" in (await r.job(job_id))["last_error"]
 
 
+# A body given up on past its timeout + the overrun limit still runs, so its job stays
+# IN_PROGRESS (its lease renewed) until the body really ends: under a fleet limit of 2, on two
+# worker processes, two jobs' bodies never make more than 2 at once, and a job's retry starts only
+# after its body ended. Counted by the bodies themselves. Fails on the unfixed worker: the give-up
+# wrote the timeout at once, so the retry (or the other job) ran beside the body still running.
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("job_type", ["overruns_limited", "overruns_limited_sync"])
+async def test_a_body_given_up_on_never_runs_beside_its_retry_or_past_the_fleet_limit(
+    osettings: Settings, tmp_path: Path, job_type: str
+) -> None:
+    s = osettings.model_copy(update={"worker_overrun_limit": 1.0})
+    log = tmp_path / "bodies.log"
+    async with rig(s, tmp_path, workers=2, concurrency=2, app=APP) as r:
+        # timeout 1 s, given up at 2 s, each body runs 4 s
+        ids = await r.submit(job_type, [{"log": str(log), "seconds": 4}] * 2)
+        ended = await wait_for(r.db_url, ids, TERMINAL, 80)
+        lines = overrun.read_log(log)
+        runs = overrun.bodies(lines)
+        print(f"\n[{job_type}] {overrun.overlap(lines)} bodies at once (fleet limit 2); {runs}")
+        assert overrun.overlap(lines) <= 2, lines
+        for job_id, job_runs in runs.items():
+            for (_, end), (start, _) in zip(job_runs, job_runs[1:], strict=False):
+                assert start > end, f"{job_id}: a retry started {end - start:.1f} s before the "\
+                    f"body it retries ended: {job_runs}"  # fmt: skip
+        assert set(ended.values()) == {"FAILED"}, ended  # timed out twice, never COMPLETED
+        for job_id in ids:
+            row = await r.job(job_id)
+            assert row["attempts"] == 2 and len(runs[job_id]) == 2, (dict(row), runs)
+            for error in [row["last_error"], *row["attempt_errors"]]:
+                assert "TimeoutError" in error, dict(row)
+
+
 # The residuals: a handler that returns 10 MB (the result cap raised so it is written) and an
 # async handler that blocks the event loop (with CONVEYOR_WORKER_LOOP_BLOCK_LIMIT=0.1: by default
 # the guard preempts it at its 1 s timeout only, and the neighbours measured 3.9/s against a
