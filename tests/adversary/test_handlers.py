@@ -6,6 +6,8 @@ in its expected terminal status with its expected error (``EXPECTED``: NUL-free,
 in every attempt row) within its budget (``handlers.budget``) having used at most
 ``max_retries + 1`` attempts, and the neighbours are measured once more (``after``: no lasting
 damage). Each neighbour type must keep >= 80 % of its baseline, during and after, in every case.
+A handler whose work never stops (``HELD``) ends held instead: its job IN_PROGRESS, its
+last_error saying why, since no retry may run beside its body and only a restart ends it.
 
 Most adversaries share their worker process with the neighbours: the worker itself contains
 them. Two can only be contained by a process boundary (``ISOLATED``): a handler that kills its
