@@ -74,6 +74,19 @@ async def swallows_cancel(job: Job) -> dict[str, bool]:
     return {"finished": True}
 
 
+@router.job("overruns_limited", max_retries=1, retry_delays=[1], timeout=1, concurrency=2)
+async def overruns_limited(job: Job) -> dict[str, bool]:
+    """``swallows_cancel`` under a fleet limit of 2: works on past its timeout (``seconds``)."""
+    return await swallows_cancel(job)
+
+
+@router.job("overruns_limited_sync", max_retries=1, retry_delays=[1], timeout=1, concurrency=2)
+def overruns_limited_sync(job: Job) -> dict[str, bool]:
+    """A sync body past its timeout (``seconds``, 4 by default), under a fleet limit of 2."""
+    stuck(job)
+    return {"finished": True}
+
+
 @router.job("ignores_cancel", max_retries=1, retry_delays=[1], timeout=1)
 async def ignores_cancel(job: Job) -> None:
     """Catches every ``CancelledError`` and runs on for good."""
@@ -120,6 +133,21 @@ def overlap(lines: list[str]) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+def bodies(lines: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """Each job's bodies as (start, end) pairs, in the order they started (a body that has not
+    ended yet ends at infinity)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for what, t, job_id in sorted((line.split() for line in lines if line.strip()),
+                                  key=lambda f: float(f[1])):  # fmt: skip
+        runs = out.setdefault(job_id, [])
+        if what == "start":
+            runs.append((float(t), float("inf")))
+        else:
+            open_at = next(i for i, r in enumerate(runs) if r[1] == float("inf"))
+            runs[open_at] = (runs[open_at][0], float(t))
+    return out
 
 
 def read_log(path: Any) -> list[str]:

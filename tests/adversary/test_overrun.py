@@ -10,11 +10,13 @@ blocks the event loop, on the same process, keep >= 80 % of their throughput.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 import uuid
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -148,10 +150,21 @@ async def test_an_async_handler_that_swallows_its_cancellation_still_times_out(
 
 # An async handler that catches its cancellation forever ran on and held its job IN_PROGRESS
 # (and its slot, and its place under the fleet limit) for good: no outcome, no retry, /healthz
-# 200. Bounded now: past its timeout + the overrun limit its attempt is written as timed out
-# (retried per its policy), its slot stays busy while it runs, /healthz fails, and SIGTERM (the
-# restart Kubernetes makes of an unhealthy worker) ends the process within its grace. Fails on
-# the unfixed worker: the job is still IN_PROGRESS after 25 s.
+# 200. Bounded now: past its timeout + the overrun limit it is given up on: its job stays
+# IN_PROGRESS (no retry runs beside the body, which still runs), its last_error says why,
+# /healthz fails, and SIGTERM (the restart Kubernetes makes of an unhealthy worker) ends the
+# process within its grace; then the lease runs out and the retry starts, on the new worker,
+# after the body has stopped. Fails on the unfixed worker: the job is still IN_PROGRESS with
+# /healthz 200 after 25 s.
+
+
+async def _held(r: Rig, job: str, timeout: float) -> asyncpg.Record:
+    """The job's row once its last_error says its work was given up on."""
+    deadline = time.monotonic() + timeout
+    while "IN_PROGRESS until" not in ((row := await r.job(job))["last_error"] or ""):
+        assert time.monotonic() < deadline, dict(row)
+        await asyncio.sleep(0.1)
+    return row
 
 
 @pytest.mark.timeout(90)
@@ -165,30 +178,46 @@ async def test_an_async_handler_that_never_stops_is_given_up_and_fails_liveness(
         assert await _healthz(port) == 200
         [job] = await r.submit("ignores_cancel", [{"log": str(log)}])
         t0 = time.monotonic()
-        ended = await wait_for(r.db_url, [job], TERMINAL, 25)
+        row = await _held(r, job, 25)
         took = time.monotonic() - t0
-        row = await r.job(job)
-        print(f"\n[ignores_cancel] {row['status']} after {took:.1f} s, {row['attempts']} attempts")
-        assert set(ended.values()) == {"FAILED"} and row["attempts"] == 2, dict(row)  # retried once
-        for error in [row["last_error"], *row["attempt_errors"]]:
-            assert "TimeoutError" in error, dict(row)
-        assert took >= 2 * (1 + 2), f"given up after {took:.1f} s: before timeout + limit"
-        # both bodies still run, and hold their slots: the third slot still serves neighbours
-        assert sum(line.startswith("start") for line in overrun.read_log(log)) == 2
+        print(f"\n[ignores_cancel] held after {took:.1f} s: {row['last_error']}")
+        assert row["status"] == "IN_PROGRESS" and row["attempts"] == 1, dict(row)
+        assert "TimeoutError" in row["last_error"], dict(row)
+        assert took >= 1 + 2, f"given up after {took:.1f} s: before timeout + limit"
         async with httpx.AsyncClient(timeout=2) as c:
             health = await c.get(f"http://127.0.0.1:{port}/healthz")
         assert health.status_code == 503, health.text
-        assert health.json()["overrunning"] == 2, health.text
+        assert health.json()["given_up"] == 1 == health.json()["tasks_abandoned"], health.text
+        # the other slots still serve neighbours
         neighbour = await r.submit("neighbour", [{"sleep": 0}])
         assert set((await wait_for(r.db_url, neighbour, TERMINAL, 10)).values()) == {"COMPLETED"}
+        # past its retry delay (1 s) and two leases (2 s): still held, no second body
+        await asyncio.sleep(4)
+        row = await r.job(job)
+        assert row["status"] == "IN_PROGRESS" and row["attempts"] == 1, dict(row)
+        assert sum(line.startswith("start") for line in overrun.read_log(log)) == 1
         victim = r.fleet.slots[0]
         t1 = time.monotonic()
         victim.signal(15)
         code = await victim.wait(12)
         took = time.monotonic() - t1
+        gone_at = time.time()
         victim.signal(9)
         assert code == 0 and took < 3 + 6, f"exit code {code} after {took:.1f} s (grace 3 s)"
-        assert (await r.job(job))["status"] == "FAILED"
+        # its lease runs out; lease recovery retries it on the restarted worker
+        await r.workers_up(30)
+        deadline = time.monotonic() + 30
+        while (
+            len(starts := [line for line in overrun.read_log(log) if line.startswith("start")]) < 2
+        ):
+            assert time.monotonic() < deadline, (dict(await r.job(job)), r.fleet.logs())
+            await asyncio.sleep(0.1)
+        again = float(starts[1].split()[1])
+        print(f"[ignores_cancel] retried {again - gone_at:.1f} s after its worker exited")
+        assert again > gone_at, "the retry started before the worker running the body exited"
+        row = await r.job(job)
+        assert row["attempts"] == 2, dict(row)
+        assert "lease expired" in row["attempt_errors"][0], dict(row)
 
 
 # Item 7: a non-daemon thread left by a handler must not keep the worker alive after SIGTERM:
@@ -302,6 +331,40 @@ async def test_overrunning_sync_bodies_stay_within_the_fleet_limit(
         assert set(ended.values()) == {"FAILED"}, ended  # timed out, never COMPLETED
         for job_id in ids:
             assert "TimeoutError" in (await r.job(job_id))["last_error"]
+
+
+# A body given up on past its timeout + the overrun limit still runs, so its job stays
+# IN_PROGRESS (its lease renewed) until the body really ends: under a fleet limit of 2, on two
+# worker processes, two jobs' bodies never make more than 2 at once, and a job's retry starts only
+# after its body ended. Counted by the bodies themselves. Fails on the unfixed worker: the give-up
+# wrote the timeout at once, so the retry (or the other job) ran beside the body still running.
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("job_type", ["overruns_limited", "overruns_limited_sync"])
+async def test_a_body_given_up_on_never_runs_beside_its_retry_or_past_the_fleet_limit(
+    osettings: Settings, tmp_path: Path, job_type: str
+) -> None:
+    s = osettings.model_copy(update={"worker_overrun_limit": 1.0})
+    log = tmp_path / "bodies.log"
+    async with rig(s, tmp_path, workers=2, concurrency=2, app=APP) as r:
+        # timeout 1 s, given up at 2 s, each body runs 4 s
+        ids = await r.submit(job_type, [{"log": str(log), "seconds": 4}] * 2)
+        ended = await wait_for(r.db_url, ids, TERMINAL, 80)
+        lines = overrun.read_log(log)
+        runs = overrun.bodies(lines)
+        print(f"\n[{job_type}] {overrun.overlap(lines)} bodies at once (fleet limit 2); {runs}")
+        assert overrun.overlap(lines) <= 2, lines
+        for job_id, job_runs in runs.items():
+            for (_, end), (start, _) in itertools.pairwise(job_runs):
+                early = end - start
+                assert early < 0, f"{job_id}: its retry started {early:.1f} s before it ended"
+        assert set(ended.values()) == {"FAILED"}, ended  # timed out twice, never COMPLETED
+        for job_id in ids:
+            row = await r.job(job_id)
+            assert row["attempts"] == 2 and len(runs[job_id]) == 2, (dict(row), runs)
+            for error in [row["last_error"], *row["attempt_errors"]]:
+                assert "TimeoutError" in error, dict(row)
 
 
 # The residuals: a handler that returns 10 MB (the result cap raised so it is written) and an

@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import asyncpg
 import httpx
 
 from conveyor.core.config import Settings
@@ -168,9 +169,10 @@ async def test_every_slot_held_by_overrunning_work_fails_liveness(
     settings: Settings, db_url: str
 ) -> None:
     """Work past its timeout keeps its slot until it ends; past ``worker_overrun_limit`` more
-    its job gets its timeout (FAILED) while the slot stays busy. One slot of two so held is a
-    busy worker; both, for longer than ``worker_overrun_limit``, is a worker whose capacity is
-    gone."""
+    it is given up on: its job stays IN_PROGRESS (no retry runs beside the thread), noted in its
+    last_error, and liveness fails (only a restart stops such work); both slots so held is also
+    a worker whose capacity is gone. Once the threads end, the timeouts are written (FAILED) and
+    the worker is healthy again."""
     s = settings.model_copy(update={"worker_overrun_limit": 1.0})
     worker_apps.RELEASE_THREADS.clear()
     async with running_stack(s, None) as stack:
@@ -181,18 +183,30 @@ async def test_every_slot_held_by_overrunning_work_fails_liveness(
         try:
             first = await stack.submit("stuck_sync")
             await wait_for(db_url, [first], ["IN_PROGRESS"], timeout=20)
-            # given up on past its 0.5 s timeout + the 1 s overrun limit: FAILED, thread running
-            await wait_for(db_url, [first], ["FAILED"], timeout=10)
+            # given up on past its 0.5 s timeout + the 1 s overrun limit, its thread running
+            deadline = time.monotonic() + 10
+            while worker.status().executor.given_up < 1:
+                assert time.monotonic() < deadline, worker.status().executor
+                await asyncio.sleep(0.05)
             assert worker.status().executor.threads_abandoned == 1
-            assert (await _healthz(port) or (0, {}))[0] == 200  # one slot of two: busy
-            second = await stack.submit("stuck_sync")
-            await wait_for(db_url, [second], ["IN_PROGRESS"], timeout=20)
+            await worker.heartbeater.beat_once()  # writes the note
+            row = await _row(db_url, first)
+            assert row["status"] == "IN_PROGRESS", dict(row)
+            assert "IN_PROGRESS until that work stops" in row["last_error"], dict(row)
             deadline = time.monotonic() + 10  # the probe reads a snapshot taken every 0.25 s
             while (answer := await _healthz(port)) is None or answer[0] != 503:
                 assert time.monotonic() < deadline, f"liveness stayed green: {answer}"
                 await asyncio.sleep(0.05)
-            assert answer[1]["overrunning"] == 2, answer
-            assert "every slot (2) held" in answer[1]["reasons"][0], answer
+            assert answer[1]["given_up"] == 1, answer
+            assert "cannot be stopped" in answer[1]["reasons"][0], answer
+            second = await stack.submit("stuck_sync")
+            await wait_for(db_url, [second], ["IN_PROGRESS"], timeout=20)
+            deadline = time.monotonic() + 10
+            while (answer := await _healthz(port)) is None or answer[1]["given_up"] < 2:
+                assert time.monotonic() < deadline, f"not both given up on: {answer}"
+                await asyncio.sleep(0.05)
+            assert answer[0] == 503, answer
+            assert any("every slot (2) held" in r for r in answer[1]["reasons"]), answer
             worker_apps.RELEASE_THREADS.set()
             deadline = time.monotonic() + 10
             while (answer := await _healthz(port)) is None or answer[0] != 200:
@@ -200,10 +214,22 @@ async def test_every_slot_held_by_overrunning_work_fails_liveness(
                 await asyncio.sleep(0.05)
             ended = await wait_for(db_url, [first, second], timeout=20)
             assert set(ended.values()) == {"FAILED"}, ended
+            for job in (first, second):
+                assert "TimeoutError" in (await _row(db_url, job))["last_error"]
         finally:
             worker_apps.RELEASE_THREADS.set()
             server.close()
             await worker.stop(grace=1)
+
+
+async def _row(db_url: str, job: str) -> asyncpg.Record:
+    conn = await tdb.connect(db_url)
+    try:
+        return await conn.fetchrow(
+            "SELECT status::text AS status, last_error FROM jobs WHERE id = $1", uuid.UUID(job)
+        )
+    finally:
+        await conn.close()
 
 
 async def test_jobs_of_a_worker_whose_loop_is_blocked_are_recovered_elsewhere_once(

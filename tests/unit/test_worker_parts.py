@@ -5,6 +5,7 @@ liveness as a pure function of a status."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 import time
@@ -147,6 +148,46 @@ async def test_a_call_still_running_past_its_give_up_bound_is_abandoned() -> Non
     release.set()
     await asyncio.wait_for(given[0], 2)
     assert (threads.status().alive, threads.status().abandoned) == (0, 0)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_work_given_up_on_holds_its_job_until_it_ends(kind: str) -> None:
+    """Past its timeout + ``overrun_limit`` the work is given up on, but its outcome (a timeout)
+    is reported only once it has ended: until then its job is held (no retry beside it), its
+    attempt is out of ``tasks`` (the drain neither waits for it nor hands it back), counted as
+    ``given_up`` and noted."""
+    stop = threading.Event()
+
+    async def ignores(job: Job) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.01)
+
+    def blocks(job: Job) -> None:
+        stop.wait(5)
+
+    reported: list[Outcome] = []
+    ex = Executor(Metrics(), concurrency=2, abandoned_limit=1, overrun_limit=0.1,
+                  report=lambda r, o: reported.append(o))  # fmt: skip
+    running = _running(ignores if kind == "async" else blocks, timeout=0.05)
+    ex.start(running)
+    task = running.task
+    assert task is not None
+    try:
+        deadline = time.monotonic() + 5
+        while ex.status().given_up < 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert reported == [] and not task.done()
+        assert task not in ex.tasks and running.note and "IN_PROGRESS until" in running.note
+        assert ex.status().tasks_abandoned == (1 if kind == "async" else 0)
+    finally:
+        stop.set()
+    await asyncio.wait_for(task, 5)
+    [outcome] = reported
+    assert outcome.kind is Kind.FAIL and "TimeoutError" in (outcome.error or ""), outcome
+    assert ex.status().given_up == 0 and ex.status().tasks_abandoned == 0
 
 
 async def test_a_call_handed_back_past_its_deadline_abandons_its_thread() -> None:

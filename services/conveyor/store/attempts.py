@@ -51,6 +51,7 @@ JOB_FAIL_MANY = named("job_fail_many")
 JOB_RELEASE_MANY = named("job_release_many")
 JOB_HEARTBEAT_MANY = named("job_heartbeat_many")
 JOB_TOUCH_WAITING = named("job_touch_waiting")
+JOB_NOTE_MANY = named("job_note_many")
 JOB_PROGRESS_MANY = named("job_progress_many")
 JOB_COMPLETED_AMONG = named("job_completed_among")
 JOB_ATTEMPT_LIST = named("job_attempt_list")
@@ -213,6 +214,19 @@ class AttemptStatements(Statements):
             {r["id"]: r["cancel_requested"] for r in rows if not r["busy"]},
             {r["id"] for r in rows if r["busy"]},
         )
+
+    async def job_note_many(
+        self, conn: Connection, notes: Sequence[tuple[Attempt, str]]
+    ) -> set[uuid.UUID]:
+        """Write each running attempt's note to its job's ``last_error``; returns the jobs
+        written (a finished or taken-over attempt's note is not)."""
+        rows = await conn.fetch(
+            self.sql[JOB_NOTE_MANY],
+            [a.job_id for a, _ in notes],
+            [a.attempt for a, _ in notes],
+            [text for _, text in notes],
+        )
+        return {r["id"] for r in rows}
 
     async def job_touch_waiting(
         self, conn: Connection, ids: Sequence[uuid.UUID], *, hold_seconds: float

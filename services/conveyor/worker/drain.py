@@ -1,6 +1,9 @@
 """SIGTERM: stop taking messages, let running jobs finish within the grace, hand back the rest
 (PENDING again, no retry consumed), write every outcome, close. KEDA may scale a worker in at any
-moment: nothing is lost, the exit code is 0.
+moment: nothing is lost, the exit code is 0. Work given up on (past its timeout +
+``worker_overrun_limit``, still running, see ``executor.py``) is neither waited for nor handed
+back: its job stays IN_PROGRESS until the process has exited and its lease runs out, so its retry
+never runs beside it.
 
 Each phase is a step of its own, in order: ``stop_taking`` → ``finish`` → ``hand_back`` →
 ``flush``. Handler threads still running afterwards are daemon threads: their jobs were handed
@@ -92,7 +95,7 @@ class Drain:
         """Wait until every outcome is written (bounded: a database that is down must not hang
         the drain; the leases of unwritten attempts then expire and the sweeper recovers them)."""
         self.phase = "flushing"
-        if self.running:
+        if any(r.given_up_at is None for r in self.running.values()):
             self.idle.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.idle.wait(), timeout)

@@ -5,7 +5,13 @@ Async handlers run in a task each, under ``asyncio.timeout``; sync handlers in t
 the await: an attempt whose work goes on past its deadline (a sync handler's thread, an async
 handler that swallows its cancellation, threads it started with ``asyncio.to_thread``, see
 ``sidework.py``) keeps its slot until that work has ended, and its outcome is then a timeout —
-a result that arrives after the deadline never completes the job. What a handler raises is a failure
+a result that arrives after the deadline never completes the job. Work still running
+``overrun_limit`` past its deadline is *given up on* (``_give_up``): nothing short of the process's
+exit stops it, so its job stays IN_PROGRESS (lease renewed, counted under its type's fleet limit,
+noted in ``last_error``), the drain neither waits for it nor hands it back, liveness fails
+(``health.py``), and its timeout is written only once the work has ended: the job is never
+released for a retry that would run beside it. If the process exits first, the lease runs out and
+lease recovery retries the job. What a handler raises is a failure
 that consumes a retry — ``CancelledError`` that nobody asked for, ``SystemExit``,
 ``KeyboardInterrupt`` and ``GeneratorExit`` included — except ``Retry`` (another attempt, no retry
 consumed) and a cancellation by the drain (the job is handed back). An exception whose ``__str__``
@@ -16,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..core import tracing
+from ..core.logging import event
 from ..core.metrics import Metrics
 from ..router import Middleware
 from . import outcomes
@@ -33,6 +41,8 @@ from .sidework import ATTEMPT
 from .threads import HandlerThreads, HandlerTimeout
 
 Report = Callable[[Running, Outcome], None]
+
+log = logging.getLogger("conveyor.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,7 @@ class ExecutorStatus:
     # the deadlines of attempts whose work still runs past them (sorted: the oldest first)
     overrun_since: tuple[float, ...] = ()
     tasks_abandoned: int = 0  # async handlers given up on (they ignored their cancellation)
+    given_up: int = 0  # attempts given up on whose work still runs (their jobs held IN_PROGRESS)
 
 
 class Executor:
@@ -68,12 +79,12 @@ class Executor:
         self.clock = clock
         self.threads = HandlerThreads(concurrency, abandoned_limit, clock=clock)
         self.tasks: dict[asyncio.Task[Outcome], Running] = {}
-        # past its deadline + this, work that will not stop is given up on: its outcome (a
-        # timeout) is written, its slot stays busy until it ends (``release_when_stopped``)
+        # past its deadline + this, work that will not stop is given up on (``_give_up``): its
+        # job and its slot stay held until it ends, and then its timeout is written
         self.overrun_limit = overrun_limit
-        self.lingering: dict[Running, float] = {}  # given up on, still running → its deadline
-        # async handlers still running past their deadline + ``overrun_limit``: their outcome
-        # was written without them (``_abandon_task``); only a restart of the process ends them
+        self.given_up: dict[Running, float] = {}  # given up on, still running → its deadline
+        # async handlers still running past their deadline + ``overrun_limit`` (they ignore
+        # their cancellation, ``_abandon_task``); only a restart of the process ends them
         self.abandoned: set[asyncio.Task[Outcome]] = set()
 
     def status(self) -> ExecutorStatus:
@@ -81,7 +92,7 @@ class Executor:
         now = self.clock()
         overrun = sorted(
             [d for r in list(self.tasks.values()) if (d := r.deadline_at) is not None and d < now]
-            + list(self.lingering.values())
+            + list(self.given_up.values())
         )
         return ExecutorStatus(
             len(self.tasks),
@@ -92,6 +103,7 @@ class Executor:
             t.limit,
             tuple(overrun),
             len(self.abandoned),
+            len(self.given_up),
         )
 
     def start(self, running: Running) -> None:
@@ -125,29 +137,32 @@ class Executor:
             if watchdog is not None:
                 watchdog.cancel()
         await self._work_ended(running)
+        if running.given_up_at is not None:  # its job was held until all its work ended
+            while pending := [f for f in running.lingering if not f.done()]:
+                await asyncio.wait(pending)
+            self.given_up.pop(running, None)
+            if running.task is not None:
+                self.abandoned.discard(running.task)
+            ran = self.clock() - (running.deadline_at or started)
+            text = (
+                f"TimeoutError: attempt exceeded its timeout of {running.timeout} s; its work "
+                f"ran on for {ran:.1f} s past it (its job held until it stopped)"
+            )
+            outcome = self._failed(running, TimeoutError(), text=text)
         self.metrics.job_duration_of(running.job.type).observe(self.clock() - started)
-        if running.task not in self.abandoned:  # else its outcome is written already
-            self.report(running, outcome)
+        self.report(running, outcome)
         return outcome
 
     def _abandon_task(self, running: Running) -> None:
         """An async handler still running ``overrun_limit`` past its timeout has ignored its
-        cancellation: give up on it like on a thread past that bound. Its outcome (a timeout,
-        retried per its policy) is written now; its slot stays busy until the task ends, and
-        liveness fails while it runs (``health.py``): nothing but a restart stops it."""
+        cancellation: give up on it like on a thread past that bound (``_give_up``); nothing but
+        a restart stops it."""
         task = running.task
         if task is None or task.done() or running.releasing:
             return
-        self.tasks.pop(task, None)  # the drain neither waits for it nor hands its job back
         self.abandoned.add(task)
-        running.job._cancel.set()  # a handler that polls ``cancel_requested`` may still stop
         side = [asyncio.wrap_future(f) for f in list(running.side_work) if not f.done()]
-        self._give_up(running, [task, *side])
-        text = (
-            f"TimeoutError: attempt exceeded its timeout of {running.timeout} s and ignored "
-            f"its cancellation for {self.overrun_limit:g} s"
-        )
-        self.report(running, self._failed(running, TimeoutError(), text=text))
+        self._give_up(running, side, "ignored its cancellation")
 
     async def _work_ended(self, running: Running) -> None:
         """Wait until the threads the handler started have ended (its job's slot and lease are
@@ -160,7 +175,7 @@ class Executor:
             except asyncio.CancelledError:
                 return
             if still and left is not None and self._give_up_in(running) == 0:
-                self._give_up(running, list(still))
+                self._give_up(running, list(still), "left threads running")
                 return
 
     def _give_up_in(self, running: Running) -> float | None:
@@ -168,28 +183,38 @@ class Executor:
             return None
         return max(0.0, running.deadline_at + self.overrun_limit - self.clock())
 
-    def _give_up(self, running: Running, work: list[asyncio.Future[Any]]) -> None:
+    def _give_up(self, running: Running, work: list[asyncio.Future[Any]], what: str) -> None:
+        """``running``'s work (``work``: futures done when each piece ends; an async handler's
+        own task is ``running.task``) still runs ``overrun_limit`` past its deadline and cannot
+        be stopped. Its job stays IN_PROGRESS, its lease renewed by the heartbeat, so no retry
+        runs beside it and its type's fleet count stays true; ``running.note`` says why (written
+        to ``last_error`` by the heartbeater). The task leaves ``tasks``: the drain neither waits
+        for it nor hands its job back (the process's exit ends the work, then the lease runs out
+        and lease recovery retries the job). ``run_one`` writes the timeout once it has all
+        ended."""
         running.lingering.extend(work)
-        self.lingering[running] = running.deadline_at or self.clock()
-
-    def release_when_stopped(self, running: Running, release: Callable[[], None]) -> None:
-        """Free the attempt's slot (``release``) once all its work has stopped: now, or when
-        the last of the work given up on ends."""
-        pending = [f for f in running.lingering if not f.done()]
-        if not pending:
-            self.lingering.pop(running, None)
-            release()
+        if running.given_up_at is not None:
             return
-        left = [len(pending)]
-
-        def one(_: asyncio.Future[Any]) -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                self.lingering.pop(running, None)
-                release()
-
-        for f in pending:
-            f.add_done_callback(one)
+        running.given_up_at = self.clock()
+        self.given_up[running] = running.deadline_at or running.given_up_at
+        if running.task is not None:
+            self.tasks.pop(running.task, None)
+        running.job._cancel.set()  # a handler that polls ``cancel_requested`` may still stop
+        running.note = (
+            f"TimeoutError: attempt {running.job.attempt} exceeded its timeout of "
+            f"{running.timeout} s and {what} for {self.overrun_limit:g} s more: its job stays "
+            "IN_PROGRESS until that work stops (or its worker restarts, see the worker's /healthz)"
+        )
+        event(
+            log,
+            "job_given_up",
+            logging.WARNING,
+            job_id=str(running.job.id),
+            attempt=running.job.attempt,
+            type=running.job.type,
+            timeout=running.timeout,
+            why=what,
+        )
 
     async def _traced(self, running: Running) -> Outcome:
         """The attempt inside its span (``core/tracing.py``): the handler's own spans nest."""
@@ -235,7 +260,7 @@ class Executor:
                     self.threads.call,
                     on_deadline=job._cancel.set,
                     give_up_after=self.overrun_limit,
-                    on_give_up=lambda f: self._give_up(running, [f]),
+                    on_give_up=lambda f: self._give_up(running, [f], "its thread ran on"),
                 )
                 inner = sync_call(call, spec.func, timeout)
                 result = await chain(self.middlewares, inner)(job)

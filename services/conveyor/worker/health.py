@@ -11,9 +11,11 @@ their own so they can answer while the event loop is blocked.
     (it waits for that transaction, like a submit of the same key; ``outcomes_held_by_keys``);
   - more handler threads are abandoned (given up on past their timeout + ``worker_overrun_limit``,
     or handed back by a drain, still running) than ``worker_abandoned_thread_limit``;
-  - an async handler given up on still runs: it ignored its cancellation for
-    ``worker_overrun_limit`` past its timeout (its attempt was written as timed out, its slot is
-    still busy), and only a restart of the process stops it;
+  - work given up on still runs: an async handler that ignored its cancellation, or a handler's
+    thread, still running ``worker_overrun_limit`` past its timeout. Its job stays IN_PROGRESS
+    (so that no retry runs beside it) until the work ends, and only a restart of the process
+    stops work that never does; the restart's drain finishes or hands back the other jobs, and
+    the held job's lease then runs out and lease recovery retries it;
   - its capacity is gone: every slot is held by work that has run past its timeout for longer
     than ``worker_overrun_limit`` (work that cannot be stopped keeps its slot until it ends,
     see ``executor.py``);
@@ -74,10 +76,10 @@ def assess(
             f"{s.executor.threads_abandoned} handler threads abandoned past their "
             f"timeout (limit {limits.abandoned_threads})"
         )
-    if s.executor.tasks_abandoned:
+    if s.executor.given_up:
         reasons.append(
-            f"{s.executor.tasks_abandoned} async handlers ignored their cancellation for over "
-            f"{limits.overrun:g} s past their timeout"
+            f"{s.executor.given_up} attempts' work still runs over {limits.overrun:g} s past "
+            "their timeout and cannot be stopped (their jobs stay IN_PROGRESS until it ends)"
         )
     if thread_wait > limits.outcome_deadline:
         reasons.append(f"a sync handler has waited {thread_wait:.0f} s for a thread")
@@ -104,6 +106,7 @@ def assess(
         "threads_abandoned": s.executor.threads_abandoned,
         "threads_waiting": s.executor.threads_waiting,
         "tasks_abandoned": s.executor.tasks_abandoned,
+        "given_up": s.executor.given_up,
         "overrunning": len(s.executor.overrun_since),
         "running": s.running,
         "concurrency": s.concurrency,

@@ -4,9 +4,11 @@ Every ``visibility_timeout / 3`` seconds one statement extends the lease of ever
 (fenced by attempt), skipping rows another transaction holds (the worker's own outcome batch,
 waiting on a lock): such a job is neither extended nor lost this time. A job missing from the
 answer was taken over (its lease expired) or its row is gone, and a job whose cancellation was
-requested is told so through ``job.cancel_requested``. Deliveries of jobs running longer than
-``early_ack_after`` are acknowledged early (the lease alone holds them from then on), and
-deliveries waiting for a slot are touched so the reconciler does not take their jobs for lost.
+requested is told so through ``job.cancel_requested``; the note of an attempt whose work was
+given up on (it holds its job IN_PROGRESS, ``executor.py``) goes to its job's ``last_error``.
+Deliveries of jobs running longer than ``early_ack_after`` are acknowledged early (the lease
+alone holds them from then on), and deliveries waiting for a slot are touched so the
+reconciler does not take their jobs for lost.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class Heartbeater:
                 lease_seconds=self.visibility_timeout,
             )
         self._last = self.clock()
+        await self._write_notes(running)
         await self.touch_waiting()
         early = self.clock() - self.early_ack_after
         late = [r for r in running if r.delivery is not None and r.started < early]
@@ -117,6 +120,23 @@ class Heartbeater:
                 r.job._cancel.set()
             elif alive[r.job.id]:
                 r.job._cancel.set()
+
+    async def _write_notes(self, running: list[Running]) -> None:
+        """Notes not yet written (``Running.note``), once each; a failed write is tried again
+        at the next beat."""
+        notes = [r for r in running if r.note is not None and not r.noted]
+        if not notes:
+            return
+        try:
+            async with self.pool.acquire() as conn:
+                await self.store.job_note_many(
+                    conn, [(Attempt(r.job.id, r.job.attempt), r.note or "") for r in notes]
+                )
+        except Exception as exc:
+            event(log, "job_note_failed", logging.WARNING, error=repr(exc))
+            return
+        for r in notes:
+            r.noted = True
 
 
 def take_deliveries(runs: list[Running]) -> list[Delivery]:

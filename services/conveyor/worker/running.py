@@ -32,6 +32,10 @@ class Running:
     # threads the handler started through the worker's default executor (``sidework.py``),
     # still running: the attempt's slot stays busy until they end
     side_work: set[Any] = field(default_factory=set, repr=False)
-    # work given up on (past its deadline + ``worker_overrun_limit``) that still runs after the
-    # outcome is written: asyncio futures done when it ends; the slot is freed only then
+    # work given up on (past its deadline + ``worker_overrun_limit``: ``Executor._give_up``),
+    # still running: asyncio futures done when each piece ends; the job and the slot are held,
+    # and the outcome written, only once they all are
     lingering: list[asyncio.Future[Any]] = field(default_factory=list, repr=False)
+    given_up_at: float | None = None  # the worker's clock when its work was given up on
+    note: str | None = None  # why its job is held: written to ``last_error`` by the heartbeater
+    noted: bool = False

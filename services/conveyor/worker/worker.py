@@ -153,7 +153,8 @@ class Worker:
             early_ack_after=settings.early_ack_after,
             clock=clock,
         )
-        self.idle = asyncio.Event()  # set when the last running job's outcome is written
+        # set when the last running job's outcome is written (but those of work given up on)
+        self.idle = asyncio.Event()
         self.drain = Drain(self.consumer, self.subscription, self.executor, self.running, self.idle)
         block = settings.worker_loop_block_limit  # a short one needs quicker ticks and checks
         self.monitor = LoopMonitor(
@@ -317,10 +318,10 @@ class Worker:
             if self.running.get(job_id) is p.running:
                 del self.running[job_id]
                 self.heartbeater.acked_early.discard(job_id)
-            self.executor.release_when_stopped(p.running, self.slots.release)
+            self.slots.release()  # its work has ended (executor.py holds work given up on)
         self.consumer.freed.set()  # jobs held in hand for a type's slot are claimed again
-        if not self.running:
-            self.idle.set()
+        if all(r.given_up_at is not None for r in self.running.values()):
+            self.idle.set()  # (work given up on is not the drain's to wait for)
         await self.acks.ack(take_deliveries([p.running for p in batch]))
 
     # ------------------------------------------------------------------ status

@@ -365,6 +365,15 @@ held AS (
 SELECT j.id, upd.cancel_requested, upd.id IS NULL AS busy
 FROM __schema__.jobs j JOIN u ON {{job_fenced}} LEFT JOIN upd ON upd.id = j.id
 
+-- name: job_note_many
+-- Why a running attempt holds its job (``last_error`` of the IN_PROGRESS row: its work was given
+-- up on past its timeout and still runs, worker/executor.py); fenced like every write of an
+-- attempt. The attempt's outcome overwrites it.
+UPDATE __schema__.jobs j SET last_error = u.note, updated_at = now()
+FROM unnest($1::uuid[], $2::int4[], $3::text[]) AS u(id, attempt, note)
+WHERE {{job_fenced}}
+RETURNING j.id
+
 -- name: job_touch_waiting
 -- Deliveries a worker holds while it waits for a free slot: their jobs are in hand, not lost,
 -- and their messages are not among the queue's *ready* ones, which is all the reconciler sees.
