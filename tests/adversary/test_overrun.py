@@ -342,6 +342,24 @@ async def test_neighbours_keep_their_throughput_beside_a_written_10mb_result(
     _check("huge_result", baseline, during)
 
 
+# Four 10 MB results at once: each is written alone, holding a connection of the worker's pool of
+# four while PostgreSQL parses it; unbounded, the four take the whole pool and the neighbours'
+# claims and outcomes wait behind them. The worker has a slot for each large result beside the
+# neighbours' wave of seven, so only the writes can slow the neighbours, not the slots the large
+# results hold (with eight slots, any two jobs held for a second would halve that wave).
+
+
+@pytest.mark.serial
+@pytest.mark.timeout(90)
+async def test_neighbours_keep_their_throughput_beside_four_10mb_results_at_once(
+    osettings: Settings, tmp_path: Path
+) -> None:
+    s = osettings.model_copy(update={"max_result_bytes": 16 * 1024 * 1024})
+    async with rig(s, tmp_path, concurrency=7 + 4, app=APP) as r:
+        baseline, during = await _neighbours_beside(r, "huge_result", 4, "COMPLETED")
+    _check("4 x huge_result", baseline, during)
+
+
 @pytest.mark.serial
 @pytest.mark.timeout(90)
 async def test_neighbours_keep_their_throughput_beside_a_handler_blocking_the_loop(

@@ -52,6 +52,10 @@ from .status import WorkerStatus
 
 log = logging.getLogger("conveyor.worker")
 
+# Connections of a worker's pool: claims, the outcome batch, heartbeats, progress and type
+# controls share them; outcomes written alone (large results) may hold at most half.
+POOL_SIZE = 4
+
 
 class Worker:
     heartbeater: Heartbeater
@@ -142,6 +146,7 @@ class Worker:
             done=self._done,
             wake_relay=self.notifier.wake,
             clock=clock,
+            apart=POOL_SIZE // 2,  # the other half: the batch, the claims, the heartbeats
         )
         self.heartbeater = Heartbeater(
             None,
@@ -175,7 +180,7 @@ class Worker:
         self.pool = await create_pool(
             self.settings.database_url,
             application_name="conveyor-worker",
-            max_size=4,
+            max_size=POOL_SIZE,
             command_timeout=30,
             pooler=self.settings.db_pooler,
             bounds=SessionBounds.of(self.settings),
