@@ -76,7 +76,8 @@ class LoopGuard:
         self.clock = clock
         self.loop: asyncio.AbstractEventLoop | None = None
         self.enabled = False
-        self._seen: tuple[asyncio.Task[object], float] | None = None  # (task, tick) last check
+        # (task, tick, first seen at): the task executing at the last check, since when
+        self._seen: tuple[asyncio.Task[object], float, float] | None = None
         self._fired: tuple[asyncio.Task[object], float, float] | None = None  # task, tick, at
         self._target: _Target | None = None
         self._preempted = 0
@@ -121,7 +122,10 @@ class LoopGuard:
         """One step (any thread): True when the task the loop is executing is a handler that
         has blocked it past its limit (the caller then sends the signal). A task must be seen
         executing on two checks in a row with no tick in between, so a handler that merely
-        happens to run at the moment of a check is never the one blamed."""
+        happens to run at the moment of a check is never the one blamed, and it is blamed only
+        for the time it has itself been executing (since the first of those checks): handlers
+        that each compute a little, one after the other in one turn of the loop, block it for
+        their sum, yet none of them blocked it past its limit."""
         blocked = self.monitor.blocked_for()
         loop = self.loop
         if blocked <= 0 or loop is None:
@@ -133,8 +137,12 @@ class LoopGuard:
         if task is None or limit is None:
             self._seen = None
             return False
-        seen, self._seen = self._seen, (task, tick)
-        if seen != (task, tick) or blocked < limit:
+        seen = self._seen
+        if seen is None or seen[:2] != (task, tick):
+            self._seen = (task, tick, self.clock())
+            return False
+        executing = min(blocked, self.clock() - seen[2])
+        if executing < limit:
             return False
         fired = self._fired
         if fired is not None and fired[:2] == (task, tick) and self.clock() - fired[2] < limit:
@@ -144,7 +152,7 @@ class LoopGuard:
             task,
             tick,
             (
-                f"LoopBlocked: the handler blocked the worker's event loop for {blocked:.1f} s "
+                f"LoopBlocked: the handler blocked the worker's event loop for {executing:.1f} s "
                 f"(its limit is {limit:g} s); an "
                 "async handler must not call blocking code: make it a sync handler (it runs in a "
                 "thread) or use asyncio.to_thread"
