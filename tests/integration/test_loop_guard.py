@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.core.config import Settings
 from conveyor.worker import Worker
-from conveyor.worker.guard import LoopGuard
+from conveyor.worker.guard import BlockPenalty, LoopGuard
 from conveyor.worker.loop import LoopMonitor
 
 from .. import db as tdb
@@ -103,3 +103,22 @@ def test_the_guard_leaves_an_application_signal_handler_alone() -> None:
     finally:
         loop.close()
         signal.signal(signal.SIGURG, previous)
+
+
+def test_a_type_preempted_for_blocking_is_spaced_out_for_a_while() -> None:
+    """``BlockPenalty`` with an injected clock: nothing before an offence; then one attempt per
+    ten limits, the others put back for that long; over a minute after the last offence."""
+    clock = _Clock()
+    penalty = BlockPenalty(0.5, clock=clock)
+    assert penalty.admit("t") is None
+    penalty.offended("t")
+    assert penalty.admit("t") == 5.0 and penalty.admit("other") is None
+    clock.now += 4.9
+    assert penalty.admit("t") == 5.0
+    clock.now += 0.1
+    assert penalty.admit("t") is None  # 5 s on: one runs
+    assert penalty.admit("t") == 5.0  # and the next waits 5 s more
+    assert penalty.penalised() == ["t"]
+    clock.now += 56
+    assert penalty.admit("t") is None and penalty.admit("t") is None  # forgiven
+    assert penalty.penalised() == []

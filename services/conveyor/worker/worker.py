@@ -40,7 +40,7 @@ from .completer import Completer, Pending
 from .controls import TypeControls, consumer_switch
 from .drain import Drain, quietly
 from .executor import Executor
-from .guard import LoopGuard
+from .guard import BlockPenalty, LoopGuard
 from .heartbeater import Heartbeater, take_deliveries
 from .jobctx import AttemptHooks
 from .limits import LimitedConsumer
@@ -136,6 +136,11 @@ class Worker:
             report=self._report,
             overrun_limit=settings.worker_overrun_limit,
             middlewares=router.middlewares,
+            penalty=(
+                BlockPenalty(settings.worker_loop_block_limit, clock=clock)
+                if settings.worker_loop_block_limit
+                else None
+            ),
             clock=clock,
         )
         self.notifier = Notifier(None, self.store)
