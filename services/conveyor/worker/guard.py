@@ -234,10 +234,10 @@ class BlockPenalty:
 
     def admit(self, job_type: str) -> float | None:
         """None: the attempt runs; else the seconds it is put back for."""
-        now = self.clock()
         last = self._offended.get(job_type)
-        if last is None:
+        if last is None:  # the usual case: one dict lookup per attempt
             return None
+        now = self.clock()
         if now - last > self.window:
             del self._offended[job_type]
             self._started.pop(job_type, None)
