@@ -27,6 +27,19 @@ router.job("huge_result", max_retries=1, retry_delays=[1], timeout=20)(handlers.
 router.job("blocks_loop", max_retries=1, retry_delays=[1], timeout=1)(handlers.blocks_loop)
 
 
+@router.job("cpu_bursts", max_retries=0, timeout=10)
+async def cpu_bursts(job: Job) -> dict[str, int]:
+    """Legitimate async code with a bit of CPU work: ``bursts`` stretches of ``seconds`` of
+    pure computation, each followed by an await."""
+    n = 0
+    for _ in range(int(job.payload.get("bursts", 3))):
+        end = time.monotonic() + float(job.payload.get("seconds", 0.3))
+        while time.monotonic() < end:
+            n += 1
+        await asyncio.sleep(0.01)
+    return {"loops": n}
+
+
 def record(job: Job, what: str) -> None:
     path = job.payload.get("log")
     if path:

@@ -368,9 +368,9 @@ async def test_a_body_given_up_on_never_runs_beside_its_retry_or_past_the_fleet_
 
 
 # The residuals: a handler that returns 10 MB (the result cap raised so it is written) and an
-# async handler that blocks the event loop (with CONVEYOR_WORKER_LOOP_BLOCK_LIMIT=0.1: by default
-# the guard preempts it at its 1 s timeout only, far too late for the neighbours' rates), on the
-# same process as the neighbours.
+# async handler that blocks the event loop (with CONVEYOR_WORKER_LOOP_BLOCK_LIMIT=0.1, the
+# neighbours' wave of 0.6 s jobs measured right at its start), on the same process as the
+# neighbours.
 
 
 async def _neighbours_beside(
@@ -405,6 +405,24 @@ async def test_neighbours_keep_their_throughput_beside_a_written_10mb_result(
     _check("huge_result", baseline, during)
 
 
+# Four 10 MB results at once: each is written alone, holding a connection of the worker's pool of
+# four while PostgreSQL parses it; unbounded, the four take the whole pool and the neighbours'
+# claims and outcomes wait behind them. The worker has a slot for each large result beside the
+# neighbours' wave of seven, so only the writes can slow the neighbours, not the slots the large
+# results hold (with eight slots, any two jobs held for a second would halve that wave).
+
+
+@pytest.mark.serial
+@pytest.mark.timeout(90)
+async def test_neighbours_keep_their_throughput_beside_four_10mb_results_at_once(
+    osettings: Settings, tmp_path: Path
+) -> None:
+    s = osettings.model_copy(update={"max_result_bytes": 16 * 1024 * 1024})
+    async with rig(s, tmp_path, concurrency=7 + 4, app=APP) as r:
+        baseline, during = await _neighbours_beside(r, "huge_result", 4, "COMPLETED")
+    _check("4 x huge_result", baseline, during)
+
+
 @pytest.mark.serial
 @pytest.mark.timeout(90)
 async def test_neighbours_keep_their_throughput_beside_a_handler_blocking_the_loop(
@@ -414,3 +432,59 @@ async def test_neighbours_keep_their_throughput_beside_a_handler_blocking_the_lo
     async with rig(s, tmp_path, app=APP) as r:
         baseline, during = await _neighbours_beside(r, "blocks_loop", 1, "FAILED")
     _check("blocks_loop", baseline, during)
+
+
+# A type whose every job blocks the event loop, twenty of them queued, with the defaults
+# (CONVEYOR_WORKER_LOOP_BLOCK_LIMIT 0.5 s). Preempting each attempt is not enough: the next one
+# blocks again at once, and the neighbours starve (each attempt of 8 at a time blocks for its 1 s
+# timeout without the limit). Once the type has been preempted, the worker starts at most one of
+# its attempts per ten limits and puts the others back without consuming a retry, so the
+# neighbours, measured after the first preemption, keep their rate.
+
+
+async def _first_preempted(r: Rig, ids: list[str], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    conn = await tdb.connect(r.db_url)
+    try:
+        while not await conn.fetchval(
+            "SELECT count(*) FROM job_attempts WHERE job_id = ANY($1::uuid[])"
+            " AND error LIKE 'LoopBlocked%'",
+            [uuid.UUID(i) for i in ids],
+        ):
+            assert time.monotonic() < deadline, "no attempt was preempted"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.serial
+@pytest.mark.timeout(120)
+async def test_neighbours_keep_their_throughput_beside_a_type_that_keeps_blocking_the_loop(
+    osettings: Settings, tmp_path: Path
+) -> None:
+    async with rig(osettings, tmp_path, app=APP) as r:
+        await r.warm_up()
+        baseline = await r.neighbour_rates()
+        ids = await r.submit("blocks_loop", [{}] * 20)
+        await _first_preempted(r, ids)
+        during = await r.neighbour_rates()
+        rows = [await r.job(i) for i in ids[:3]]
+    _check("20 x blocks_loop", baseline, during)
+    for row in rows:  # deferred attempts consume no retry
+        assert row["retry_count"] <= 1, dict(row)
+
+
+# Legitimate async handlers that compute for 0.3 s at a time (below the default limit) between
+# awaits are not preempted: every job completes.
+
+
+@pytest.mark.timeout(90)
+async def test_async_handlers_with_short_cpu_bursts_are_not_preempted(
+    osettings: Settings, tmp_path: Path
+) -> None:
+    async with rig(osettings, tmp_path, concurrency=4, app=APP) as r:
+        ids = await r.submit("cpu_bursts", [{"bursts": 3, "seconds": 0.3}] * 4)
+        ended = await wait_for(r.db_url, ids, TERMINAL, 40)
+        rows = [await r.job(i) for i in ids]
+    assert set(ended.values()) == {"COMPLETED"}, [dict(row) for row in rows]
+    assert all(row["attempts"] == 1 for row in rows), [dict(row) for row in rows]

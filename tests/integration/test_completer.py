@@ -125,6 +125,58 @@ async def test_a_large_result_does_not_hold_back_the_other_outcomes(
     assert len(done) == 3 and all(p.written for p in done)
 
 
+# Outcomes written alone hold a connection each while PostgreSQL parses their result: unbounded,
+# four of them take a pool of four (the worker's), and the batch of small outcomes waits for a
+# connection until they are written. Here their writes are held by row locks: the batch must
+# commit while they wait, and they are written once the locks go.
+
+
+async def test_large_results_written_alone_leave_connections_for_the_batch(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    pool = await create_pool(db_url, application_name="test-completer", max_size=4)
+    done: list[Pending] = []
+
+    async def record(batch: list[Pending]) -> None:
+        done.extend(batch)
+
+    completer = Completer(pool, for_schema(), Metrics(), done=record)
+    locker = await tdb.connect(db_url)
+    try:
+        runs = await _claimed(db, 6)
+        big, small = runs[:4], runs[4:]
+        blob = {"blob": "x" * (LARGE_RESULT_CHARS + 1)}
+        async with locker.transaction():
+            await locker.execute(
+                "SELECT 1 FROM jobs WHERE id = ANY($1::uuid[]) FOR UPDATE", [r.job.id for r in big]
+            )
+            for r in big:
+                completer.put(r, outcomes.completed(blob))
+            assert await asyncio.wait_for(completer.flush_once(), 5) == 4
+            for r in small:
+                completer.put(r, outcomes.completed({"ok": True}))
+            t0 = time.monotonic()
+            try:
+                assert await asyncio.wait_for(completer.flush_once(), 5) == 2
+            except TimeoutError:
+                raise AssertionError(
+                    f"the batch waited {time.monotonic() - t0:.1f} s for a connection"
+                ) from None
+            assert {p.running.job.id for p in done} == {r.job.id for r in small}
+            assert completer.status().waiting == 4  # the large ones, two of them on a lock
+            assert pool.get_size() - pool.get_idle_size() <= 2, "more than half of the pool"
+        deadline = time.monotonic() + 10
+        while completer.status().waiting:
+            assert time.monotonic() < deadline, completer.status()
+            await asyncio.sleep(0.02)
+    finally:
+        await locker.close()
+        await pool.close()
+    statuses = await db.fetch("SELECT status::text FROM jobs ORDER BY id")
+    assert [r["status"] for r in statuses] == ["COMPLETED"] * 6
+    assert len(done) == 6 and all(p.written for p in done)
+
+
 async def test_a_batch_of_one_kind_is_one_statement_without_begin_commit(
     db: asyncpg.Connection, db_url: str
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.core.config import Settings
 from conveyor.worker import Worker
-from conveyor.worker.guard import LoopGuard
+from conveyor.worker.guard import BlockPenalty, LoopGuard
 from conveyor.worker.loop import LoopMonitor
 
 from .. import db as tdb
@@ -79,7 +79,10 @@ async def test_the_guard_blames_only_a_handler_seen_blocking_twice() -> None:
     assert not guard.check_once()  # blocked, but not by a handler
     limits[current] = 1.0
     assert not guard.check_once()  # first sighting
-    assert guard.check_once()  # second: blocked 4.75 s > 1 s
+    clock.now += 0.5
+    assert not guard.check_once()  # the loop blocked 5.25 s, but this handler only 0.5 s of it
+    clock.now += 0.5
+    assert guard.check_once()  # it has been executing for its limit
     assert not guard.check_once()  # fired already
     clock.now += 1.0
     assert guard.check_once()  # still blocking a limit later: again
@@ -100,3 +103,22 @@ def test_the_guard_leaves_an_application_signal_handler_alone() -> None:
     finally:
         loop.close()
         signal.signal(signal.SIGURG, previous)
+
+
+def test_a_type_preempted_for_blocking_is_spaced_out_for_a_while() -> None:
+    """``BlockPenalty`` with an injected clock: nothing before an offence; then one attempt per
+    ten limits, the others put back for that long; over a minute after the last offence."""
+    clock = _Clock()
+    penalty = BlockPenalty(0.5, clock=clock)
+    assert penalty.admit("t") is None
+    penalty.offended("t")
+    assert penalty.admit("t") == 5.0 and penalty.admit("other") is None
+    clock.now += 4.9
+    assert penalty.admit("t") == 5.0
+    clock.now += 0.1
+    assert penalty.admit("t") is None  # 5 s on: one runs
+    assert penalty.admit("t") == 5.0  # and the next waits 5 s more
+    assert penalty.penalised() == ["t"]
+    clock.now += 56
+    assert penalty.admit("t") is None and penalty.admit("t") is None  # forgiven
+    assert penalty.penalised() == []

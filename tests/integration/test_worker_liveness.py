@@ -98,7 +98,7 @@ async def test_a_blocked_event_loop_fails_liveness_until_it_turns_again(
     async with running_stack(settings, None) as stack:
         proc = await _worker_process(
             settings, tmp_path / "w.log", "--concurrency", "2", "--health-port", str(port),
-            CONVEYOR_WORKER_LOOP_STALL_LIMIT="1",
+            CONVEYOR_WORKER_LOOP_STALL_LIMIT="1", CONVEYOR_WORKER_LOOP_BLOCK_LIMIT="0",
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 20
@@ -240,7 +240,9 @@ async def test_jobs_of_a_worker_whose_loop_is_blocked_are_recovered_elsewhere_on
     when A's loop turns again its own completion is fenced. COMPLETED once, by B."""
     log = tmp_path / "a.log"
     async with running_stack(settings, None) as stack:
-        proc = await _worker_process(settings, log, "--concurrency", "2")
+        proc = await _worker_process(  # a block the guard does not end (C code, limit 0)
+            settings, log, "--concurrency", "2", CONVEYOR_WORKER_LOOP_BLOCK_LIMIT="0"
+        )
         try:
             job = await stack.submit("slow", {"seconds": 6})
             await wait_for(db_url, [job], statuses=["IN_PROGRESS"], timeout=20)

@@ -121,9 +121,10 @@ class Settings(BaseSettings):
     # ... or every slot held by work running past its timeout for longer than this (seconds)
     worker_overrun_limit: float = Field(default=60.0, gt=0)
     # an async handler blocking the event loop longer than this (seconds) is preempted by the
-    # loop guard even before its timeout, so its neighbours on the process lose at most that
-    # long (None: at its timeout only)
-    worker_loop_block_limit: float | None = Field(default=None, gt=0)
+    # loop guard even before its timeout, and its type's attempts on that worker are spaced out
+    # (worker/guard.py, BlockPenalty), so its neighbours lose at most that long now and then
+    # (0: at its timeout only, and no spacing)
+    worker_loop_block_limit: float = Field(default=0.5, ge=0)
     # a handler's result larger than this (encoded JSON, bytes) fails its job ("result too
     # large") instead of becoming a giant row that every outcome of the worker waits behind
     max_result_bytes: int = Field(default=1024 * 1024, gt=0)

@@ -73,6 +73,11 @@ class Metrics:
             "Deliveries acknowledged without running (duplicate, finished, unknown job)",
             ["reason"],
         )
+        self.loop_blocked = counter(
+            "conveyor_worker_loop_blocked",
+            "Attempts of an async handler preempted for blocking the worker's event loop",
+            ["type"],
+        )
         self.messages_rejected = counter(
             "conveyor_messages_rejected", "Deliveries rejected to the dead-letter queue", ["reason"]
         )

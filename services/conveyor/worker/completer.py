@@ -18,6 +18,13 @@ while another transaction holds its key it waits (*held*: tried again every few 
 job's lease kept by heartbeats), and that wait is neither an outage nor counted against
 liveness, so it stalls only that job, never its neighbours' outcomes nor ``/healthz``.
 
+Outcomes written alone (large results, keyed follow-ups) hold at most ``apart`` of the pool's
+connections at once; the others wait their turn (a held key's wait between tries holds none).
+Each holds its connection while PostgreSQL parses its result (a 10 MB one: about a second on a
+loaded machine) or while a key is held, so without the bound as many of them as the pool has
+connections would take it all, and the batch, the claims and the heartbeats of every other job
+would wait for a connection behind them.
+
 Error texts are always cleaned (no NUL, no lone surrogates) before they are written.
 """
 
@@ -67,6 +74,7 @@ class Pending:
     queued_at: float
     written: bool = False
     held_since: float | None = None  # waiting for a follow-up's key another transaction holds
+    apart: bool = False  # written in a transaction of its own (a large result, a keyed follow-up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +109,7 @@ class Completer:
         wake_relay: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         max_batch: int = 1000,
+        apart: int = 2,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -113,6 +122,7 @@ class Completer:
         self._wake = asyncio.Event()
         self._c = _Counters()
         self._tasks: set[asyncio.Task[None]] = set()  # outcomes being written alone
+        self._apart = asyncio.Semaphore(apart)  # connections those may hold at once
 
     def put(self, running: Running, outcome: Outcome) -> None:
         self._queue.append(Pending(running, outcome, self.clock()))
@@ -141,10 +151,10 @@ class Completer:
 
     async def flush_once(self) -> int:
         """One step: write what is queued (up to ``max_batch``), then hand it to ``done``.
-        Outcomes with a large result are written alone, beside the batch (a task each), so a
-        10 MB result does not hold back every other outcome of the worker while PostgreSQL
-        parses it; so are completions with a keyed follow-up (their key may be held by another
-        transaction). Returns how many outcomes it took."""
+        Outcomes with a large result are written alone, beside the batch (a task each, at most
+        ``apart`` at once), so a 10 MB result does not hold back every other outcome of the
+        worker while PostgreSQL parses it; so are completions with a keyed follow-up (their key
+        may be held by another transaction). Returns how many outcomes it took."""
         batch: list[Pending] = []
         alone = 0
         while self._queue and len(batch) < self.max_batch:
@@ -154,6 +164,7 @@ class Completer:
                 alone += 1
                 wait = followups.KEY_WAIT_SECONDS if keyed else None
                 self._c.in_flight.add(p)  # not idle from now on, not when the task starts
+                p.apart = True
                 task = asyncio.create_task(self._write_batch([p], wait))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -277,6 +288,7 @@ class Completer:
         # no follow-up job to write beside it, skips BEGIN/COMMIT (two round trips per batch)
         alone = not extra and bool(done) + bool(fail) + bool(release) == 1
         async with (
+            self._apart if batch[0].apart else contextlib.nullcontext(),  # its connection only
             self.pool.acquire() as conn,
             contextlib.nullcontext() if alone else conn.transaction(),
         ):

@@ -29,20 +29,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import tracing
+from ..core.errors import Retry
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..router import Middleware
 from . import outcomes
-from .guard import LoopBlocked
+from .guard import BlockPenalty, LoopBlocked
 from .middleware import chain, sync_call
 from .outcomes import Outcome
 from .running import Running
 from .sidework import ATTEMPT
 from .threads import HandlerThreads, HandlerTimeout
 
-Report = Callable[[Running, Outcome], None]
-
 log = logging.getLogger("conveyor.worker")
+
+Report = Callable[[Running, Outcome], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +71,11 @@ class Executor:
         max_result_bytes: int | None = None,
         overrun_limit: float | None = None,
         middlewares: Sequence[Middleware] = (),
+        penalty: BlockPenalty | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics
+        self.penalty = penalty  # spaces out the attempts of a type caught blocking the loop
         self.middlewares = list(middlewares)
         self.report = report
         self.max_result_bytes = max_result_bytes
@@ -243,6 +246,9 @@ class Executor:
             if spec is None:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
             if spec.is_async:
+                if self.penalty is not None and (wait := self.penalty.admit(job.type)):
+                    raise Retry(wait, f"deferred: {job.type} blocked this worker's event loop "
+                                f"(LoopBlocked); one attempt per {wait:g} s runs here")  # fmt: skip
                 handler = chain(self.middlewares, spec.func)
                 running.in_handler = True  # the loop guard may preempt it (guard.py)
                 try:
@@ -272,6 +278,7 @@ class Executor:
             return self._failed(running, exc)  # raised by the handler itself
         except LoopBlocked as exc:  # the guard preempted it (see guard.py)
             job._cancel.set()
+            self._blocked(running)
             return self._failed(running, exc, text=str(exc))
         except HandlerTimeout as exc:
             job._cancel.set()  # a cooperative handler may still stop
@@ -283,6 +290,21 @@ class Executor:
             return self._failed(running, exc)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit too
             return self._failed(running, exc)
+
+    def _blocked(self, running: Running) -> None:
+        job_type = running.job.type
+        self.metrics.loop_blocked.labels(job_type).inc()
+        if self.penalty is not None:
+            self.penalty.offended(job_type)
+        event(
+            log,
+            "handler_blocked_loop",
+            logging.ERROR,
+            type=job_type,
+            job_id=str(running.job.id),
+            attempt=running.job.attempt,
+            spaced_for=self.penalty.window if self.penalty else None,
+        )
 
     @staticmethod
     def _failed(running: Running, exc: BaseException, *, text: str | None = None) -> Outcome:

@@ -12,9 +12,17 @@ handler in the main thread, between two bytecodes or when a blocking call return
 the handler's own code: the attempt fails like a timeout and the loop runs again. So the other
 jobs of the worker pause for at most that limit (plus the monitor's 0.25 s tick).
 
-``CONVEYOR_WORKER_LOOP_BLOCK_LIMIT`` (off by default) preempts sooner than the timeout: an async
-handler blocking the loop longer than that fails, so its neighbours on the process pause for at
-most that long (asyncio's own debug mode calls a callback slow past 0.1 s).
+``CONVEYOR_WORKER_LOOP_BLOCK_LIMIT`` (0.5 s by default; 0: off) preempts sooner than the
+timeout, and applies to handlers without one: an async handler blocking the loop longer than that
+fails, so its neighbours on the process pause for at most that long (plus the detection). Half a
+second lets legitimate async code compute a little between its awaits (asyncio's own debug mode
+calls a callback slow past 0.1 s, but only logs it). Preempting alone does not protect the
+neighbours from a type whose every job blocks: the next attempt blocks again at once. So
+``BlockPenalty`` spaces such a type out on the worker that caught it: at most one of its attempts
+per ten limits (5 s) starts there for a minute after its last preemption; the others go back to
+their queue for that long without consuming a retry (``Retry``). The preemption is logged
+(``handler_blocked_loop``, naming the type) and counted
+(``conveyor_worker_loop_blocked_total{type}``).
 
 Not covered: a handler without a ``timeout`` and no block limit (nothing says how long it may
 take), and C code that runs long without returning to the interpreter (a regular expression, a C
@@ -76,7 +84,8 @@ class LoopGuard:
         self.clock = clock
         self.loop: asyncio.AbstractEventLoop | None = None
         self.enabled = False
-        self._seen: tuple[asyncio.Task[object], float] | None = None  # (task, tick) last check
+        # (task, tick, first seen at): the task executing at the last check, since when
+        self._seen: tuple[asyncio.Task[object], float, float] | None = None
         self._fired: tuple[asyncio.Task[object], float, float] | None = None  # task, tick, at
         self._target: _Target | None = None
         self._preempted = 0
@@ -121,7 +130,10 @@ class LoopGuard:
         """One step (any thread): True when the task the loop is executing is a handler that
         has blocked it past its limit (the caller then sends the signal). A task must be seen
         executing on two checks in a row with no tick in between, so a handler that merely
-        happens to run at the moment of a check is never the one blamed."""
+        happens to run at the moment of a check is never the one blamed, and it is blamed only
+        for the time it has itself been executing (since the first of those checks): handlers
+        that each compute a little, one after the other in one turn of the loop, block it for
+        their sum, yet none of them blocked it past its limit."""
         blocked = self.monitor.blocked_for()
         loop = self.loop
         if blocked <= 0 or loop is None:
@@ -133,8 +145,12 @@ class LoopGuard:
         if task is None or limit is None:
             self._seen = None
             return False
-        seen, self._seen = self._seen, (task, tick)
-        if seen != (task, tick) or blocked < limit:
+        seen = self._seen
+        if seen is None or seen[:2] != (task, tick):
+            self._seen = (task, tick, self.clock())
+            return False
+        executing = min(blocked, self.clock() - seen[2])
+        if executing < limit:
             return False
         fired = self._fired
         if fired is not None and fired[:2] == (task, tick) and self.clock() - fired[2] < limit:
@@ -144,7 +160,7 @@ class LoopGuard:
             task,
             tick,
             (
-                f"LoopBlocked: the handler blocked the worker's event loop for {blocked:.1f} s "
+                f"LoopBlocked: the handler blocked the worker's event loop for {executing:.1f} s "
                 f"(its limit is {limit:g} s); an "
                 "async handler must not call blocking code: make it a sync handler (it runs in a "
                 "thread) or use asyncio.to_thread"
@@ -194,3 +210,44 @@ def _uninstall(guard: LoopGuard) -> None:
     _guards.discard(guard)
     if not _guards and threading.current_thread() is threading.main_thread():
         signal.signal(PREEMPT_SIGNAL, _previous if _previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+
+
+class BlockPenalty:
+    """A job type whose handler was preempted for blocking the loop is spaced out on this
+    worker: for ``window`` seconds after its last preemption, at most one of its attempts starts
+    per ``spacing`` seconds; the others are put back for ``spacing`` seconds without consuming a
+    retry (``Retry``). Whatever it blocks then, its neighbours lose at most one limit per
+    ``spacing``, however many jobs of the type are queued. Per process, never shared."""
+
+    def __init__(
+        self, limit: float, *, window: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.spacing = 10 * limit  # one limit in ten: neighbours keep about 90 %
+        self.window = max(window, 2 * self.spacing)
+        self.clock = clock
+        self._offended: dict[str, float] = {}  # type → clock of its last preemption
+        self._started: dict[str, float] = {}  # type → clock of its last admitted attempt
+
+    def offended(self, job_type: str) -> None:
+        now = self.clock()
+        self._offended[job_type] = self._started[job_type] = now
+
+    def admit(self, job_type: str) -> float | None:
+        """None: the attempt runs; else the seconds it is put back for."""
+        last = self._offended.get(job_type)
+        if last is None:  # the usual case: one dict lookup per attempt
+            return None
+        now = self.clock()
+        if now - last > self.window:
+            del self._offended[job_type]
+            self._started.pop(job_type, None)
+            return None
+        since = now - self._started.get(job_type, last)
+        if since >= self.spacing:
+            self._started[job_type] = now
+            return None
+        return self.spacing
+
+    def penalised(self) -> list[str]:
+        now = self.clock()
+        return sorted(t for t, at in self._offended.items() if now - at <= self.window)

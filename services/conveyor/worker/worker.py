@@ -40,7 +40,7 @@ from .completer import Completer, Pending
 from .controls import TypeControls, consumer_switch
 from .drain import Drain, quietly
 from .executor import Executor
-from .guard import LoopGuard
+from .guard import BlockPenalty, LoopGuard
 from .heartbeater import Heartbeater, take_deliveries
 from .jobctx import AttemptHooks
 from .limits import LimitedConsumer
@@ -51,6 +51,10 @@ from .sidework import SIDE_THREADS
 from .status import WorkerStatus
 
 log = logging.getLogger("conveyor.worker")
+
+# Connections of a worker's pool: claims, the outcome batch, heartbeats, progress and type
+# controls share them; outcomes written alone (large results) may hold at most half.
+POOL_SIZE = 4
 
 
 class Worker:
@@ -132,6 +136,11 @@ class Worker:
             report=self._report,
             overrun_limit=settings.worker_overrun_limit,
             middlewares=router.middlewares,
+            penalty=(
+                BlockPenalty(settings.worker_loop_block_limit, clock=clock)
+                if settings.worker_loop_block_limit
+                else None
+            ),
             clock=clock,
         )
         self.notifier = Notifier(None, self.store)
@@ -142,6 +151,7 @@ class Worker:
             done=self._done,
             wake_relay=self.notifier.wake,
             clock=clock,
+            apart=POOL_SIZE // 2,  # the other half: the batch, the claims, the heartbeats
         )
         self.heartbeater = Heartbeater(
             None,
@@ -176,7 +186,7 @@ class Worker:
         self.pool = await create_pool(
             self.settings.database_url,
             application_name="conveyor-worker",
-            max_size=4,
+            max_size=POOL_SIZE,
             command_timeout=30,
             pooler=self.settings.db_pooler,
             bounds=SessionBounds.of(self.settings),
