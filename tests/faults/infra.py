@@ -196,6 +196,7 @@ class PrivatePostgres:
         self.log = self.base / "log"
         self.initialised = False
         self.running = False
+        self.also_listen: list[str] = []  # addresses beyond 127.0.0.1 (``reach_from``)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -220,11 +221,28 @@ class PrivatePostgres:
             self.base.chmod(0o755)
             self._pg(str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
             self.initialised = True
+        listen = ",".join(["127.0.0.1", *self.also_listen])
         self._pg(
             str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "start",
-            "-o", f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1",
+            "-o", f"-p {self.port} -k {self.base} -c listen_addresses={listen}",
         )  # fmt: skip
         self.running = True
+
+    def reach_from(self, host_ip: str, client_ip: str) -> None:
+        """Listen on ``host_ip`` too (the host's end of a ``netns.Link``) and trust
+        ``client_ip``; restarts the cluster (``pg_ctl -m fast``) when it runs."""
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {client_ip}/32 trust\n")
+        self.also_listen.append(host_ip)
+        if self.running:
+            self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+            self.running = False
+            self.start()
+
+    def unreach(self, host_ip: str) -> None:
+        """Stop asking for ``host_ip`` at the next start (its link is gone)."""
+        with contextlib.suppress(ValueError):
+            self.also_listen.remove(host_ip)
 
     def crash(self) -> None:
         """``pg_ctl -m immediate``: every backend dies without a checkpoint, as in a crash; the

@@ -13,8 +13,9 @@ import contextlib
 
 
 class Proxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, listen: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
+        self.listen = listen
         self._open = asyncio.Event()
         self._open.set()
         self._server: asyncio.Server | None = None
@@ -24,7 +25,7 @@ class Proxy:
         self.port = 0
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, self.listen, 0)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

@@ -9,7 +9,13 @@ still ticking after the faults stopped.
 ``-m soak`` runs it against a private RabbitMQ node and PostgreSQL cluster for ``GRAY_SECONDS``
 (default 600), seeded by ``FAULTS_SEED``, settling for at most ``GRAY_SETTLE_SECONDS`` (default
 300: well above the lease, the reconciler's delay and the sessions' idle bounds, on a loaded
-two-core machine)."""
+two-core machine). As root with ``ip``, the soak also runs a worker, a publisher and a sweeper
+on a second host (``LINK_HOST``) whose link goes down 10-60 s at a time (``gray.py``: ``link``):
+the sessions the server's keepalives end during those cuts are counted (``link_sessions``;
+``keepalive_idle`` / ``keepalive_in_txn``), and a run whose cuts were long enough for them
+must show one. ``GRAY_LINK_KEEPALIVES=off`` runs that host without keepalives and
+``tcp_user_timeout`` (the kernel's two hours), to compare. The smoke has no second host: the
+shared PostgreSQL listens on 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -28,10 +34,15 @@ from conveyor.core.config import Settings
 from conveyor.store import for_schema
 
 from .. import db as tdb
+from . import netns
 from .checker import Ledger, check
 from .gray import SCHEDULE, GrayNemesis
 from .harness import fault_settings
 from .infra import PrivatePostgres, PrivateRabbit
+
+LINK_HOST = ("worker-2", "publisher-2", "sweeper-2")
+# a cut this long outlasts the keepalives (5 s idle + 3 probes 2 s apart; tcp_user_timeout 10 s)
+KEEPALIVE_CUT = 20.0
 
 
 async def _schedule_alive(db_url: str, since: float, timeout: float) -> float | None:
@@ -126,6 +137,10 @@ async def _run(nemesis: GrayNemesis, seconds: float, label: str, settle: float) 
         restarts=nemesis.restarts, schedule_ticked_after_s=revived, schedule_paused=paused,
         **figures, landed_in_txn=dict(nemesis.landed), **dict(sorted(nemesis.faults.items())),
     )  # fmt: skip
+    if nemesis.link is not None:
+        v.extra.update(link_cuts_s=sorted(nemesis.link_cuts),
+                       link_sessions=dict(sorted(nemesis.link_sessions.items())),
+                       rabbit_missed_heartbeats=_missed_heartbeats(nemesis))  # fmt: skip
     print("\n" + v.summary())
     for note in nemesis.notes:
         print(f"[gray] {note}")
@@ -137,6 +152,21 @@ async def _run(nemesis: GrayNemesis, seconds: float, label: str, settle: float) 
     assert figures["outbox_stranded"] == 0, figures
     assert figures["tick_duplicates"] == 0, figures
     assert revived is not None, f"no schedule tick in {settle}s after the faults stopped"
+    if nemesis.link is not None and not nemesis.link_overrides:
+        ended = sum(n for k, n in nemesis.link_sessions.items() if k.startswith("keepalive"))
+        long_cuts = [s for s in nemesis.link_cuts if s >= KEEPALIVE_CUT]
+        assert ended or not long_cuts, (
+            f"{len(long_cuts)} cuts of {KEEPALIVE_CUT}+ s and no session ended by the"
+            f" keepalives: {dict(nemesis.link_sessions)}"
+        )
+
+
+def _missed_heartbeats(nemesis: GrayNemesis) -> int:
+    """Connections RabbitMQ closed for missed client heartbeats (the link's host's, in a cut)."""
+    if nemesis.rabbit is None:
+        return 0
+    logs = (nemesis.rabbit.base / "log").glob("*.log")
+    return sum(p.read_text(errors="replace").count("missed heartbeats from client") for p in logs)
 
 
 def _seed() -> int:
@@ -174,9 +204,15 @@ async def test_gray_nemesis_soak(
     settings = fault_settings(
         fsettings, amqp_url=rabbit.amqp_url, database_url=private_db_url, reconcile_after=10.0
     )
+    off = os.environ.get("GRAY_LINK_KEEPALIVES", "on") == "off"
+    link_overrides: dict[str, Any] = {
+        "db_keepalives_idle": 0, "db_keepalives_interval": 0, "db_keepalives_count": 0,
+        "db_tcp_user_timeout": 0.0,
+    } if off else {}  # fmt: skip
     nemesis = GrayNemesis(
         settings, tmp_path, ledger, random.Random(seed), adversaries=(), rabbit=rabbit,
         pg=private_pg, chaos_every=(2.0, 5.0),
+        link_host=LINK_HOST if netns.available() else (), link_overrides=link_overrides,
     )  # fmt: skip
     started = datetime.now(UTC).strftime("%H:%M:%S")
     await _run(nemesis, GRAY_SECONDS, f"gray seed={seed} from={started}", GRAY_SETTLE)

@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,10 +42,11 @@ from conveyor.worker.worker import Worker
 
 from .. import db as tdb
 from ..stack import wait_for
+from . import netns
 from .apps import router
 from .checker import Ledger, check
 from .harness import Proc, component_env, running
-from .infra import PG_BIN, PrivatePostgres
+from .infra import PrivatePostgres
 from .proxy import Proxy
 
 # the documented defaults (docs/configuration.md), in pg_settings' units (ms, or s for the
@@ -309,30 +307,6 @@ async def test_the_reconciler_copies_outbox_rows_a_stopped_relay_holds(
 # --------------------------------------------------------------------------- a real partition
 
 
-class _ReachablePostgres(PrivatePostgres):
-    """A private cluster that also listens on ``host`` (the host side of a veth pair)."""
-
-    def __init__(self, host: str) -> None:
-        super().__init__()
-        self.host = host
-
-    def start(self) -> None:
-        if not self.initialised:
-            super().start()  # initdb, then listening on 127.0.0.1 only
-            with (self.data / "pg_hba.conf").open("a") as hba:
-                hba.write(f"host all all {self.host}/24 trust\n")
-            self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "stop")
-        self._pg(
-            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "start",
-            "-o", f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1,{self.host}",
-        )  # fmt: skip
-        self.running = True
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
 # a component's pool in a network namespace: the sweeper's, holding a session-level advisory
 # lock (as good as any lock: a session not in a transaction, which only the TCP bounds reach)
 _HOLDER = """
@@ -353,32 +327,24 @@ asyncio.run(main())
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and ip")
+@pytest.mark.skipif(not netns.available(), reason="needs root and ip")
 async def test_a_partitioned_host_is_dropped_by_the_keepalives(tmp_path: Path) -> None:
     """A component on a host that vanishes (its end of a veth pair goes down: nothing answers,
     nothing resets) while its session holds a lock: PostgreSQL's keepalives (5 s idle, 3 probes
     2 s apart) and ``tcp_user_timeout`` (10 s) end the session in about 11 s instead of the
-    kernel's default two hours."""
-    tag = uuid.uuid4().hex[:6]
-    ns, host_if, ns_if = f"cvgr{tag}", f"vgh{tag}", f"vgn{tag}"
-    octet = int(tag[:2], 16)
-    host_ip, ns_ip = f"10.233.{octet}.1", f"10.233.{octet}.2"
-    pg = _ReachablePostgres(host_ip)
+    kernel's default two hours (each bound alone, inside a transaction or not:
+    ``test_link_partition.py``)."""
+    link = netns.Link()
+    pg = PrivatePostgres()
     holder: subprocess.Popen[bytes] | None = None
     try:
-        _ip("netns", "add", ns)
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        _ip("link", "set", ns_if, "netns", ns)
-        _ip("addr", "add", f"{host_ip}/24", "dev", host_if)
-        _ip("link", "set", host_if, "up")
-        _ip("-n", ns, "addr", "add", f"{ns_ip}/24", "dev", ns_if)
-        _ip("-n", ns, "link", "set", ns_if, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
         pg.start()
+        link.create()
+        pg.reach_from(link.host_ip, link.ns_ip)
         with (tmp_path / "holder.log").open("wb") as out:
             holder = subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-c", _HOLDER,
-                 f"postgresql://postgres@{host_ip}:{pg.port}/postgres"],
+                [*link.exec_prefix(), sys.executable, "-c", _HOLDER,
+                 f"postgresql://postgres@{link.host_ip}:{pg.port}/postgres"],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -389,7 +355,7 @@ async def test_a_partitioned_host_is_dropped_by_the_keepalives(tmp_path: Path) -
         conn = await asyncpg.connect(pg.url(), timeout=10)
         try:
             assert not await conn.fetchval("SELECT pg_try_advisory_lock(2323)")
-            _ip("-n", ns, "link", "set", ns_if, "down")  # the partition
+            link.down()  # the partition
             started = time.monotonic()
             while not await conn.fetchval("SELECT pg_try_advisory_lock(2323)"):
                 assert time.monotonic() - started < 25, "the vanished session still holds its lock"
@@ -405,6 +371,4 @@ async def test_a_partitioned_host_is_dropped_by_the_keepalives(tmp_path: Path) -
             holder.wait(10)
         with contextlib.suppress(Exception):
             pg.stop()
-        for args in (("link", "del", host_if), ("netns", "del", ns)):
-            with contextlib.suppress(subprocess.CalledProcessError):
-                _ip(*args)
+        link.close()
