@@ -1,7 +1,9 @@
 """What a workflow job costs the store, statement by statement (a timing script, not a test):
 the claim and the completion of a plain job, of a chain's link (its completion releases the next
 link) and of a fan-out's leaf (its completion counts the fan-in down), in turns, on a database
-of its own, from the client's clock (each statement in its own transaction, commit included).
+of its own, from the client's clock (each statement in its own transaction, commit included);
+and a single job's submit (``enqueue_many`` in a transaction), the part of a submit→start
+latency a link's completion stands for.
 
     .venv/bin/python -m bench.workflow_store [--rounds 250] [--backlog 6000] [--explain]
         [--revision 0020]
@@ -98,8 +100,10 @@ async def measure(url: str, rounds: int, backlog: int) -> dict[str, Any]:
         await _claim_complete(store, conn, chain_ids[0])
         await _claim_complete(store, conn, fan_keys["root"])
         for i in range(rounds):
+            t0 = time.perf_counter()
             async with conn.transaction():
                 [plain] = await enqueue_many(conn, [JobSpec("noop")])
+            times.setdefault("plain_submit", []).append(time.perf_counter() - t0)
             for name, job_id in (
                 ("plain", plain),
                 ("link", chain_ids[i + 1]),

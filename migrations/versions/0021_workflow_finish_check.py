@@ -2,11 +2,10 @@
 
 Every statement that finished workflow jobs ran, after the count-down, one ``UPDATE workflows``
 whose filter computed the workflow's derived status (its two ``EXISTS`` tests) before the test
-for an open job. The planner turned those ``EXISTS`` into hashed subplans: every FAILED job of
-the table, and through ``jobs_done_idx`` every COMPLETED and CANCELLED one, read once per
-statement to build the hash, while a job of the workflow was still open nearly every time (on a
-never-analyzed table of 6,754 finished jobs: 111 buffers, 0.7 ms per completion of a chain's
-link; more as the table grows).
+for an open job. The planner may turn those ``EXISTS`` into hashed subplans: every FAILED job of
+the table, and through ``jobs_done_idx`` every COMPLETED and CANCELLED one, read by every such
+statement to build the hash (a cost growing with the table), while nearly always a job of the
+workflow was still open.
 
 Now, in this order, each step only for what the previous one left:
 
@@ -74,12 +73,17 @@ DECLARE
     released int;
     waiting uuid[];
     wfs uuid[];
+    mode text;
 BEGIN
     done := string_to_array(NULLIF(current_setting('{{s}}.wf_finished', true), ''), ',')::uuid[];
     IF done IS NULL THEN
         RETURN NULL;
     END IF;
     PERFORM set_config('{{s}}.wf_finished', '', true);
+    -- the statements below on their generic plans (each planned once per session; the plans
+    -- find every row by an index whatever the number of ids), not planned again at each call
+    mode := current_setting('plan_cache_mode');
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     SELECT array_agg(x.job_id ORDER BY x.job_id), array_agg(x.n ORDER BY x.job_id)
     INTO children, counts
     FROM (SELECT d.job_id, count(*)::int AS n FROM {{s}}.job_dependencies d
@@ -118,21 +122,21 @@ BEGIN
     -- dependent counted down just now: it is open, so they have not finished
     wfs := ARRAY(SELECT DISTINCT (SELECT j.workflow_id FROM {{s}}.jobs j WHERE j.id = x.id)
                  FROM unnest(done) AS x(id));
-    IF waiting @> wfs THEN
-        RETURN NULL;
+    IF NOT COALESCE(waiting @> wfs, false) THEN
+        -- those with no open job (a probe each)
+        wfs := ARRAY(SELECT v.id FROM unnest(wfs) AS v(id)
+                     WHERE NOT v.id = ANY(COALESCE(waiting, ARRAY[]::uuid[]))
+                       AND {HAS.format(w="v.id", st=OPEN)} IS NULL);
+        IF cardinality(wfs) > 0 THEN
+            -- finished with their status from their jobs; the open test again, in this snapshot
+            UPDATE {{s}}.workflows w SET status = {DERIVED},
+                finished_at = COALESCE(w.finished_at, now())
+            WHERE w.id = ANY(wfs)
+              AND {HAS.format(w="w.id", st=OPEN)} IS NULL
+              AND w.status <> {DERIVED};
+        END IF;
     END IF;
-    -- those with no open job (a probe each)
-    wfs := ARRAY(SELECT v.id FROM unnest(wfs) AS v(id)
-                 WHERE NOT v.id = ANY(COALESCE(waiting, ARRAY[]::uuid[]))
-                   AND {HAS.format(w="v.id", st=OPEN)} IS NULL);
-    IF cardinality(wfs) > 0 THEN
-        -- finished with their status from their jobs; the open test again, in this snapshot
-        UPDATE {{s}}.workflows w SET status = {DERIVED},
-            finished_at = COALESCE(w.finished_at, now())
-        WHERE w.id = ANY(wfs)
-          AND {HAS.format(w="w.id", st=OPEN)} IS NULL
-          AND w.status <> {DERIVED};
-    END IF;
+    PERFORM set_config('plan_cache_mode', mode, true);
     RETURN NULL;
 END
 $fn$
