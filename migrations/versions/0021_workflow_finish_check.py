@@ -22,6 +22,13 @@ locks it by a statement of its own first: the locks in id order prevent deadlock
 statements each locking several rows; one row's update waits for it as the lock would, and
 counts down its latest version.
 
+The trigger's own statements run on their generic plans (``plan_cache_mode`` set for them, and
+set back before the function returns; an error rolls it back with the transaction or the
+savepoint): each is planned once per session instead of at every call, where a custom plan for
+each statement's arrays cost about as much as running it; the generic plans find every row by
+an index (the release's dependents by primary key, where a custom plan for many of them could
+hash-join a scan of ``jobs``).
+
 Revision ID: 0021
 Revises: 0020
 Create Date: 2026-11-26
