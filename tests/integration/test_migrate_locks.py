@@ -25,8 +25,8 @@ async def test_a_migration_behind_a_long_transaction_does_not_stall_the_componen
 ) -> None:
     monkeypatch.setenv("CONVEYOR_MIGRATE_LOCK_TIMEOUT", "1")
     monkeypatch.setenv("CONVEYOR_MIGRATE_TRIES", "3")
-    # back before the last revision that alters a table (0019 adds columns to jobs; 0020
-    # replaces a function, which waits for no table's lock)
+    # back before the last revision that alters a table (0019 adds columns to jobs; 0020 and
+    # 0021 replace a function, which waits for no table's lock)
     await asyncio.to_thread(command.downgrade, alembic_config(db_url), "0018")
     holder = await tdb.connect(db_url)
     component = await asyncpg.connect(db_url, server_settings={"lock_timeout": "10000"})
