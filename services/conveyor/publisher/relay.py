@@ -67,6 +67,16 @@ class Relay:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Open the pool and connect to the broker; a start that fails closes both (the
+        process tries again with backoff)."""
+        try:
+            await self._open()
+        except BaseException:
+            await self.close()
+            self.pool = None
+            raise
+
+    async def _open(self) -> None:
         self.pool = await create_pool(
             self.settings.database_url,
             application_name="conveyor-publisher",

@@ -183,6 +183,20 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Open the pool, register the types, subscribe and start the loops. A start that fails
+        (the broker unreachable) closes what it opened: the process tries again with backoff
+        for as long as the outage lasts, and each try would leave its sessions open."""
+        try:
+            await self._open()
+        except BaseException:
+            await self.notifier.stop()
+            await quietly(self.subscription.close())
+            if self.pool is not None:
+                await quietly(self.pool.close())
+                self.pool = None
+            raise
+
+    async def _open(self) -> None:
         self.pool = await create_pool(
             self.settings.database_url,
             application_name="conveyor-worker",
