@@ -4,8 +4,10 @@ commits the others, and the refused one becomes a recorded failure."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -86,6 +88,39 @@ def test_data_errors_and_outages_are_told_apart() -> None:
     assert not is_data_error(OSError())
 
 
+@dataclasses.dataclass
+class _Held:
+    """A completer on a pool of its own, and a connection to hold row locks with."""
+
+    pool: Any
+    completer: Completer
+    done: list[Pending]
+    locker: asyncpg.Connection
+
+    async def drained(self) -> None:
+        """Until every outcome waiting (for a lock) is written."""
+        deadline = time.monotonic() + 10
+        while self.completer.status().waiting:
+            assert time.monotonic() < deadline, self.completer.status()
+            await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def _held(db_url: str, *, max_size: int) -> AsyncIterator[_Held]:
+    pool = await create_pool(db_url, application_name="test-completer", max_size=max_size)
+    done: list[Pending] = []
+
+    async def record(batch: list[Pending]) -> None:
+        done.extend(batch)
+
+    locker = await tdb.connect(db_url)
+    try:
+        yield _Held(pool, Completer(pool, for_schema(), Metrics(), done=record), done, locker)
+    finally:
+        await locker.close()
+        await pool.close()
+
+
 # A 10 MB result must not stall every other outcome write of its worker for seconds: a large
 # result is written in a transaction of its own, so the other outcomes do not wait for
 # PostgreSQL to parse it. Here the large one's write is held
@@ -95,31 +130,18 @@ def test_data_errors_and_outages_are_told_apart() -> None:
 async def test_a_large_result_does_not_hold_back_the_other_outcomes(
     db: asyncpg.Connection, db_url: str
 ) -> None:
-    pool = await create_pool(db_url, application_name="test-completer", max_size=3)
-    done: list[Pending] = []
-
-    async def record(batch: list[Pending]) -> None:
-        done.extend(batch)
-
-    completer = Completer(pool, for_schema(), Metrics(), done=record)
-    locker = await tdb.connect(db_url)
-    try:
+    async with _held(db_url, max_size=3) as h:
+        completer, done = h.completer, h.done
         runs = await _claimed(db, 3)
         big = {"blob": "x" * (LARGE_RESULT_CHARS + 1)}
-        async with locker.transaction():
-            await locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", runs[1].job.id)
+        async with h.locker.transaction():
+            await h.locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", runs[1].job.id)
             for r, result in zip(runs, [{"ok": 0}, big, {"ok": 2}], strict=True):
                 completer.put(r, outcomes.completed(result))
             assert await asyncio.wait_for(completer.flush_once(), 10) == 3
             assert {p.running.job.id for p in done} == {runs[0].job.id, runs[2].job.id}
             assert completer.status().waiting == 1  # the large one, waiting for the lock
-        deadline = time.monotonic() + 10
-        while completer.status().waiting:
-            assert time.monotonic() < deadline, completer.status()
-            await asyncio.sleep(0.02)
-    finally:
-        await locker.close()
-        await pool.close()
+        await h.drained()
     statuses = await db.fetch("SELECT status::text FROM jobs ORDER BY id")
     assert [r["status"] for r in statuses] == ["COMPLETED"] * 3
     assert len(done) == 3 and all(p.written for p in done)
@@ -134,20 +156,13 @@ async def test_a_large_result_does_not_hold_back_the_other_outcomes(
 async def test_large_results_written_alone_leave_connections_for_the_batch(
     db: asyncpg.Connection, db_url: str
 ) -> None:
-    pool = await create_pool(db_url, application_name="test-completer", max_size=4)
-    done: list[Pending] = []
-
-    async def record(batch: list[Pending]) -> None:
-        done.extend(batch)
-
-    completer = Completer(pool, for_schema(), Metrics(), done=record)
-    locker = await tdb.connect(db_url)
-    try:
+    async with _held(db_url, max_size=4) as h:
+        completer, done, pool = h.completer, h.done, h.pool
         runs = await _claimed(db, 6)
         big, small = runs[:4], runs[4:]
         blob = {"blob": "x" * (LARGE_RESULT_CHARS + 1)}
-        async with locker.transaction():
-            await locker.execute(
+        async with h.locker.transaction():
+            await h.locker.execute(
                 "SELECT 1 FROM jobs WHERE id = ANY($1::uuid[]) FOR UPDATE", [r.job.id for r in big]
             )
             for r in big:
@@ -165,13 +180,7 @@ async def test_large_results_written_alone_leave_connections_for_the_batch(
             assert {p.running.job.id for p in done} == {r.job.id for r in small}
             assert completer.status().waiting == 4  # the large ones, two of them on a lock
             assert pool.get_size() - pool.get_idle_size() <= 2, "more than half of the pool"
-        deadline = time.monotonic() + 10
-        while completer.status().waiting:
-            assert time.monotonic() < deadline, completer.status()
-            await asyncio.sleep(0.02)
-    finally:
-        await locker.close()
-        await pool.close()
+        await h.drained()
     statuses = await db.fetch("SELECT status::text FROM jobs ORDER BY id")
     assert [r["status"] for r in statuses] == ["COMPLETED"] * 6
     assert len(done) == 6 and all(p.written for p in done)
