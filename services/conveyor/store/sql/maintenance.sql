@@ -32,13 +32,25 @@ SELECT count(*) FROM upd
 -- performed: it never exceeds ``max_retries``. An IN_PROGRESS job without a lease was not
 -- claimed by a worker (an operator's UPDATE): it is recovered the same way, and since its
 -- attempt number was not advanced, its attempt row may exist already (kept, not replaced).
+-- The candidates are two ranges of ``jobs_lease_idx`` (no lease; an expired one), each read
+-- up to the batch: written as one ``lease < now() OR lease IS NULL`` ordered NULLS FIRST, the
+-- plan reads every running job's index entry and row and sorts them, on every idle pass.
 WITH exp AS (
     SELECT id, (SELECT COALESCE(min(p) FILTER (WHERE p >= d.secs), max(p))
                 FROM unnest($3::int4[]) p) AS delay, COALESCE(run_at, created_at) AS due
     FROM __schema__.jobs jj,
          LATERAL (SELECT least(2.0 ^ (jj.retry_count + 1), 3600.0) * (0.5 + random() / 2)
                   AS secs) d
-    WHERE status = 'IN_PROGRESS' AND (lease_expires_at < now() OR lease_expires_at IS NULL)
+    WHERE jj.id IN (
+        (SELECT x.id FROM __schema__.jobs x
+         WHERE x.status = 'IN_PROGRESS' AND x.lease_expires_at IS NULL LIMIT $1)
+        UNION ALL
+        (SELECT x.id FROM __schema__.jobs x
+         WHERE x.status = 'IN_PROGRESS' AND x.lease_expires_at < now()
+         ORDER BY x.lease_expires_at LIMIT $1))
+      -- checked again on the locked row; a CASE, so the planner finds the rows by their ids
+      AND CASE WHEN status = 'IN_PROGRESS' AND (lease_expires_at < now()
+                    OR lease_expires_at IS NULL) THEN true ELSE false END
     ORDER BY lease_expires_at NULLS FIRST LIMIT $1 FOR UPDATE OF jj SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET
