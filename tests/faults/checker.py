@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS public.fault_audit (
     new_status text NOT NULL,
     attempts int NOT NULL,
     result jsonb,
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    xact bigint NOT NULL DEFAULT txid_current()
 );
 CREATE OR REPLACE FUNCTION fault_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

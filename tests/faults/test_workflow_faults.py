@@ -73,7 +73,13 @@ async def check_releases(db_url: str, ids: list[uuid.UUID], ledger: Ledger) -> d
                    (SELECT count(*) FROM job_dependencies d JOIN jobs p ON p.id = d.depends_on
                       WHERE d.job_id = j.id AND p.status <> 'COMPLETED') AS unmet,
                    (SELECT min(a.at) FROM public.fault_audit a WHERE a.job_id = j.id
-                      AND a.new_status = 'IN_PROGRESS') AS first_start
+                      AND a.new_status = 'IN_PROGRESS') AS first_start,
+                   -- claimed in the transaction that released it, by the completing worker
+                   EXISTS (SELECT 1 FROM public.fault_audit a JOIN public.fault_audit b
+                             ON b.job_id = a.job_id AND b.xact = a.xact
+                           WHERE a.job_id = j.id AND a.old_status = 'WAITING'
+                             AND b.new_status = 'IN_PROGRESS') AS followed,
+                   j.attempts
             FROM jobs j
             WHERE j.workflow_id = ANY($1)
               AND EXISTS (SELECT 1 FROM job_dependencies d WHERE d.job_id = j.id)
@@ -88,7 +94,13 @@ async def check_releases(db_url: str, ids: list[uuid.UUID], ledger: Ledger) -> d
             assert r["released_at"] >= r["parents_done"], dict(r)
             assert r["first_start"] >= r["released_at"], dict(r)
         lag = max((r["released_at"] - r["parents_done"]).total_seconds() for r in rows)
-        return {"released": len(rows), "max_release_lag_ms": round(lag * 1000, 1)}
+        followed = [r for r in rows if r["followed"]]
+        return {
+            "released": len(rows),
+            "max_release_lag_ms": round(lag * 1000, 1),
+            "run_by_the_releasing_worker": len(followed),
+            "of_those_run_again": sum(1 for r in followed if r["attempts"] > 1),
+        }
     finally:
         await conn.close()
 
@@ -210,6 +222,8 @@ async def test_releases_survive_sigkilled_workers_and_a_dying_relay(
     figures = await check_releases(fsettings.database_url, ids, ledger)
     print(f"[faults] workflows under kills (seed {seed}): {figures}, {fleet.kills} worker kills,"
           f" {crashes} relay crashes")  # fmt: skip
+    # the kills met jobs claimed by the worker that released them too (worker/follow.py)
+    assert figures["run_by_the_releasing_worker"] > 0, figures
 
 
 # --------------------------------------------------------------------------- paused processes

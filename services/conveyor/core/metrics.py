@@ -78,6 +78,12 @@ class Metrics:
             "Attempts of an async handler preempted for blocking the worker's event loop",
             ["type"],
         )
+        self.released_claimed = counter(
+            "conveyor_worker_released_claimed",
+            "Workflow jobs a worker claimed in the transaction that released them, and ran "
+            "without a broker message",
+            ["type"],
+        )
         self.messages_rejected = counter(
             "conveyor_messages_rejected", "Deliveries rejected to the dead-letter queue", ["reason"]
         )

@@ -45,6 +45,7 @@ from .rows import Attempt, AttemptRow, ClaimedJob, Completion, Failure
 
 JOB_CLAIM_MANY = named("job_claim_many")
 JOB_CLAIM_CONTROLLED = named("job_claim_controlled")
+JOB_CLAIM_RELEASED = named("job_claim_released")
 JOB_RELEASE_HELD = named("job_release_held")
 JOB_COMPLETE_MANY = named("job_complete_many")
 JOB_FAIL_MANY = named("job_fail_many")
@@ -128,6 +129,30 @@ class AttemptStatements(Statements):
             ids, lease_seconds, worker_id, types, handler_defaults, default_max_retries
         )
         rows = await conn.fetch(self.sql[JOB_CLAIM_MANY], *bind(JOB_CLAIM_MANY, values))
+        return [ClaimedJob.from_record(r) for r in rows]
+
+    async def job_claim_released(
+        self,
+        conn: Connection,
+        *,
+        room: int,
+        lease_seconds: float,
+        worker_id: str,
+        types: Sequence[str],
+        handler_defaults: HandlerDefaults | Mapping[str, Mapping[str, Any]],
+        default_max_retries: int,
+    ) -> list[ClaimedJob]:
+        """Inside the transaction that completed jobs: claim up to ``room`` of the jobs their
+        completion released (of ``types``, none paused or limited), taking their outbox rows
+        so they get no broker message. Returns the claimed jobs."""
+        if room < 1:
+            return []
+        values = claim_values(
+            [], lease_seconds, worker_id, types, handler_defaults, default_max_retries
+        )
+        del values["ids"]
+        values["room"] = room
+        rows = await conn.fetch(self.sql[JOB_CLAIM_RELEASED], *bind(JOB_CLAIM_RELEASED, values))
         return [ClaimedJob.from_record(r) for r in rows]
 
     async def job_claim_controlled(

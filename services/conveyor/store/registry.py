@@ -9,7 +9,7 @@ A block ends where the next ``-- name:`` line starts. ``-- name: database_exists
 marks a statement that reads only PostgreSQL's catalogs (it names no Conveyor schema).
 ``-- name: job_claimable fragment`` marks a piece of SQL several statements share (a condition
 written once): it is no statement, and a block of any file writes ``{{job_claimable}}`` where
-its text goes (an unknown fragment fails at import). A
+its text goes (an unknown fragment fails at import; a fragment may include another). A
 statement with more than a few parameters names them (``:job_id``); the loader turns them into
 ``$1``, ``$2``... once, in order of first use, and records the order (``PARAMS``): its call site
 passes keywords through ``bind``, which refuses a missing or an extra name. A block uses
@@ -103,15 +103,19 @@ def _numbered(name: str, body: str) -> tuple[str, tuple[str, ...]]:
     return out, tuple(order)
 
 
-def _included(name: str, body: str) -> str:
-    """``body`` with each ``{{fragment}}`` replaced by that fragment's text."""
+def _included(name: str, body: str, within: tuple[str, ...] = ()) -> str:
+    """``body`` with each ``{{fragment}}`` replaced by that fragment's text (a fragment may
+    include others, never itself)."""
 
     def one(m: re.Match[str]) -> str:
-        if m["include"] is None:
+        include = m["include"]
+        if include is None:
             return m[0]
-        if m["include"] not in FRAGMENTS:
-            raise LookupError(f"statement {name} includes an unknown fragment {m['include']}")
-        return FRAGMENTS[m["include"]]
+        if include not in FRAGMENTS:
+            raise LookupError(f"statement {name} includes an unknown fragment {include}")
+        if include in within:
+            raise ValueError(f"fragment {include} includes itself ({' -> '.join(within)})")
+        return _included(name, FRAGMENTS[include], (*within, include))
 
     return _TOKENS.sub(one, body)
 

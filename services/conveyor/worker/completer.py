@@ -25,6 +25,13 @@ loaded machine) or while a key is held, so without the bound as many of them as 
 connections would take it all, and the batch, the claims and the heartbeats of every other job
 would wait for a connection behind them.
 
+A batch completing workflow jobs may release their dependents (the trigger writes their outbox
+rows in the same transaction). With a ``follow`` (the worker's, ``Follow``), the batch is written
+in a transaction that also claims some of those released jobs for this worker
+(``job_claim_released``: at most the slots ``follow.reserve`` set aside, their outbox rows taken),
+and ``done`` starts them at once: the next job of a chain, or the first of a fan-out's leaves,
+starts without waiting for the relay and the broker. The others go through the relay as usual.
+
 Error texts are always cleaned (no NUL, no lone surrogates) before they are written.
 """
 
@@ -38,12 +45,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.backoff import Backoff
 from ..core.logging import event
 from ..core.metrics import Metrics
-from ..store import Attempt, Completion, Failure, Store
+from ..store import Attempt, ClaimedJob, Completion, Failure, Store
 from . import followups, outcomes, progress
 from .outcomes import Kind, Outcome
 from .running import Running
@@ -75,6 +82,29 @@ class Pending:
     written: bool = False
     held_since: float | None = None  # waiting for a follow-up's key another transaction holds
     apart: bool = False  # written in a transaction of its own (a large result, a keyed follow-up)
+    follow: Followed | None = None  # the released jobs this batch may claim (shared by its items)
+
+
+@dataclass(eq=False, slots=True)
+class Followed:
+    """Jobs a batch's completions released that this worker claimed in the same transaction.
+    ``reserved`` free slots were set aside for them before the write; ``room`` (at least that)
+    is how many it may claim, the rest taking over the slots the batch's own jobs free."""
+
+    reserved: int
+    room: int
+    jobs: list[ClaimedJob] = field(default_factory=list)
+
+
+class Follow(Protocol):
+    async def reserve(self, batch: list[Pending]) -> Followed | None:
+        """Slots for the jobs ``batch`` may release (None: claim none)."""
+
+    def unreserve(self, followed: Followed) -> None:
+        """The write did not end (cancelled): give the reserved slots back."""
+
+    async def claim(self, conn: Any, room: int) -> list[ClaimedJob]:
+        """In the completing transaction: claim up to ``room`` jobs it released."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +137,7 @@ class Completer:
         *,
         done: Done,
         wake_relay: Callable[[], None] = lambda: None,
+        follow: Follow | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_batch: int = 1000,
         apart: int = 2,
@@ -116,6 +147,7 @@ class Completer:
         self.metrics = metrics
         self.done = done
         self.wake_relay = wake_relay  # after a commit that wrote outbox rows (a Notifier)
+        self.follow = follow
         self.clock = clock
         self.max_batch = max_batch
         self._queue: collections.deque[Pending] = collections.deque()
@@ -176,11 +208,20 @@ class Completer:
 
     async def _write_batch(self, batch: list[Pending], key_wait: float | None = None) -> None:
         self._c.in_flight.update(batch)
+        followed = await self.follow.reserve(batch) if self.follow is not None else None
         try:
+            for p in batch:
+                p.follow = followed
             written = await self._commit_isolating(batch, key_wait)
             for p in batch:
                 p.written = p.running.job.id in written
             self._record(batch)
+        except BaseException:
+            if followed is not None and self.follow is not None:
+                self.follow.unreserve(followed)
+                for p in batch:
+                    p.follow = None
+            raise
         finally:
             self._c.in_flight.difference_update(batch)
         await self.done(batch)
@@ -284,9 +325,18 @@ class Completer:
             if r.last_progress is not None or (r.followups and p.outcome.kind is Kind.COMPLETE):
                 extra = True
         written: set[uuid.UUID] = set()
-        # One statement is atomic by itself: a batch of one kind, with no progress report and
-        # no follow-up job to write beside it, skips BEGIN/COMMIT (two round trips per batch)
-        alone = not extra and bool(done) + bool(fail) + bool(release) == 1
+        followed = batch[0].follow
+        # released jobs to claim: only a workflow job's completion releases any
+        follow = (
+            followed is not None
+            and len(followed.jobs) < followed.room
+            and any(p.running.job.workflow_id is not None for p in done)
+        )
+        # One statement is atomic by itself: a batch of one kind, with no progress report, no
+        # follow-up job to write beside it and no released job to claim, skips BEGIN/COMMIT
+        # (two round trips per batch)
+        alone = not extra and not follow and bool(done) + bool(fail) + bool(release) == 1
+        claimed: list[ClaimedJob] = []
         async with (
             self._apart if batch[0].apart else contextlib.nullcontext(),  # its connection only
             self.pool.acquire() as conn,
@@ -305,6 +355,8 @@ class Completer:
                 runs = [p.running for p in done if p.running.job.id in completed]
                 # job.enqueue, same transaction
                 await followups.write(self.store, conn, runs, key_wait=key_wait)
+                if follow and self.follow is not None and followed is not None:
+                    claimed = await self.follow.claim(conn, followed.room - len(followed.jobs))
             if fail:
                 failed = await self.store.job_fail_many(
                     conn,
@@ -324,6 +376,8 @@ class Completer:
                 written |= await self.store.job_release_many(
                     conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
                 )
+        if followed is not None:  # committed: this worker runs them
+            followed.jobs.extend(claimed)
         if fail or release:  # retries, dead letters, hand-backs: outbox rows, committed
             self.wake_relay()
         return written

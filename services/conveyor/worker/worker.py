@@ -29,7 +29,7 @@ from ..core import tracing
 from ..core.config import Settings
 from ..core.limits import shares
 from ..core.logging import event
-from ..core.metrics import Metrics
+from ..core.metrics import Metrics, observe_many
 from ..jobs.types import register_router_schedules, router_types
 from ..router import Job, JobRouter
 from ..store import ClaimedJob, for_schema
@@ -40,6 +40,7 @@ from .completer import Completer, Pending
 from .controls import TypeControls, consumer_switch
 from .drain import Drain, quietly
 from .executor import Executor
+from .follow import Follower
 from .guard import BlockPenalty, LoopGuard
 from .heartbeater import Heartbeater, take_deliveries
 from .jobctx import AttemptHooks
@@ -144,12 +145,25 @@ class Worker:
             clock=clock,
         )
         self.notifier = Notifier(None, self.store)
+        self.follower = Follower(
+            self.store,
+            self.slots,
+            enabled=settings.worker_run_released,
+            quiet=lambda: self.consumer.inbox.empty() and not any(self.consumer.waiting.values()),
+            stopping=lambda: self.stopping,
+            worker_id=self.worker_id,
+            types=self.types,
+            handler_defaults=self.consumer.handler_defaults,
+            lease_seconds=settings.visibility_timeout,
+            default_max_retries=settings.default_max_retries,
+        )
         self.completer = Completer(
             None,
             self.store,
             self.metrics,
             done=self._done,
             wake_relay=self.notifier.wake,
+            follow=self.follower,
             clock=clock,
             apart=POOL_SIZE // 2,  # the other half: the batch, the claims, the heartbeats
         )
@@ -336,13 +350,25 @@ class Worker:
         self.completer.put(running, outcome)
 
     async def _done(self, batch: list[Pending]) -> None:
-        """Outcomes committed (or fenced): free their slots, ack their deliveries."""
+        """Outcomes committed (or fenced): free their slots (or hand them to the jobs the batch
+        released and claimed, ``follow.py``), start those, ack the batch's deliveries."""
+        followed = batch[0].follow if batch else None
+        handed = self.follower.settle(followed) if followed is not None else 0
         for p in batch:
             job_id = p.running.job.id
             if self.running.get(job_id) is p.running:
                 del self.running[job_id]
                 self.heartbeater.acked_early.discard(job_id)
+        for _ in range(len(batch) - handed):
             self.slots.release()  # its work has ended (executor.py holds work given up on)
+        if followed is not None and followed.jobs:
+            waits: dict[str, list[float]] = {}
+            for row in followed.jobs:
+                waits.setdefault(row.job_type, []).append(row.wait_seconds)
+                self._start(row, None)  # no broker message: nothing to acknowledge
+            for job_type, values in waits.items():
+                self.metrics.released_claimed.labels(job_type).inc(len(values))
+                observe_many(self.metrics.job_wait_of(job_type), values)
         self.consumer.freed.set()  # jobs held in hand for a type's slot are claimed again
         if all(r.given_up_at is not None for r in self.running.values()):
             self.idle.set()  # (work given up on is not the drain's to wait for)

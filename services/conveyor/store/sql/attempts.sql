@@ -57,6 +57,29 @@ CASE WHEN j.workflow_id IS NOT NULL THEN (
           FROM __schema__.job_dependencies d WHERE d.job_id = j.id) x
     WHERE x.p IS NOT NULL)::text END
 
+-- name: job_claim_set fragment
+-- What a claim writes into the jobs row ``j`` (a SET list): the attempt counted, the lease, and
+-- what the submitter left out from the handler's defaults.
+status = 'IN_PROGRESS',
+attempts = j.attempts + 1,
+started_at = statement_timestamp(),
+updated_at = statement_timestamp(),
+lease_expires_at = statement_timestamp() + make_interval(secs => :lease_seconds),
+worker_id = :worker_id,
+max_retries = COALESCE(j.max_retries,
+                       (:handler_defaults::jsonb -> j.job_type ->> 'max_retries')::int,
+                       :default_max_retries),
+timeout_seconds = COALESCE(j.timeout_seconds,
+                           (:handler_defaults::jsonb -> j.job_type ->> 'timeout')::float8)
+
+-- name: job_claimed_row fragment
+-- What a claim returns of the jobs row ``j`` (``ClaimedJob.from_record``).
+j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts, j.retry_count,
+j.max_retries, j.timeout_seconds, j.meta::text AS meta,
+greatest(0, extract(epoch FROM statement_timestamp()
+                                - COALESCE(j.run_at, j.created_at)))::float8 AS wait,
+j.trace_context, j.workflow_id, {{workflow_parents_json}} AS parents
+
 -- name: job_claim_many
 -- The claim: one conditional UPDATE for a batch of delivered ids (``job_claimable``).
 -- The attempt is counted here, so a handler that kills its process still uses up its retries.
@@ -65,26 +88,43 @@ CASE WHEN j.workflow_id IS NOT NULL THEN (
 -- since), took the type's whole range of ``jobs_type_status_id_idx`` for one row and filtered
 -- the ids out of it (691,500 finished jobs read for 500 ids at 10 million rows;
 -- ``tests/integration/test_claim_plan.py``).
-UPDATE __schema__.jobs j SET
-    status = 'IN_PROGRESS',
-    attempts = attempts + 1,
-    started_at = now(),
-    updated_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_seconds),
-    worker_id = :worker_id,
-    max_retries = COALESCE(max_retries,
-                           (:handler_defaults::jsonb -> job_type ->> 'max_retries')::int,
-                           :default_max_retries),
-    timeout_seconds = COALESCE(timeout_seconds,
-                               (:handler_defaults::jsonb -> job_type ->> 'timeout')::float8)
+UPDATE __schema__.jobs j SET {{job_claim_set}}
 WHERE j.id = ANY(:ids::uuid[])
   AND array_position(:types::text[], job_type) IS NOT NULL
   AND {{job_claimable}}
-RETURNING id, job_type, payload::text AS payload, priority, attempts, retry_count, max_retries,
-          timeout_seconds, meta::text AS meta,
-          greatest(0, extract(epoch FROM now() - COALESCE(run_at, created_at)))::float8 AS wait,
-          trace_context, workflow_id,
-          {{workflow_parents_json}} AS parents
+RETURNING {{job_claimed_row}}
+
+-- name: job_claim_released
+-- The completing worker takes jobs its completions released (worker/completer.py): inside the
+-- completing transaction, after the completion statement, whose trigger listed the outbox rows
+-- it wrote in the transaction's setting ``__schema__.wf_released``. At most ``:room`` of them
+-- (highest priority first), of this worker's types, none of a paused or limited type (their
+-- claims go through ``job_claim_controlled``): each is claimed and its outbox row deleted in
+-- the same statement, so it gets no broker message; the rest stay for the relay. The rows are
+-- this transaction's own (uncommitted until it commits), so no relay can hold them.
+WITH o AS (
+    SELECT o.id, o.job_id
+    FROM unnest(string_to_array(
+            NULLIF(current_setting('__schema__.wf_released', true), ''), ',')::int8[]) AS x(id)
+    JOIN __schema__.job_outbox o ON o.id = x.id
+    WHERE o.destination = 'work'
+      AND array_position(:types::text[], o.job_type) IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM __schema__.job_types t
+                      WHERE t.name = o.job_type
+                        AND (t.paused OR t.concurrency IS NOT NULL OR t.rate_limit IS NOT NULL))
+    ORDER BY o.priority DESC, o.id
+    LIMIT :room
+), claimed AS (
+    UPDATE __schema__.jobs j SET {{job_claim_set}}
+    FROM o
+    WHERE j.id = o.job_id AND {{job_claimable}}
+    RETURNING o.id AS outbox_id, {{job_claimed_row}}
+), gone AS (
+    DELETE FROM __schema__.job_outbox d WHERE d.id = ANY(ARRAY(SELECT outbox_id FROM claimed))
+)
+SELECT id, job_type, payload, priority, attempts, retry_count, max_retries, timeout_seconds,
+       meta, wait, trace_context, workflow_id, parents
+FROM claimed
 
 -- name: job_claim_controlled
 -- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the

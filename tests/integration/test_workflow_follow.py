@@ -1,0 +1,256 @@
+"""A worker runs the workflow jobs its own completions release (worker/follow.py): claimed in the
+completing transaction, their outbox rows taken, started at once with the slots it has. Each test
+publishes the first job with one relay step and then runs no relay, so whatever ran after it was
+claimed by the worker that released it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from conveyor import Job, JobRouter, Workflow, enqueue_workflow
+from conveyor.core.config import Settings
+from conveyor.maintenance.sweeper import Sweeper
+from conveyor.publisher.relay import Relay
+from conveyor.worker import Worker
+
+from ..faults.harness import Proc, component_env
+from ..stack import wait_for
+
+APP = "tests.integration.worker_apps:router"
+
+
+class Handlers:
+    """Every job runs ``run``; ``gate`` holds the ones waiting on it (the leaves)."""
+
+    def __init__(self) -> None:
+        self.router = JobRouter()
+        self.running = 0
+        self.most = 0
+        self.gate = asyncio.Event()
+        self.seen: dict[str, Any] = {}
+        for name in ("step", "leaf", "limited"):
+            self.router.job(name)(self.run)
+
+    async def run(self, job: Job) -> Any:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            self.seen[str(job.id)] = job.parents
+            if job.type == "leaf":
+                await self.gate.wait()
+            return {"n": job.payload.get("i")}
+        finally:
+            self.running -= 1
+
+
+@pytest.fixture
+async def relay(settings: Settings) -> AsyncIterator[Relay]:
+    r = Relay(settings)
+    await r.start()
+    yield r
+    await r.close()
+
+
+async def _worker(settings: Settings, h: Handlers, concurrency: int, **kw: Any) -> Worker:
+    w = Worker(settings.model_copy(update=kw), h.router, concurrency=concurrency)
+    await w.start()
+    return w
+
+
+async def _submit(db: asyncpg.Connection, wf: Workflow) -> dict[str, uuid.UUID]:
+    async with db.transaction():
+        wid = await enqueue_workflow(db, wf)
+    rows = await db.fetch("SELECT workflow_key, id FROM jobs WHERE workflow_id = $1", wid)
+    return {r["workflow_key"]: r["id"] for r in rows}
+
+
+def _chain(*types: str) -> Workflow:
+    """Each job after the previous one; keys "0", "1", ..."""
+    wf = Workflow("chain")
+    for i, job_type in enumerate(types):
+        wf.add(str(i), job_type, {"i": i}, after=[str(i - 1)] if i else [])
+    return wf
+
+
+async def _first_published(relay: Relay) -> None:
+    assert await relay.run_once() == 1  # the first job only: nothing else is released yet
+
+
+@pytest.mark.parametrize("run_released", [True, False])
+async def test_a_chain_goes_on_without_the_relay_on_the_worker_that_released_each_link(
+    settings: Settings, db: asyncpg.Connection, relay: Relay, run_released: bool
+) -> None:
+    h = Handlers()
+    w = await _worker(settings, h, 4, worker_run_released=run_released)
+    try:
+        key = await _submit(db, _chain(*["step"] * 6))
+        await _first_published(relay)
+        if not run_released:  # the control: each link waits for the relay
+            await wait_for(settings.database_url, [key["0"]], timeout=10)
+            await asyncio.sleep(0.5)
+            st = dict(await db.fetch("SELECT workflow_key, status::text FROM jobs"))
+            assert st["1"] == "PENDING" and st["2"] == "WAITING"
+            assert await db.fetchval("SELECT count(*) FROM job_outbox") == 1
+            return
+        done = await wait_for(settings.database_url, key.values(), timeout=15)
+        assert set(done.values()) == {"COMPLETED"}
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0
+        workers = await db.fetch("SELECT DISTINCT worker_id FROM job_attempts")
+        assert [r["worker_id"] for r in workers] == [w.worker_id]
+        assert await db.fetchval("SELECT max(attempt) FROM job_attempts") == 1
+        # each link saw its parent's result, read in the transaction that released it
+        assert h.seen[str(key["3"])] == {"2": {"n": 2}}
+        assert _followed(w, "step") == 5
+        # nothing of it went through the broker
+        queue = w.subscription.topology.work_queue("step")
+        assert (await _ready(w, queue)) == 0
+        assert w.consumer.status().claimed_total == 1
+    finally:
+        await w.stop()
+
+
+def _followed(w: Worker, job_type: str) -> float:
+    """Jobs of ``job_type`` the worker claimed where it released them (its metric)."""
+    sample = w.metrics.registry.get_sample_value(
+        "conveyor_worker_released_claimed_total", {"type": job_type}
+    )
+    return sample or 0.0
+
+
+async def _ready(w: Worker, queue: str) -> int:
+    channel = w.subscription.channel
+    assert channel is not None
+    q = await channel.declare_queue(queue, passive=True)
+    return int(q.declaration_result.message_count or 0)
+
+
+async def test_a_worker_with_one_slot_hands_it_to_the_link_it_released(
+    settings: Settings, db: asyncpg.Connection, relay: Relay
+) -> None:
+    h = Handlers()
+    w = await _worker(settings, h, 1)
+    try:
+        key = await _submit(db, _chain(*["step"] * 4))
+        await _first_published(relay)
+        done = await wait_for(settings.database_url, key.values(), timeout=15)
+        assert set(done.values()) == {"COMPLETED"}
+        assert h.most == 1
+        assert _followed(w, "step") == 3
+    finally:
+        await w.stop()
+
+
+async def test_a_fan_out_takes_the_free_slots_and_leaves_the_rest_to_the_relay(
+    settings: Settings, db: asyncpg.Connection, relay: Relay
+) -> None:
+    h = Handlers()
+    w = await _worker(settings, h, 4)
+    wf = Workflow("fan")
+    root = wf.add("root", "step")
+    leaves = [wf.add(f"leaf-{i}", "leaf", {"i": i}, after=[root]) for i in range(10)]
+    wf.add("join", "step", after=leaves)
+    try:
+        key = await _submit(db, wf)
+        await _first_published(relay)
+        await wait_for(settings.database_url, [key["root"]], timeout=10)
+        for _ in range(100):
+            if h.running:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        st = dict(await db.fetch("SELECT workflow_key, status::text FROM jobs "
+                                 "WHERE workflow_key LIKE 'leaf-%'"))  # fmt: skip
+        outboxed = {r["job_id"] for r in await db.fetch("SELECT job_id FROM job_outbox")}
+        running = {k for k, s in st.items() if s == "IN_PROGRESS"}
+        # some leaves run here, at most the worker's slots; each of the others has its outbox
+        # row, and no leaf has both
+        assert 1 <= len(running) <= 4 and h.running == len(running)
+        assert {k for k in st if key[k] in outboxed} == set(st) - running
+        assert {s for k, s in st.items() if k not in running} == {"PENDING"}
+        # the relay publishes the rest; the worker never runs more than its concurrency
+        h.gate.set()
+        while await relay.run_once():
+            pass
+        done = await wait_for(settings.database_url, key.values(), timeout=20)
+        assert set(done.values()) == {"COMPLETED"}
+        assert h.most <= 4
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0
+    finally:
+        h.gate.set()
+        await w.stop()
+
+
+@pytest.mark.parametrize("control", ["paused", "concurrency"])
+async def test_paused_and_limited_types_are_left_to_the_relay(
+    settings: Settings, db: asyncpg.Connection, relay: Relay, control: str
+) -> None:
+    h = Handlers()
+    w = await _worker(settings, h, 4)
+    try:
+        if control == "paused":
+            await w.store.type_set_paused(db, "limited", True)
+        else:
+            await w.store.type_set_limits(
+                db, "limited", concurrency=2, rate_limit=None, rate_period=None
+            )
+        key = await _submit(db, _chain("step", "limited"))
+        await _first_published(relay)
+        await wait_for(settings.database_url, [key["0"]], timeout=10)
+        assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", key["1"]) == (
+            "PENDING"
+        )
+        assert [r["job_id"] for r in await db.fetch("SELECT job_id FROM job_outbox")] == [key["1"]]
+        assert _followed(w, "limited") == 0
+    finally:
+        await w.stop()
+
+
+async def test_a_worker_killed_running_a_job_it_released_loses_nothing(
+    settings: Settings, db: asyncpg.Connection, relay: Relay, sweeper: Sweeper, tmp_path: Path
+) -> None:
+    """A worker process claims the job its completion released (no broker message exists for
+    it) and is SIGKILLed while running it: the lease runs out, the sweeper publishes it again,
+    another worker runs it and the chain goes on."""
+    conveyor = str(Path(sys.executable).parent / "conveyor")
+    proc = Proc(
+        "worker", [conveyor, "worker", "--app", APP, "--types", "echo,slow"],
+        component_env(settings), tmp_path,
+    ).start()  # fmt: skip
+    try:
+        key = await _submit(db, _chain("echo", "slow", "echo"))
+        await db.execute("UPDATE jobs SET payload = '{\"seconds\": 600}' WHERE id = $1", key["1"])
+        await proc.wait_for_log("worker_started")
+        await _first_published(relay)
+        await wait_for(settings.database_url, [key["1"]], ["IN_PROGRESS"], timeout=15)
+        first = await db.fetchrow("SELECT worker_id, attempts FROM jobs WHERE id = $1", key["1"])
+        assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0  # no message for it
+        await proc.kill()
+    finally:
+        await proc.stop()
+    # its lease runs out (the fixture's visibility timeout, 5 s)
+    await db.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' "
+                     "WHERE id = $1", key["1"])  # fmt: skip
+    assert sum((await sweeper.recover_leases()).values()) == 1
+    h = Handlers()
+    h.router.job("echo")(h.run)
+    h.router.job("slow")(h.run)
+    w = await _worker(settings, h, 4)
+    try:
+        while await relay.run_once():
+            pass
+        done = await wait_for(settings.database_url, key.values(), timeout=15)
+        assert set(done.values()) == {"COMPLETED"}
+        again = await db.fetchrow("SELECT worker_id, attempts FROM jobs WHERE id = $1", key["1"])
+        assert (first["attempts"], again["attempts"]) == (1, 2)
+        assert first["worker_id"] != w.worker_id == again["worker_id"]
+        assert _followed(w, "echo") == 1  # the last link followed on the second worker
+    finally:
+        await w.stop()
