@@ -101,13 +101,14 @@ RETURNING {{job_claimed_row}}
 -- (highest priority first), of this worker's types, none of a paused or limited type (their
 -- claims go through ``job_claim_controlled``): each is claimed and its outbox row deleted in
 -- the same statement, so it gets no broker message; the rest stay for the relay. The rows are
--- this transaction's own (uncommitted until it commits), so no relay can hold them.
-WITH o AS (
+-- this transaction's own (uncommitted until it commits), so no relay can hold them. Every row
+-- is found by its primary key (``= ANY``, whatever the planner thinks of the list's length).
+WITH o AS MATERIALIZED (
     SELECT o.id, o.job_id
-    FROM unnest(string_to_array(
-            NULLIF(current_setting('__schema__.wf_released', true), ''), ',')::int8[]) AS x(id)
-    JOIN __schema__.job_outbox o ON o.id = x.id
-    WHERE o.destination = 'work'
+    FROM __schema__.job_outbox o
+    WHERE o.id = ANY(string_to_array(
+            NULLIF(current_setting('__schema__.wf_released', true), ''), ',')::int8[])
+      AND o.destination = 'work'
       AND array_position(:types::text[], o.job_type) IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM __schema__.job_types t
                       WHERE t.name = o.job_type
@@ -116,15 +117,13 @@ WITH o AS (
     LIMIT :room
 ), claimed AS (
     UPDATE __schema__.jobs j SET {{job_claim_set}}
-    FROM o
-    WHERE j.id = o.job_id AND {{job_claimable}}
-    RETURNING o.id AS outbox_id, {{job_claimed_row}}
+    WHERE j.id = ANY(ARRAY(SELECT job_id FROM o)) AND {{job_claimable}}
+    RETURNING {{job_claimed_row}}
 ), gone AS (
-    DELETE FROM __schema__.job_outbox d WHERE d.id = ANY(ARRAY(SELECT outbox_id FROM claimed))
+    DELETE FROM __schema__.job_outbox d
+    WHERE d.id = ANY(ARRAY(SELECT o.id FROM o JOIN claimed c ON c.id = o.job_id))
 )
-SELECT id, job_type, payload, priority, attempts, retry_count, max_retries, timeout_seconds,
-       meta, wait, trace_context, workflow_id, parents
-FROM claimed
+SELECT * FROM claimed
 
 -- name: job_claim_controlled
 -- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the
