@@ -15,12 +15,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from conveyor import Job, JobRouter, Workflow, enqueue_workflow
+from conveyor import Job, JobRouter, JobSpec, Workflow, enqueue, enqueue_many, enqueue_workflow
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
 from conveyor.worker import Worker
 
+from .. import db as tdb
 from ..faults.harness import Proc, component_env
 from ..stack import wait_for
 
@@ -253,4 +254,50 @@ async def test_a_worker_killed_running_a_job_it_released_loses_nothing(
         assert first["worker_id"] != w.worker_id == again["worker_id"]
         assert _followed(w, "echo") == 1  # the last link followed on the second worker
     finally:
+        await w.stop()
+
+
+async def _until(what: str, test: Any, timeout: float = 10.0) -> None:
+    """Poll ``test()`` (the worker's own state: no one-step method waits for it) until true."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not test():
+        assert asyncio.get_running_loop().time() < deadline, f"never {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_completion_waiting_on_a_follow_ups_key_holds_none_of_the_free_slots(
+    settings: Settings, db_url: str, db: asyncpg.Connection, relay: Relay
+) -> None:
+    """A workflow job's completion whose unique follow-up waits for an application's open
+    transaction (``followups.py``: tried again until the key is free) may take minutes: the
+    worker's free slots stay free for other jobs meanwhile. Set aside for the jobs the
+    completion may release before the write started, they stayed out of reach for the whole
+    wait: a worker of 4 slots ran one job at a time."""
+    h = Handlers()
+
+    async def keyed(job: Job) -> None:
+        job.enqueue("step", {"from": "keyed"}, unique_for=300, unique_key="held")
+
+    h.router.job("keyed")(keyed)
+    w = await _worker(settings, h, 4)
+    app = await tdb.connect(db_url)
+    tx = app.transaction()
+    try:
+        await tx.start()  # the application's open transaction holds the key
+        await enqueue(app, "step", {"from": "app"}, unique_for=300, unique_key="held")
+        key = await _submit(db, _chain("keyed", "step"))
+        await _first_published(relay)
+        await _until("held by the key", lambda: w.completer.status().held == 1)
+        leaves = await enqueue_many(db, [JobSpec("leaf", {"i": i}) for i in range(3)])
+        assert await relay.run_once() == 3
+        # the three other slots run the leaves while the completion waits
+        await _until("three leaves running", lambda: h.running == 3, timeout=5)
+        await tx.rollback()  # the key is free: the completion commits with its follow-up
+        h.gate.set()
+        done = await wait_for(settings.database_url, [*leaves, *key.values()], timeout=15)
+        assert set(done.values()) == {"COMPLETED"}
+        assert h.most <= 4
+    finally:
+        h.gate.set()
+        await app.close()
         await w.stop()
