@@ -1,11 +1,14 @@
 """A worker runs the jobs its own completions released (``completer.py`` explains the write).
 
-The slots: before a batch completing workflow jobs is written, every free slot is set aside
-(``reserve``), and when nothing waits for a slot here (no delivery in the inbox, no job held in
-hand for a limited type) the batch's own slots count too, since they free as it commits. After
-the commit, the claimed jobs take the reserved slots first, then the batch's; the rest are
-released. So the worker never runs more than its concurrency, and a job released to it never
-waits for a slot. Deliveries that arrive during the write wait for it (one statement longer).
+The slots: when a batch completing workflow jobs is about to be written, its own slots count
+if nothing waits for a slot here (no delivery in the inbox, no job held in hand for a limited
+type), since they free as it commits (``reserve``). Inside its transaction, right before the
+claim, every free slot is set aside (``take``); when the transaction ends, committed or not, the
+ones no claimed job took go back (``trim``). After the commit, the claimed jobs take the slots
+set aside first, then the batch's; the rest are released. So the worker never runs more than its
+concurrency, and a job released to it never waits for a slot. Deliveries that arrive during the
+claim wait for it (one statement longer); a wait before it (a follow-up's key another transaction
+holds, an outage's backoff, a large result's turn for a connection) holds no free slot.
 
 What it claims is decided in SQL (``job_claim_released``): its own types, none paused or limited
 (a limit is counted by the controlled claim only), highest priority first. A claimed job has no
@@ -57,14 +60,22 @@ class Follower:
             p.outcome.kind is Kind.COMPLETE and p.running.job.workflow_id is not None for p in batch
         ):
             return None
-        reserved = 0
+        own = len(batch) if self.quiet() else 0
+        if own == 0 and self.slots.locked():
+            return None  # no slot to claim with now: no transaction for it
+        return Followed(own)
+
+    async def take(self, followed: Followed) -> int:
         while not self.slots.locked():
             await self.slots.acquire()  # returns at once: a slot is free and nobody waits
-            reserved += 1
-        own = len(batch) if self.quiet() else 0
-        if reserved + own == 0:
-            return None
-        return Followed(reserved, reserved + own)
+            followed.reserved += 1
+        return followed.reserved + followed.own - len(followed.jobs)
+
+    def trim(self, followed: Followed) -> None:
+        used = min(len(followed.jobs), followed.reserved)
+        for _ in range(followed.reserved - used):
+            self.slots.release()
+        followed.reserved = used
 
     def unreserve(self, followed: Followed) -> None:
         for _ in range(followed.reserved):
