@@ -301,3 +301,49 @@ async def test_a_completion_waiting_on_a_follow_ups_key_holds_none_of_the_free_s
         h.gate.set()
         await app.close()
         await w.stop()
+
+
+async def test_a_job_released_while_the_worker_drains_is_handed_back_not_started(
+    settings: Settings, db_url: str, db: asyncpg.Connection, relay: Relay
+) -> None:
+    """SIGTERM while a batch that releases a job is being written (here: held on the released
+    job's row lock until the drain has handed back what ran): the released job is not started
+    on a worker that stopped taking work; it goes back to PENDING with its outbox row, for any
+    worker. Started after the drain's hand-back, it was neither finished within the grace nor
+    handed back: the drain waited its bound (15 s) and left it IN_PROGRESS, dropped with the
+    process, until its lease ran out."""
+    h = Handlers()
+    w = await _worker(settings, h, 2)
+    locker = await tdb.connect(db_url)
+    tx = locker.transaction()
+    stop: asyncio.Task[None] | None = None
+    try:
+        key = await _submit(db, _chain("step", "leaf"))
+        await tx.start()
+        await locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", key["1"])
+        await _first_published(relay)
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor-worker' "
+            "AND wait_event_type = 'Lock'"
+        ):  # the completion's release waits for the row lock
+            assert asyncio.get_running_loop().time() < deadline, "the release never waited"
+            await asyncio.sleep(0.02)
+        stop = asyncio.create_task(w.stop(grace=5))
+        await _until("flushing", lambda: w.drain.phase == "flushing")
+        await tx.rollback()  # the batch commits now, the drain past its hand-back
+        await asyncio.wait_for(stop, 30)
+        row = await db.fetchrow("SELECT status::text, attempts FROM jobs WHERE id = $1", key["1"])
+        assert row["status"] == "PENDING", dict(row)
+        assert str(key["1"]) not in h.seen, "the released job started on a stopped worker"
+        assert [r["job_id"] for r in await db.fetch("SELECT job_id FROM job_outbox")] == [key["1"]]
+        assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", key["0"]) == (
+            "COMPLETED"
+        )
+    finally:
+        h.gate.set()
+        await locker.close()
+        if stop is None:
+            await w.stop()
+        elif not stop.done():
+            await stop
