@@ -19,6 +19,7 @@ from conveyor import Job, JobRouter, JobSpec, Workflow, enqueue, enqueue_many, e
 from conveyor.core.config import Settings
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
+from conveyor.store import ClaimedJob
 from conveyor.worker import Worker
 
 from .. import db as tdb
@@ -303,35 +304,58 @@ async def test_a_completion_waiting_on_a_follow_ups_key_holds_none_of_the_free_s
         await w.stop()
 
 
+@pytest.mark.parametrize("claimed", ["after_the_stop", "before_the_stop"])
 async def test_a_job_released_while_the_worker_drains_is_handed_back_not_started(
-    settings: Settings, db_url: str, db: asyncpg.Connection, relay: Relay
+    settings: Settings, db_url: str, db: asyncpg.Connection, relay: Relay, claimed: str
 ) -> None:
-    """SIGTERM while a batch that releases a job is being written (here: held on the released
-    job's row lock until the drain has handed back what ran): the released job is not started
-    on a worker that stopped taking work; it goes back to PENDING with its outbox row, for any
-    worker. Started after the drain's hand-back, it was neither finished within the grace nor
-    handed back: the drain waited its bound (15 s) and left it IN_PROGRESS, dropped with the
-    process, until its lease ran out."""
+    """SIGTERM while a batch that releases a job is being written, committed after the drain
+    has handed back what ran: the released job is not started on a worker that stopped taking
+    work; it goes back to PENDING with its outbox row, for any worker. Either the release itself
+    comes after the stop (``after_the_stop``: held on the released job's row lock), and the
+    worker claims nothing, or the claim came before it and the commit after (``before_the_stop``:
+    the drain begins between the claim and the commit), and the worker hands it back. Started
+    after the drain's hand-back, it was neither finished within the grace nor handed back: the
+    drain waited its bound (15 s) and left it IN_PROGRESS, dropped with the process, until its
+    lease ran out."""
     h = Handlers()
     w = await _worker(settings, h, 2)
     locker = await tdb.connect(db_url)
     tx = locker.transaction()
     stop: asyncio.Task[None] | None = None
-    try:
-        key = await _submit(db, _chain("step", "leaf"))
-        await tx.start()
-        await locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", key["1"])
-        await _first_published(relay)
-        deadline = asyncio.get_running_loop().time() + 10
-        while not await db.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'conveyor-worker' "
-            "AND wait_event_type = 'Lock'"
-        ):  # the completion's release waits for the row lock
-            assert asyncio.get_running_loop().time() < deadline, "the release never waited"
-            await asyncio.sleep(0.02)
+
+    async def drain() -> None:
+        nonlocal stop
         stop = asyncio.create_task(w.stop(grace=5))
         await _until("flushing", lambda: w.drain.phase == "flushing")
-        await tx.rollback()  # the batch commits now, the drain past its hand-back
+
+    claim = w.follower.claim
+
+    async def claim_then_drain(conn: Any, room: int) -> list[ClaimedJob]:
+        rows = await claim(conn, room)
+        if rows and stop is None:  # the batch's transaction commits once the drain flushes
+            await drain()
+        return rows
+
+    try:
+        key = await _submit(db, _chain("step", "leaf"))
+        if claimed == "before_the_stop":
+            w.follower.claim = claim_then_drain  # type: ignore[method-assign]
+            await _first_published(relay)
+        else:
+            await tx.start()
+            await locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", key["1"])
+            await _first_published(relay)
+            deadline = asyncio.get_running_loop().time() + 10
+            while not await db.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND application_name = 'conveyor-worker'"
+            ):  # the completion's release waits for the row lock
+                assert asyncio.get_running_loop().time() < deadline, "the release never waited"
+                await asyncio.sleep(0.02)
+            await drain()
+            await tx.rollback()  # the batch commits now, the drain past its hand-back
+        await _until("stopping", lambda: stop is not None)
+        assert stop is not None
         await asyncio.wait_for(stop, 30)
         row = await db.fetchrow("SELECT status::text, attempts FROM jobs WHERE id = $1", key["1"])
         assert row["status"] == "PENDING", dict(row)
@@ -340,6 +364,7 @@ async def test_a_job_released_while_the_worker_drains_is_handed_back_not_started
         assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", key["0"]) == (
             "COMPLETED"
         )
+        assert _followed(w, "leaf") == 0
     finally:
         h.gate.set()
         await locker.close()

@@ -13,7 +13,9 @@ holds, an outage's backoff, a large result's turn for a connection) holds no fre
 What it claims is decided in SQL (``job_claim_released``): its own types, none paused or limited
 (a limit is counted by the controlled claim only), highest priority first. A claimed job has no
 broker message; if the worker dies, its lease runs out and the sweeper publishes it again, as for
-any job whose worker died."""
+any job whose worker died. A worker that is stopping claims none (``take``), and the worker hands
+back the ones a batch claimed before the stop and committed after it (``Worker._done``): started
+then, they could begin after the drain's hand-back and be left running when the process ends."""
 
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ class Follower:
         return Followed(own)
 
     async def take(self, followed: Followed) -> int:
+        if self.stopping():  # the drain has begun: claim nothing more
+            return 0
         while not self.slots.locked():
             await self.slots.acquire()  # returns at once: a slot is free and nobody waits
             followed.reserved += 1

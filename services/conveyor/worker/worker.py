@@ -36,6 +36,7 @@ from ..store import ClaimedJob, for_schema
 from ..store.bounds import SessionBounds
 from ..store.connect import create_pool
 from ..store.notify import Notifier
+from . import outcomes
 from .completer import Completer, Pending
 from .controls import TypeControls, consumer_switch
 from .drain import Drain, quietly
@@ -300,6 +301,12 @@ class Worker:
     # ------------------------------------------------------------------ the parts' seams
 
     def _start(self, row: ClaimedJob, delivery: Delivery | None) -> None:
+        running = self._running(row, delivery)
+        self.running[running.job.id] = running
+        self.executor.start(running)
+
+    def _running(self, row: ClaimedJob, delivery: Delivery | None) -> Running:
+        """The attempt of a claimed job, as the executor runs it."""
         job = Job(
             id=row.id,
             type=row.job_type,
@@ -324,8 +331,7 @@ class Worker:
         if tracing.enabled():  # the attempt's span: child of the message's, else the job's
             header = tracing.valid(getattr(delivery, "traceparent", None))
             running.trace_parent = header or row.trace_context
-        self.running[job.id] = running
-        self.executor.start(running)
+        return running
 
     def _preempt_limit(self, task: asyncio.Task[Any]) -> float | None:
         """How long the async handler running in ``task`` may block the loop before the guard
@@ -351,7 +357,10 @@ class Worker:
 
     async def _done(self, batch: list[Pending]) -> None:
         """Outcomes committed (or fenced): free their slots (or hand them to the jobs the batch
-        released and claimed, ``follow.py``), start those, ack the batch's deliveries."""
+        released and claimed, ``follow.py``), start those, ack the batch's deliveries. A worker
+        that is stopping starts none of them: it hands them back (PENDING again, their outbox
+        rows written, no retry consumed) as the drain does with deliveries waiting for a slot;
+        each keeps its slot until that is written, and the drain's flush waits for it."""
         followed = batch[0].follow if batch else None
         handed = self.follower.settle(followed) if followed is not None else 0
         for p in batch:
@@ -361,7 +370,12 @@ class Worker:
                 self.heartbeater.acked_early.discard(job_id)
         for _ in range(len(batch) - handed):
             self.slots.release()  # its work has ended (executor.py holds work given up on)
-        if followed is not None and followed.jobs:
+        if followed is not None and followed.jobs and self.stopping:
+            for row in followed.jobs:
+                running = self._running(row, None)
+                self.running[row.id] = running
+                self.completer.put(running, outcomes.RELEASE)
+        elif followed is not None and followed.jobs:
             waits: dict[str, list[float]] = {}
             for row in followed.jobs:
                 waits.setdefault(row.job_type, []).append(row.wait_seconds)
