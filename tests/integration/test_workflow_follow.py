@@ -372,3 +372,37 @@ async def test_a_job_released_while_the_worker_drains_is_handed_back_not_started
             await w.stop()
         elif not stop.done():
             await stop
+
+
+async def test_a_worker_running_a_job_it_released_takes_no_delivery_it_has_no_slot_for(
+    settings: Settings, db: asyncpg.Connection, relay: Relay
+) -> None:
+    """The prefetch bounds a worker's work in hand (``outcomes.py``: a delivery stays unacked
+    while its job runs): a worker of one slot that runs the job its completion released keeps
+    the completed job's delivery for it, so the broker sends it nothing more and a job
+    published meanwhile goes to a worker with a free slot. With the delivery acknowledged, the
+    broker saw a free slot and sent the next job there, to wait in the busy worker's inbox for
+    as long as the released job ran, while the other worker sat idle; and the running job was
+    invisible to a queue-length autoscaler (KEDA counts unacked messages)."""
+    h, other = Handlers(), Handlers()
+    busy = await _worker(settings, h, 1)  # step, leaf, limited
+    idle = Worker(settings, other.router, types=["step"], concurrency=1)
+    await idle.start()
+    try:
+        key = await _submit(db, _chain("limited", "leaf"))  # only the busy worker runs these
+        await _first_published(relay)
+        await _until("the leaf running", lambda: h.running == 1 and _followed(busy, "leaf") == 1)
+        assert busy._unacked("limited") + busy._unacked("leaf") == 1
+        steps = await enqueue_many(db, [JobSpec("step", {"i": i}) for i in range(2)])
+        assert await relay.run_once() == 2
+        done = await wait_for(settings.database_url, steps, timeout=10)
+        assert set(done.values()) == {"COMPLETED"}
+        assert busy.consumer.status().waiting == 0 and h.running == 1
+        h.gate.set()
+        done = await wait_for(settings.database_url, key.values(), timeout=10)
+        assert set(done.values()) == {"COMPLETED"}
+        assert busy._unacked("limited") + busy._unacked("leaf") == 0
+    finally:
+        h.gate.set()
+        await idle.stop()
+        await busy.stop()
