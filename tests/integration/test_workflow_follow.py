@@ -150,7 +150,7 @@ async def test_a_worker_with_one_slot_hands_it_to_the_link_it_released(
         await w.stop()
 
 
-async def test_a_fan_out_takes_the_free_slots_and_leaves_the_rest_to_the_relay(
+async def test_a_fan_out_takes_its_roots_slot_and_leaves_the_rest_to_the_relay(
     settings: Settings, db: asyncpg.Connection, relay: Relay
 ) -> None:
     h = Handlers()
@@ -172,9 +172,9 @@ async def test_a_fan_out_takes_the_free_slots_and_leaves_the_rest_to_the_relay(
                                  "WHERE workflow_key LIKE 'leaf-%'"))  # fmt: skip
         outboxed = {r["job_id"] for r in await db.fetch("SELECT job_id FROM job_outbox")}
         running = {k for k, s in st.items() if s == "IN_PROGRESS"}
-        # some leaves run here, at most the worker's slots; each of the others has its outbox
-        # row, and no leaf has both
-        assert 1 <= len(running) <= 4 and h.running == len(running)
+        # one leaf runs here, in the root's slot (the free ones are the broker's to fill); each
+        # of the others has its outbox row, and no leaf has both
+        assert len(running) == 1 and h.running == 1
         assert {k for k in st if key[k] in outboxed} == set(st) - running
         assert {s for k, s in st.items() if k not in running} == {"PENDING"}
         # the relay publishes the rest; the worker never runs more than its concurrency
@@ -406,3 +406,46 @@ async def test_a_worker_running_a_job_it_released_takes_no_delivery_it_has_no_sl
         h.gate.set()
         await idle.stop()
         await busy.stop()
+
+
+async def test_a_handed_over_delivery_is_acknowledged_early_from_its_first_jobs_claim(
+    settings: Settings, db: asyncpg.Connection, relay: Relay
+) -> None:
+    """The delivery a released job takes over has been unacknowledged since the finished job's
+    claim: the early ack (before RabbitMQ's ``consumer_timeout`` closes the channel) counts
+    from then, not from the released job's start."""
+    now = [1000.0]
+    h = Handlers()
+    first = asyncio.Event()
+
+    async def slow(job: Job) -> None:
+        await first.wait()
+
+    h.router.job("first")(slow)
+    w = Worker(
+        settings.model_copy(update={"early_ack_after": 600.0}),
+        h.router,
+        concurrency=1,
+        clock=lambda: now[0],
+    )
+    await w.start()
+    try:
+        key = await _submit(db, _chain("first", "leaf"))
+        await _first_published(relay)
+        await _until("the first job running", lambda: key["0"] in w.running)
+        now[0] += 400.0  # the first job ran 400 s
+        first.set()
+        await _until("the leaf running", lambda: h.running == 1)
+        leaf = w.running[key["1"]]
+        assert leaf.delivery is not None and leaf.delivered == 1000.0
+        now[0] += 100.0  # the leaf runs 100 s: 500 s since its delivery's claim
+        await w.heartbeater.beat_once()
+        assert w.heartbeater.status().acked_early_total == 0
+        now[0] += 150.0  # 650 s
+        await w.heartbeater.beat_once()
+        assert w.heartbeater.status().acked_early_total == 1 and leaf.delivery is None
+        assert w._unacked("first") + w._unacked("leaf") == 0
+    finally:
+        first.set()
+        h.gate.set()
+        await w.stop()

@@ -126,8 +126,8 @@ class Settings(BaseSettings):
     # (0: at its timeout only, and no spacing)
     worker_loop_block_limit: float = Field(default=0.5, ge=0)
     # a worker whose completions release workflow jobs of its types claims them in the same
-    # transaction and runs them at once, with slots it has free (worker/follow.py); off: every
-    # released job goes through the relay and the broker
+    # transaction and runs them at once, in the slots of the jobs it finished (worker/follow.py);
+    # off: every released job goes through the relay and the broker
     worker_run_released: bool = True
     # a handler's result larger than this (encoded JSON, bytes) fails its job ("result too
     # large") instead of becoming a giant row that every outcome of the worker waits behind

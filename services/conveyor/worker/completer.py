@@ -28,13 +28,11 @@ would wait for a connection behind them.
 A batch completing workflow jobs may release their dependents (the trigger writes their outbox
 rows in the same transaction). With a ``follow`` (the worker's, ``Follow``), the batch is written
 in a transaction that also claims some of those released jobs for this worker
-(``job_claim_released``: at most the free slots ``follow.take`` sets aside right before that
-statement plus the batch's own that ``follow.reserve`` counted; their outbox rows taken), and
-``done`` starts them at once: the next job of a chain, or the first of a fan-out's leaves, starts
-without waiting for the relay and the broker. The others go through the relay as usual. Free
-slots are set aside only from the claim to the end of its transaction, never across a wait (a
-follow-up's key, an outage's backoff, a large result's turn for a connection): the ones no
-claimed job took go back as soon as the transaction ends.
+(``job_claim_released``: at most as many as the batch's own slots that ``follow.reserve``
+counted; their outbox rows taken), and ``done`` starts them at once in those slots: the next job
+of a chain, or a fan-out's first leaf, starts without waiting for the relay and the broker. The
+others go through the relay as usual. No free slot is set aside for them (the broker may fill
+any free slot), so nothing waits for the write.
 
 Error texts are always cleaned (no NUL, no lone surrogates) before they are written.
 """
@@ -92,28 +90,16 @@ class Pending:
 @dataclass(eq=False, slots=True)
 class Followed:
     """Jobs a batch's completions released that this worker claimed in the same transaction.
-    ``own``: how many of the batch's own slots claimed jobs may take over (they free as it
-    commits); ``reserved``: free slots set aside for claimed jobs (``Follow.take``), which they
-    take first."""
+    ``own``: how many of the batch's slots (each with its delivery) claimed jobs may take over:
+    they free as it commits."""
 
     own: int
-    reserved: int = 0
     jobs: list[ClaimedJob] = field(default_factory=list)
 
 
 class Follow(Protocol):
     async def reserve(self, batch: list[Pending]) -> Followed | None:
         """Whether ``batch`` may claim the jobs it releases (None: claim none)."""
-
-    async def take(self, followed: Followed) -> int:
-        """Right before the claim, in its transaction: set the free slots aside; returns how
-        many jobs it may claim (those slots and the batch's own, less the jobs claimed)."""
-
-    def trim(self, followed: Followed) -> None:
-        """The transaction ended: give back the slots set aside that no claimed job took."""
-
-    def unreserve(self, followed: Followed) -> None:
-        """The write did not end (cancelled): give the reserved slots back."""
 
     async def claim(self, conn: Any, room: int) -> list[ClaimedJob]:
         """In the completing transaction: claim up to ``room`` jobs it released."""
@@ -228,12 +214,6 @@ class Completer:
             for p in batch:
                 p.written = p.running.job.id in written
             self._record(batch)
-        except BaseException:
-            if followed is not None and self.follow is not None:
-                self.follow.unreserve(followed)
-                for p in batch:
-                    p.follow = None
-            raise
         finally:
             self._c.in_flight.difference_update(batch)
         await self.done(batch)
@@ -326,21 +306,6 @@ class Completer:
                 await asyncio.sleep(delay)
 
     async def _write(self, batch: list[Pending], key_wait: float | None) -> set[uuid.UUID]:
-        followed = batch[0].follow
-        claimed: list[ClaimedJob] = []
-        try:
-            written = await self._transact(batch, key_wait, claimed)
-            if followed is not None:  # committed: this worker runs them
-                followed.jobs.extend(claimed)
-        finally:
-            if followed is not None and self.follow is not None:
-                self.follow.trim(followed)  # rolled back or not, the untaken slots go back
-        return written
-
-    async def _transact(
-        self, batch: list[Pending], key_wait: float | None, claimed: list[ClaimedJob]
-    ) -> set[uuid.UUID]:
-        """``_write``'s transaction; the released jobs it claims go to ``claimed``."""
         done: list[Pending] = []
         fail: list[Pending] = []
         release: list[Pending] = []
@@ -354,11 +319,16 @@ class Completer:
         written: set[uuid.UUID] = set()
         followed = batch[0].follow
         # released jobs to claim: only a workflow job's completion releases any
-        follow = followed is not None and any(p.running.job.workflow_id is not None for p in done)
+        follow = (
+            followed is not None
+            and len(followed.jobs) < followed.own
+            and any(p.running.job.workflow_id is not None for p in done)
+        )
         # One statement is atomic by itself: a batch of one kind, with no progress report, no
         # follow-up job to write beside it and no released job to claim, skips BEGIN/COMMIT
         # (two round trips per batch)
         alone = not extra and not follow and bool(done) + bool(fail) + bool(release) == 1
+        claimed: list[ClaimedJob] = []
         async with (
             self._apart if batch[0].apart else contextlib.nullcontext(),  # its connection only
             self.pool.acquire() as conn,
@@ -378,10 +348,7 @@ class Completer:
                 # job.enqueue, same transaction
                 await followups.write(self.store, conn, runs, key_wait=key_wait)
                 if follow and self.follow is not None and followed is not None:
-                    # the free slots are set aside from here to the transaction's end only
-                    room = await self.follow.take(followed)
-                    if room > 0:
-                        claimed.extend(await self.follow.claim(conn, room))
+                    claimed = await self.follow.claim(conn, followed.own - len(followed.jobs))
             if fail:
                 failed = await self.store.job_fail_many(
                     conn,
@@ -401,6 +368,8 @@ class Completer:
                 written |= await self.store.job_release_many(
                     conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
                 )
+        if followed is not None:  # committed: this worker runs them
+            followed.jobs.extend(claimed)
         if fail or release:  # retries, dead letters, hand-backs: outbox rows, committed
             self.wake_relay()
         return written

@@ -1,25 +1,29 @@
 """A worker runs the jobs its own completions released (``completer.py`` explains the write).
 
-The slots: when a batch completing workflow jobs is about to be written, its own slots count
-if nothing waits for a slot here (no delivery in the inbox, no job held in hand for a limited
-type), since they free as it commits (``reserve``). Inside its transaction, right before the
-claim, every free slot is set aside (``take``); when the transaction ends, committed or not, the
-ones no claimed job took go back (``trim``). After the commit, the claimed jobs take the slots
-set aside first, then the batch's; the rest are released. So the worker never runs more than its
-concurrency, and a job released to it never waits for a slot. Deliveries that arrive during the
-claim wait for it (one statement longer); a wait before it (a follow-up's key another transaction
-holds, an outage's backoff, a large result's turn for a connection) holds no free slot.
+The slots: a job released by a batch runs in the slot of a job of that batch, and keeps that
+job's broker delivery unacknowledged in its place (``Worker._done``). When nothing waits here for
+a slot (no delivery in the inbox, no job held in hand for a limited type), the batch may claim as
+many released jobs as it has slots holding a delivery (``reserve``); they free as it commits. So
+the worker never runs more than its concurrency, a job released to it never waits for a slot,
+and every job it runs still holds one delivery: the prefetch keeps bounding the work in hand (the
+broker sends nothing to a worker whose slots are all taken, however many of its jobs it claimed
+itself) and a queue-length autoscaler counts the job as an unacked message. A free slot is never
+claimed into: the broker may fill it at any moment, and a job claimed there would hold no
+delivery, so the broker would send one more job than the worker has slots for, to wait in its
+inbox for as long as the claimed job runs. A job run this way whose delivery was acknowledged
+early (a long job, ``heartbeater.py``) hands over no delivery, and its slot is not handed over.
 
 What it claims is decided in SQL (``job_claim_released``): its own types, none paused or limited
 (a limit is counted by the controlled claim only), highest priority first. A claimed job has no
-broker message; if the worker dies, its lease runs out and the sweeper publishes it again, as for
-any job whose worker died. A worker that is stopping claims none (``take``), and the worker hands
-back the ones a batch claimed before the stop and committed after it (``Worker._done``): started
-then, they could begin after the drain's hand-back and be left running when the process ends."""
+broker message of its own; if the worker dies, its lease runs out and the sweeper publishes it
+again, as for any job whose worker died (the delivery it held comes back to a worker, whose claim
+drops it: its job is finished). A worker that is stopping claims none (``claim``), and the worker
+hands back the ones a batch claimed before the stop and committed after it (``Worker._done``):
+started then, they could begin after the drain's hand-back and be left running when the process
+ends."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +37,6 @@ class Follower:
     def __init__(
         self,
         store: Store,
-        slots: asyncio.Semaphore,
         *,
         enabled: bool,
         quiet: Callable[[], bool],
@@ -45,7 +48,6 @@ class Follower:
         default_max_retries: int,
     ) -> None:
         self.store = store
-        self.slots = slots
         self.enabled = enabled
         self.quiet = quiet  # nothing waits here for a slot
         self.stopping = stopping
@@ -62,31 +64,14 @@ class Follower:
             p.outcome.kind is Kind.COMPLETE and p.running.job.workflow_id is not None for p in batch
         ):
             return None
-        own = len(batch) if self.quiet() else 0
-        if own == 0 and self.slots.locked():
-            return None  # no slot to claim with now: no transaction for it
+        own = sum(1 for p in batch if p.running.delivery is not None)
+        if own == 0 or not self.quiet():
+            return None
         return Followed(own)
 
-    async def take(self, followed: Followed) -> int:
-        if self.stopping():  # the drain has begun: claim nothing more
-            return 0
-        while not self.slots.locked():
-            await self.slots.acquire()  # returns at once: a slot is free and nobody waits
-            followed.reserved += 1
-        return followed.reserved + followed.own - len(followed.jobs)
-
-    def trim(self, followed: Followed) -> None:
-        used = min(len(followed.jobs), followed.reserved)
-        for _ in range(followed.reserved - used):
-            self.slots.release()
-        followed.reserved = used
-
-    def unreserve(self, followed: Followed) -> None:
-        for _ in range(followed.reserved):
-            self.slots.release()
-        followed.reserved = 0
-
     async def claim(self, conn: Any, room: int) -> list[ClaimedJob]:
+        if self.stopping():  # the drain has begun: no more work
+            return []
         return await self.store.job_claim_released(
             conn,
             room=room,
@@ -96,11 +81,3 @@ class Follower:
             handler_defaults=self.handler_defaults,
             default_max_retries=self.default_max_retries,
         )
-
-    def settle(self, followed: Followed) -> int:
-        """After the commit: release the reserved slots no claimed job took; returns how many
-        of the batch's own slots the claimed jobs take over."""
-        used = min(len(followed.jobs), followed.reserved)
-        for _ in range(followed.reserved - used):
-            self.slots.release()
-        return len(followed.jobs) - used

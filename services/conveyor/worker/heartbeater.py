@@ -6,8 +6,9 @@ waiting on a lock): such a job is neither extended nor lost this time. A job mis
 answer was taken over (its lease expired) or its row is gone, and a job whose cancellation was
 requested is told so through ``job.cancel_requested``; the note of an attempt whose work was
 given up on (it holds its job IN_PROGRESS, ``executor.py``) goes to its job's ``last_error``.
-Deliveries of jobs running longer than ``early_ack_after`` are acknowledged early (the lease
-alone holds them from then on), and deliveries waiting for a slot are touched so the
+Deliveries held longer than ``early_ack_after`` are acknowledged early (the lease alone holds
+their jobs from then on; a delivery a finished job handed to a job it released, ``follow.py``,
+counts from that job's claim), and deliveries waiting for a slot are touched so the
 reconciler does not take their jobs for lost.
 """
 
@@ -97,7 +98,7 @@ class Heartbeater:
         await self._write_notes(running)
         await self.touch_waiting()
         early = self.clock() - self.early_ack_after
-        late = [r for r in running if r.delivery is not None and r.started < early]
+        late = [r for r in running if r.delivery is not None and r.delivered < early]
         if late:  # before RabbitMQ's consumer_timeout: from here on the lease alone holds them
             self.acked_early.update(r.job.id for r in late)
             self._early += len(late)

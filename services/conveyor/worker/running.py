@@ -20,6 +20,10 @@ class Running:
     timeout: float | None
     started: float  # the worker's clock at the claim
     delivery: Delivery | None = None  # unacked while the job runs (None once acked early)
+    # a delivery handed over by a finished job (``follow.py``): when that job's delivery was
+    # claimed (the early ack counts from it) and its type (the delivery's queue)
+    handed_at: float | None = None
+    handed_type: str | None = None
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
     lease_lost: bool = False
     releasing: bool = False  # the drain cancelled it: hand it back, no retry consumed
@@ -39,3 +43,13 @@ class Running:
     given_up_at: float | None = None  # the worker's clock when its work was given up on
     note: str | None = None  # why its job is held: written to ``last_error`` by the heartbeater
     noted: bool = False
+
+    @property
+    def delivered(self) -> float:
+        """The worker's clock when the job of its delivery was claimed."""
+        return self.started if self.handed_at is None else self.handed_at
+
+    @property
+    def delivery_type(self) -> str:
+        """The type whose queue its delivery came from."""
+        return self.job.type if self.handed_type is None else self.handed_type

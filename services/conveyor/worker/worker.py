@@ -148,7 +148,6 @@ class Worker:
         self.notifier = Notifier(None, self.store)
         self.follower = Follower(
             self.store,
-            self.slots,
             enabled=settings.worker_run_released,
             quiet=lambda: self.consumer.inbox.empty() and not any(self.consumer.waiting.values()),
             stopping=lambda: self.stopping,
@@ -348,7 +347,7 @@ class Worker:
         return sum(
             1
             for r in list(self.running.values())
-            if r.job.type == job_type and r.delivery is not None
+            if r.delivery_type == job_type and r.delivery is not None
         )
 
     def _report(self, running: Running, outcome: Any) -> None:
@@ -356,30 +355,37 @@ class Worker:
         self.completer.put(running, outcome)
 
     async def _done(self, batch: list[Pending]) -> None:
-        """Outcomes committed (or fenced): free their slots (or hand them to the jobs the batch
-        released and claimed, ``follow.py``), start those, ack the batch's deliveries. A worker
+        """Outcomes committed (or fenced): free their slots, ack the batch's deliveries. The
+        jobs the batch released and claimed (``follow.py``) take over slots of the batch's jobs,
+        each with that job's delivery, unacknowledged until its own outcome is written. A worker
         that is stopping starts none of them: it hands them back (PENDING again, their outbox
         rows written, no retry consumed) as the drain does with deliveries waiting for a slot;
         each keeps its slot until that is written, and the drain's flush waits for it."""
-        followed = batch[0].follow if batch else None
-        handed = self.follower.settle(followed) if followed is not None else 0
+        claimed = batch[0].follow.jobs if batch and batch[0].follow is not None else []
         for p in batch:
             job_id = p.running.job.id
             if self.running.get(job_id) is p.running:
                 del self.running[job_id]
                 self.heartbeater.acked_early.discard(job_id)
-        for _ in range(len(batch) - handed):
+        for _ in range(len(batch) - len(claimed)):  # at most one claimed job per batch job
             self.slots.release()  # its work has ended (executor.py holds work given up on)
-        if followed is not None and followed.jobs and self.stopping:
-            for row in followed.jobs:
+        if claimed and self.stopping:
+            for row in claimed:
                 running = self._running(row, None)
                 self.running[row.id] = running
                 self.completer.put(running, outcomes.RELEASE)
-        elif followed is not None and followed.jobs:
+        elif claimed:
+            givers = [p.running for p in batch if p.running.delivery is not None]
             waits: dict[str, list[float]] = {}
-            for row in followed.jobs:
+            for i, row in enumerate(claimed):
                 waits.setdefault(row.job_type, []).append(row.wait_seconds)
-                self._start(row, None)  # no broker message: nothing to acknowledge
+                running = self._running(row, None)  # its span: the job's, not the delivery's
+                if i < len(givers):  # else that job's delivery was acknowledged early
+                    giver = givers[i]
+                    running.delivery, giver.delivery = giver.delivery, None
+                    running.handed_at, running.handed_type = giver.delivered, giver.delivery_type
+                self.running[row.id] = running
+                self.executor.start(running)
             for job_type, values in waits.items():
                 self.metrics.released_claimed.labels(job_type).inc(len(values))
                 observe_many(self.metrics.job_wait_of(job_type), values)
