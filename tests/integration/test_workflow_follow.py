@@ -449,3 +449,27 @@ async def test_a_handed_over_delivery_is_acknowledged_early_from_its_first_jobs_
         first.set()
         h.gate.set()
         await w.stop()
+
+
+async def test_the_release_listing_holds_the_last_releasing_statements_rows_only(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """``<schema>.wf_released`` lists the outbox rows of the last statement that released jobs
+    (what the worker's claim reads, right after its completion statement), not every release of
+    the transaction: appended to, it was copied whole by every release statement, a cost
+    quadratic in a long transaction's releases (an operator's loop of 60,000 completions in one
+    transaction: 25 s before the listing, 45 s with it)."""
+    wf = Workflow("pairs")
+    for i in range(3):
+        wf.add(f"c{i}", "echo", after=[wf.add(f"p{i}", "echo")])
+    key = await _submit(db, wf)
+    setting = f"{settings.db_schema}.wf_released"
+    async with db.transaction():
+        for i in range(3):
+            await db.execute(
+                "UPDATE jobs SET status = 'COMPLETED', finished_at = now() WHERE id = $1",
+                key[f"p{i}"],
+            )
+            listed = await db.fetchval("SELECT current_setting($1, true)", setting)
+            row = await db.fetchval("SELECT id FROM job_outbox WHERE job_id = $1", key[f"c{i}"])
+            assert listed == str(row), (i, listed)
