@@ -96,13 +96,15 @@ RETURNING {{job_claimed_row}}
 
 -- name: job_claim_released
 -- The completing worker takes jobs its completions released (worker/completer.py): inside the
--- completing transaction, after the completion statement, whose trigger listed the outbox rows
--- it wrote in the transaction's setting ``__schema__.wf_released``. At most ``:room`` of them
--- (highest priority first), of this worker's types, none of a paused or limited type (their
--- claims go through ``job_claim_controlled``): each is claimed and its outbox row deleted in
--- the same statement, so it gets no broker message; the rest stay for the relay. The rows are
--- this transaction's own (uncommitted until it commits), so no relay can hold them. Every row
--- is found by its primary key (``= ANY``, whatever the planner thinks of the list's length).
+-- completing transaction, after the completion statement (nothing between them releases jobs),
+-- whose trigger listed the outbox rows it wrote in the transaction's setting
+-- ``__schema__.wf_released`` (the last releasing statement's rows only, migration 0023). At most
+-- ``:room`` of them (highest priority first), of this worker's types, none of a paused or
+-- limited type (their claims go through ``job_claim_controlled``): each is claimed and its
+-- outbox row deleted in the same statement, so it gets no broker message; the rest stay for the
+-- relay. The rows are this transaction's own (uncommitted until it commits), so no relay can
+-- hold them. Every row is found by its primary key (``= ANY``, whatever the planner thinks of
+-- the list's length).
 WITH o AS MATERIALIZED (
     SELECT o.id, o.job_id
     FROM __schema__.job_outbox o
