@@ -18,6 +18,7 @@ from conveyor.core.jobs import PEN_LADDER
 from conveyor.store import Attempt, Completion, for_schema
 from conveyor.store.registry import bind
 
+from .. import db as tdb
 from .plans import generate
 
 
@@ -216,3 +217,40 @@ SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes
     # another index and no sequential scan of jobs
     assert after["idx"] - before["idx"] < 1280, dict(after)
     assert after["seq"] - before["seq"] < 1280, dict(after)
+
+
+async def test_the_claim_of_released_jobs_probes_the_outbox_by_id_whatever_it_lists(
+    db: asyncpg.Connection,
+) -> None:
+    """``job_claim_released`` reads the outbox rows its transaction's release listed (a
+    fan-out's root lists one per leaf) by primary key, however many the list holds and however
+    big the outbox has grown (a relay behind). The planner reads the list while it plans
+    (``current_setting`` is stable): with the list joined to the outbox, it knew 2,000 listed
+    ids and hashed the whole outbox to join them, a sequential scan of every row inside the
+    completing transaction (``= ANY`` of the list reads each by its key)."""
+    await db.execute(
+        "INSERT INTO job_outbox (job_id, job_type, priority) "
+        "SELECT gen_random_uuid(), 'echo', 5 FROM generate_series(1, 50000)"
+    )
+    await db.execute("ANALYZE job_outbox")
+    listed = ",".join(
+        str(r["id"])
+        for r in await db.fetch("SELECT id FROM job_outbox ORDER BY id DESC LIMIT 2000")
+    )
+    values = {
+        "room": 1, "lease_seconds": 30.0, "worker_id": "w", "types": ["echo"],
+        "handler_defaults": "{}", "default_max_retries": 3,
+    }  # fmt: skip
+    args = bind("job_claim_released", values)
+    sql = f"EXPLAIN (FORMAT JSON) {for_schema().sql['job_claim_released']}"
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        tr = db.transaction()
+        await tr.start()
+        try:
+            await db.execute(f"SET LOCAL plan_cache_mode = {mode}")
+            await db.execute("SELECT set_config($1, $2, true)", f"{tdb.SCHEMA}.wf_released", listed)
+            plan = json.loads(await db.fetchval(sql, *args))
+        finally:
+            await tr.rollback()
+        scans = [n for n in _nodes(plan) if n["Node Type"] == "Seq Scan"]
+        assert not [n for n in scans if n.get("Relation Name") == "job_outbox"], (mode, plan)
