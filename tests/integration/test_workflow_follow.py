@@ -473,3 +473,82 @@ async def test_the_release_listing_holds_the_last_releasing_statements_rows_only
             listed = await db.fetchval("SELECT current_setting($1, true)", setting)
             row = await db.fetchval("SELECT id FROM job_outbox WHERE job_id = $1", key[f"c{i}"])
             assert listed == str(row), (i, listed)
+
+
+class _LostCommit:
+    """The worker's pool, but the first COMMIT of a transaction that claimed released jobs
+    loses its answer: it commits, then the connection looks lost (a failover, a network cut
+    while the server committed)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.armed = True
+
+    def acquire(self) -> Any:
+        owner, inner = self, self.pool.acquire()
+
+        class Acquired:
+            async def __aenter__(self) -> Any:
+                return _LostCommitConnection(await inner.__aenter__(), owner)
+
+            async def __aexit__(self, *exc: Any) -> Any:
+                return await inner.__aexit__(*exc)
+
+        return Acquired()
+
+
+class _LostCommitConnection:
+    def __init__(self, conn: Any, owner: _LostCommit) -> None:
+        self._conn, self._owner, self._claimed = conn, owner, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    async def fetch(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        self._claimed = self._claimed or "wf_released" in sql
+        return await self._conn.fetch(sql, *args, **kwargs)
+
+    def transaction(self) -> Any:
+        this, inner = self, self._conn.transaction()
+
+        class Transaction:
+            async def __aenter__(self) -> Any:
+                return await inner.__aenter__()
+
+            async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> Any:
+                done = await inner.__aexit__(kind, exc, tb)
+                if kind is None and this._claimed and this._owner.armed:
+                    this._owner.armed = False
+                    raise asyncpg.exceptions.ConnectionDoesNotExistError("lost while committing")
+                return done
+
+        return Transaction()
+
+
+async def test_a_job_claimed_by_a_commit_whose_answer_was_lost_still_runs(
+    settings: Settings, db: asyncpg.Connection, relay: Relay
+) -> None:
+    """The completing transaction commits its claim of a released job, but its answer is lost
+    (the connection drops as the server commits): the worker writes the batch again, finds the
+    completion written (fenced) and the job claimed under its attempt, and runs it. Taken for
+    rolled back, the job stayed IN_PROGRESS with no one running it until its lease ran out, and
+    lease recovery then consumed one of its retries (or failed it, with none left) for an
+    attempt that never ran."""
+    h = Handlers()
+    w = await _worker(settings, h, 1)
+    w.completer.pool = lost = _LostCommit(w.completer.pool)
+    try:
+        key = await _submit(db, _chain("step", "leaf"))
+        await _first_published(relay)
+        await _until("the commit lost", lambda: not lost.armed)
+        await _until("the leaf running", lambda: h.running == 1, timeout=5)
+        row = await db.fetchrow("SELECT status::text, attempts FROM jobs WHERE id = $1", key["1"])
+        assert (row["status"], row["attempts"]) == ("IN_PROGRESS", 1)
+        assert _followed(w, "leaf") == 1
+        h.gate.set()
+        done = await wait_for(settings.database_url, key.values(), timeout=10)
+        assert set(done.values()) == {"COMPLETED"}
+        assert await db.fetchval("SELECT retry_count FROM jobs WHERE id = $1", key["1"]) == 0
+    finally:
+        h.gate.set()
+        await w.stop()
