@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..core.backoff import Backoff
+from ..core.jobs import Status
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Attempt, ClaimedJob, Completion, Failure, Store
@@ -95,6 +96,8 @@ class Followed:
 
     own: int
     jobs: list[ClaimedJob] = field(default_factory=list)
+    # claimed by a try whose COMMIT got no answer: this worker's if that commit went through
+    in_doubt: list[ClaimedJob] = field(default_factory=list)
 
 
 class Follow(Protocol):
@@ -329,50 +332,76 @@ class Completer:
         # (two round trips per batch)
         alone = not extra and not follow and bool(done) + bool(fail) + bool(release) == 1
         claimed: list[ClaimedJob] = []
-        async with (
-            self._apart if batch[0].apart else contextlib.nullcontext(),  # its connection only
-            self.pool.acquire() as conn,
-            contextlib.nullcontext() if alone else conn.transaction(),
-        ):
-            await progress.write_last(self.store, conn, [p.running.last_progress for p in batch])
-            if done:
-                completed = await self.store.job_complete_many(
-                    conn,
-                    [
-                        Completion(p.running.job.id, p.running.job.attempt, p.outcome.result_json)
-                        for p in done
-                    ],
+        sent = False  # every statement ran: an error from here on is the COMMIT's
+        try:
+            async with (
+                self._apart if batch[0].apart else contextlib.nullcontext(),  # its connection only
+                self.pool.acquire() as conn,
+                contextlib.nullcontext() if alone else conn.transaction(),
+            ):
+                if followed is not None and followed.in_doubt:
+                    await self._resolve(conn, followed)
+                await progress.write_last(
+                    self.store, conn, [p.running.last_progress for p in batch]
                 )
-                written |= completed
-                runs = [p.running for p in done if p.running.job.id in completed]
-                # job.enqueue, same transaction
-                await followups.write(self.store, conn, runs, key_wait=key_wait)
-                if follow and self.follow is not None and followed is not None:
-                    claimed = await self.follow.claim(conn, followed.own - len(followed.jobs))
-            if fail:
-                failed = await self.store.job_fail_many(
-                    conn,
-                    [
-                        Failure(
-                            p.running.job.id,
-                            p.running.job.attempt,
-                            p.outcome.error,
-                            p.outcome.delay,
-                            p.outcome.consume,
-                        )
-                        for p in fail
-                    ],
-                )
-                written.update(failed)
-            if release:
-                written |= await self.store.job_release_many(
-                    conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
-                )
+                if done:
+                    completed = await self.store.job_complete_many(
+                        conn,
+                        [
+                            Completion(
+                                p.running.job.id, p.running.job.attempt, p.outcome.result_json
+                            )
+                            for p in done
+                        ],
+                    )
+                    written |= completed
+                    runs = [p.running for p in done if p.running.job.id in completed]
+                    # job.enqueue, same transaction
+                    await followups.write(self.store, conn, runs, key_wait=key_wait)
+                    if follow and self.follow is not None and followed is not None:
+                        claimed = await self.follow.claim(conn, followed.own - len(followed.jobs))
+                if fail:
+                    failed = await self.store.job_fail_many(
+                        conn,
+                        [
+                            Failure(
+                                p.running.job.id,
+                                p.running.job.attempt,
+                                p.outcome.error,
+                                p.outcome.delay,
+                                p.outcome.consume,
+                            )
+                            for p in fail
+                        ],
+                    )
+                    written.update(failed)
+                if release:
+                    written |= await self.store.job_release_many(
+                        conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
+                    )
+                sent = True
+        except Exception:
+            if sent and claimed and followed is not None:
+                # the COMMIT failed without an answer: the server may have committed it (a
+                # connection lost as it did), and the claimed jobs would then be this worker's,
+                # IN_PROGRESS with no one running them; the next try finds out (``_resolve``)
+                followed.in_doubt = claimed
+            raise
         if followed is not None:  # committed: this worker runs them
             followed.jobs.extend(claimed)
         if fail or release:  # retries, dead letters, hand-backs: outbox rows, committed
             self.wake_relay()
         return written
+
+    async def _resolve(self, conn: Any, followed: Followed) -> None:
+        """Jobs claimed by a try whose COMMIT got no answer are this worker's when they are
+        IN_PROGRESS at the attempt that claim gave them (had the claim rolled back, its release
+        would have too: no other worker could have claimed them since)."""
+        rows, followed.in_doubt = followed.in_doubt, []
+        states = await self.store.job_fence_many(conn, [r.id for r in rows])
+        followed.jobs.extend(
+            r for r in rows if states.get(r.id) == (Status.IN_PROGRESS, r.attempts)
+        )
 
     def _record(self, batch: list[Pending]) -> None:
         for p in batch:

@@ -17,10 +17,12 @@ What it claims is decided in SQL (``job_claim_released``): its own types, none p
 (a limit is counted by the controlled claim only), highest priority first. A claimed job has no
 broker message of its own; if the worker dies, its lease runs out and the sweeper publishes it
 again, as for any job whose worker died (the delivery it held comes back to a worker, whose claim
-drops it: its job is finished). A worker that is stopping claims none (``claim``), and the worker
-hands back the ones a batch claimed before the stop and committed after it (``Worker._done``):
-started then, they could begin after the drain's hand-back and be left running when the process
-ends."""
+drops it: its job is finished). A completing transaction whose COMMIT gets no answer (the
+connection lost as the server committed) may have claimed jobs all the same: the completer's next
+try finds them IN_PROGRESS at the attempt it gave them and runs them (``Completer._resolve``). A
+worker that is stopping claims none (``claim``), and the worker hands back the ones a batch
+claimed before the stop and committed after it (``Worker._done``): started then, they could begin
+after the drain's hand-back and be left running when the process ends."""
 
 from __future__ import annotations
 
