@@ -1,7 +1,8 @@
 """A private three-node RabbitMQ cluster on loopback ports (RECIPES.md): each node is a
 ``PrivateRabbit`` (own name, ports, directories, run as ``rabbitmq`` and so sharing its Erlang
-cookie); nodes 2 and 3 join node 1. A node can be killed (SIGKILL of its ``beam.smp``, as a
-machine loss) and started again with the same environment, when it rejoins."""
+cookie); the three boot at once, nodes 2 and 3 joining node 1 as they boot. A node can be
+killed (SIGKILL of its ``beam.smp``, as a machine loss) and started again with the same
+environment, when it rejoins."""
 
 from __future__ import annotations
 
