@@ -121,8 +121,8 @@ class PrivateRabbit:
         )
         if self.join is not None:
             # a blank node joins ``join``, trying every half second for two minutes while that
-            # one boots too (the listed nodes include this one, as the lock of peer discovery
-            # asks)
+            # one boots too (the list names this node as well: peer discovery locks on the
+            # listed nodes and warns when the node itself is not among them)
             conf += (
                 "cluster_formation.peer_discovery_backend = classic_config\n"
                 f"cluster_formation.classic_config.nodes.1 = {self.join}\n"
