@@ -38,6 +38,25 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is no zombie (a node's VM is a child of init, which may take
+    seconds to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
+def kill(pid: int, timeout: float = 10.0) -> None:
+    """SIGKILL, and wait until the process is dead."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -49,12 +68,19 @@ class PrivateRabbit:
     """One RabbitMQ node of its own: ``faults<random>@localhost`` on free ports."""
 
     def __init__(
-        self, consumer_timeout_ms: int = 60000, channel_tick_ms: int | None = None
+        self,
+        consumer_timeout_ms: int = 60000,
+        channel_tick_ms: int | None = None,
+        join: str | None = None,
     ) -> None:
         self.consumer_timeout_ms = consumer_timeout_ms
         # how often each channel checks its deliveries against consumer_timeout (RabbitMQ's
         # default is once a minute; rabbit's ``channel_tick_interval``, advanced.config only)
         self.channel_tick_ms = channel_tick_ms
+        # a node to join while booting (peer discovery from the config file), instead of
+        # ``stop_app``, ``join_cluster``, ``start_app`` after: each of those is a rabbitmqctl
+        # run, an Erlang VM of its own (1-3 s of CPU)
+        self.join = join
         self.node = f"faults{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self.dist_port = free_port()
@@ -78,6 +104,7 @@ class PrivateRabbit:
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
             "RABBITMQ_MNESIA_BASE": str(b / "mnesia"),
+            "RABBITMQ_PID_FILE": str(b / "pid"),
             "RABBITMQ_LOG_BASE": str(b / "log"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(b / "enabled_plugins"),
             "RABBITMQ_CONFIG_FILE": str(b / "rabbitmq"),
@@ -88,10 +115,22 @@ class PrivateRabbit:
         (b / "mnesia").mkdir(exist_ok=True)
         (b / "log").mkdir(exist_ok=True)
         (b / "enabled_plugins").write_text("[].\n")
-        (b / "rabbitmq.conf").write_text(
+        conf = (
             f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
             f"consumer_timeout = {self.consumer_timeout_ms}\n"
         )
+        if self.join is not None:
+            # a blank node joins ``join``, trying every half second for two minutes while that
+            # one boots too (the list names this node as well: peer discovery locks on the
+            # listed nodes and warns when the node itself is not among them)
+            conf += (
+                "cluster_formation.peer_discovery_backend = classic_config\n"
+                f"cluster_formation.classic_config.nodes.1 = {self.join}\n"
+                f"cluster_formation.classic_config.nodes.2 = {self.node}\n"
+                "cluster_formation.discovery_retry_limit = 240\n"
+                "cluster_formation.discovery_retry_interval = 500\n"
+            )
+        (b / "rabbitmq.conf").write_text(conf)
         if self.channel_tick_ms is not None:
             (b / "advanced.config").write_text(
                 f"[{{rabbit, [{{channel_tick_interval, {self.channel_tick_ms}}}]}}].\n"
@@ -116,10 +155,22 @@ class PrivateRabbit:
                 )
             time.sleep(0.3)
 
+    def pid(self) -> int:
+        """The node's Erlang VM (``RABBITMQ_PID_FILE``, written by each start)."""
+        return int((self.base / "pid").read_text().strip())
+
     def stop(self) -> None:
+        """The node and its directories are thrown away: SIGKILL to its VM (``rabbitmqctl
+        stop`` would start an Erlang VM of its own for the CLI, and a graceful stop takes
+        seconds more)."""
         if self.started:
-            with contextlib.suppress(Exception):
-                self._run("stop", timeout=60)
+            try:
+                pid = self.pid()
+            except (OSError, ValueError):  # no pid file (a start that failed early)
+                with contextlib.suppress(Exception):
+                    self._run("stop", timeout=60)
+            else:
+                kill(pid)
             self.started = False
         shutil.rmtree(self.base, ignore_errors=True)
 

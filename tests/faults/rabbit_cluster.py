@@ -1,23 +1,23 @@
 """A private three-node RabbitMQ cluster on loopback ports (RECIPES.md): each node is a
 ``PrivateRabbit`` (own name, ports, directories, run as ``rabbitmq`` and so sharing its Erlang
-cookie); nodes 2 and 3 join node 1. A node can be killed (SIGKILL of its ``beam.smp``, as a
-machine loss) and started again with the same environment, when it rejoins."""
+cookie); the three boot at once, nodes 2 and 3 joining node 1 as they boot. A node can be
+killed (SIGKILL of its ``beam.smp``, as a machine loss) and started again with the same
+environment, when it rejoins."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from .infra import PrivateRabbit
+from .infra import PrivateRabbit, kill
 
 
 class PrivateCluster:
     def __init__(self, size: int = 3) -> None:
-        self.nodes = [PrivateRabbit() for _ in range(size)]
+        first = PrivateRabbit()
+        self.nodes = [first, *(PrivateRabbit(join=first.node) for _ in range(size - 1))]
         self.pids: dict[str, int] = {}
 
     @property
@@ -27,20 +27,12 @@ class PrivateCluster:
         return f"amqp://guest:guest@{hosts}/"
 
     def start(self) -> PrivateCluster:
-        for n in self.nodes:
-            n.start(timeout=120)
-            self.pids[n.node] = self._pid(n)
-        first = self.nodes[0].node
-        for n in self.nodes[1:]:
-            n.ctl("stop_app")
-            n.ctl("join_cluster", first)
-            n.ctl("start_app")
-            n.ctl("await_startup")
+        """Every node boots at once; the others join the first while they boot."""
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(lambda n: n.start(timeout=120), self.nodes))
+        self.pids = {n.node: n.pid() for n in self.nodes}
         assert sorted(self.running()) == sorted(n.node for n in self.nodes), self.running()
         return self
-
-    def _pid(self, n: PrivateRabbit) -> int:
-        return int(n.ctl("eval", "list_to_integer(os:getpid()).").strip())
 
     def by_name(self, node: str) -> PrivateRabbit:
         return next(n for n in self.nodes if n.node == node)
@@ -63,12 +55,8 @@ class PrivateCluster:
 
     def kill(self, node: str) -> None:
         """SIGKILL the node's Erlang VM: no goodbye to its peers or its clients."""
-        pid = self.pids.pop(node)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
-            time.sleep(0.05)
+        kill(self.pids.pop(node))
+        self.by_name(node).started = False
 
     def revive(self, node: str, timeout: float = 120.0) -> float:
         """Start the node again with its environment; returns the seconds until the cluster
@@ -77,6 +65,7 @@ class PrivateCluster:
         n = self.by_name(node)
         subprocess.run(["rabbitmq-server", "-detached"], env=n.env(), check=True,
                        capture_output=True)  # fmt: skip
+        n.started = True
         deadline = t0 + timeout
         while True:
             r = n._run("await_startup", timeout=timeout)
@@ -85,7 +74,7 @@ class PrivateCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{node} did not come back: {r.stderr[-1000:]}")
             time.sleep(0.3)
-        self.pids[node] = self._pid(n)
+        self.pids[node] = n.pid()
         while node not in self.running(self.nodes[0] if self.nodes[0].node != node else n):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{node} did not rejoin")
@@ -93,9 +82,6 @@ class PrivateCluster:
         return time.monotonic() - t0
 
     def stop(self) -> None:
-        for n in self.nodes:
-            if n.node in self.pids:
-                n.stop()
-            else:
-                n.started = False
-                n.stop()
+        """Every node at once (a killed one has only its directories left)."""
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(lambda n: n.stop(), self.nodes))

@@ -30,8 +30,7 @@ GENERATE = """
 INSERT INTO jobs (id, job_type, status, priority, payload, attempts, last_error, created_at,
                   updated_at, started_at, finished_at, lease_expires_at, run_at, workflow_id,
                   workflow_key, deps_pending)
-SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
-        || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid,
+SELECT (stamp || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
        'type_' || (i % 12),
        CASE WHEN WAITING_CHILD THEN 'WAITING'::job_status ELSE
        (CASE WHEN i % 100 < 94 THEN 'COMPLETED' WHEN i % 100 < 96 THEN 'FAILED'
@@ -43,19 +42,28 @@ SELECT (lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7'
        CASE WHEN i % 100 < 96 THEN t END,
        CASE WHEN i % 100 = 99 THEN now() + interval '1 hour' END,
        CASE WHEN i % 100 IN (96, 98) THEN now() + interval '1 hour' END,
-       CASE WHEN b.member THEN (lpad(to_hex((extract(epoch FROM g0.t0) * 1000)::bigint), 12, '0')
-            || '7' || substr(md5('w' || b.first), 1, 3) || '8'
-            || substr(md5('w' || b.first), 4, 15))::uuid END,
+       CASE WHEN b.member THEN (wstamp || '7' || substr(wh, 1, 3) || '8' || substr(wh, 4, 15))::uuid
+       END,
        CASE WHEN b.member THEN 'k' || b.k END,
        CASE WHEN b.member THEN (CASE WHEN WAITING_CHILD THEN 1 ELSE 0 END) END
-FROM generate_series(1, $1) AS i,
-     LATERAL (SELECT $4::timestamptz - make_interval(secs => ($1 - i) * 86400.0 * $2 / $1)) AS g(t),
-     -- workflows: blocks of WORKFLOW_JOBS consecutive jobs, one block in every $3 (0: none)
-     LATERAL (SELECT $3 > 0 AND ((i - 1) / WORKFLOW_JOBS) % greatest($3, 1) = 0 AS member,
-                     (i - 1) % WORKFLOW_JOBS AS k,
-                     (i - 1) / WORKFLOW_JOBS * WORKFLOW_JOBS + 1 AS first) AS b,
-     LATERAL (SELECT $4::timestamptz - make_interval(secs => ($1 - b.first) * 86400.0 * $2 / $1))
-         AS g0(t0)
+-- Each level computes its values once per row and the next reads them (OFFSET 0 keeps the
+-- planner from folding a level into the next, which would compute an expression again at each
+-- use: the time five times a row, the hash twice).
+FROM (SELECT *, md5(i::text) AS h, lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0')
+             AS stamp,
+             CASE WHEN member THEN md5('w' || first) END AS wh,
+             CASE WHEN member THEN lpad(to_hex((extract(epoch FROM t0) * 1000)::bigint), 12, '0')
+             END AS wstamp
+      FROM (SELECT i, $4::timestamptz - make_interval(secs => ($1 - i) * 86400.0 * $2 / $1) AS t,
+                   -- workflows: blocks of WORKFLOW_JOBS consecutive jobs, one block in every $3
+                   -- (0: none)
+                   $3 > 0 AND ((i - 1) / WORKFLOW_JOBS) % greatest($3, 1) = 0 AS member,
+                   (i - 1) % WORKFLOW_JOBS AS k,
+                   (i - 1) / WORKFLOW_JOBS * WORKFLOW_JOBS + 1 AS first
+            FROM generate_series(1, $1) AS i OFFSET 0) AS g,
+           LATERAL (SELECT $4::timestamptz
+                           - make_interval(secs => ($1 - g.first) * 86400.0 * $2 / $1)) AS g0(t0)
+      OFFSET 0) AS b
 """
 
 
