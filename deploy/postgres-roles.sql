@@ -47,7 +47,7 @@ GRANT USAGE ON SCHEMA conveyor TO conveyor_worker;
 GRANT SELECT ON conveyor.alembic_version TO conveyor_worker;
 GRANT SELECT, INSERT, UPDATE ON conveyor.jobs TO conveyor_worker;
 GRANT SELECT, INSERT ON conveyor.job_attempts TO conveyor_worker;
-GRANT INSERT ON conveyor.job_outbox TO conveyor_worker;
+GRANT SELECT, INSERT, DELETE ON conveyor.job_outbox TO conveyor_worker;
 GRANT SELECT, INSERT, UPDATE ON conveyor.job_types TO conveyor_worker;
 GRANT SELECT, INSERT, UPDATE ON conveyor.job_uniques TO conveyor_worker;
 GRANT SELECT, INSERT, UPDATE ON conveyor.schedules TO conveyor_worker;

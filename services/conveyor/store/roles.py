@@ -80,7 +80,9 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         # INSERT: follow-up jobs (job.enqueue) committed with the attempt's completion
         ("SELECT, INSERT, UPDATE", "jobs"),
         ("SELECT, INSERT", "job_attempts"),
-        ("INSERT", "job_outbox"),
+        # SELECT, DELETE: a completion's worker takes the outbox rows of the released jobs it
+        # runs itself (job_claim_released), in the transaction that wrote them
+        ("SELECT, INSERT, DELETE", "job_outbox"),
         ("SELECT, INSERT, UPDATE", "job_types"),
         ("SELECT, INSERT, UPDATE", "job_uniques"),
         ("SELECT, INSERT, UPDATE", "schedules"),  # handler-declared schedules, at start
