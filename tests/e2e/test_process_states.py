@@ -138,7 +138,7 @@ async def test_a_signal_stops_a_running_command(
                 await asyncio.sleep(0.1)
         proc.proc.send_signal(sig)
         assert await proc.ends_within(20) == 0, proc.lines
-    assert not any("Traceback" in line for line in proc.lines), proc.lines
+    assert_no_traceback(proc.lines)
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
@@ -151,7 +151,7 @@ async def test_a_signal_stops_a_command_waiting_for_the_database(
         await proc.wait_for_line(lambda line: "start_failed" in line or "_failed" in line)
         proc.proc.send_signal(sig)
         await proc.ends_within(10)
-    assert not any("Traceback" in line for line in proc.lines), proc.lines
+    assert_no_traceback(proc.lines)
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
@@ -184,7 +184,7 @@ async def test_a_signal_stops_a_command_whose_broker_never_answers(
             for conn in accepted:
                 conn.close()
     assert code == 0, proc.lines
-    assert not any("Traceback" in line for line in proc.lines), proc.lines
+    assert_no_traceback(proc.lines)
 
 
 @pytest.mark.parametrize("name", ["worker", "dev"])
@@ -312,3 +312,10 @@ async def test_ctrl_c_while_the_command_is_still_starting(settings: Settings, de
     # -SIGINT: ended by the signal before Python was up, as any program is
     assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err.decode())
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
+
+
+def assert_no_traceback(lines: list[str]) -> None:
+    """The process printed no traceback; a failure shows the first one whole (the lines before
+    it say what the process was doing)."""
+    at = next((i for i, line in enumerate(lines) if "Traceback" in line), None)
+    assert at is None, "".join(lines[max(0, at - 5) :])
