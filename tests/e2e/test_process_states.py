@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
@@ -309,9 +310,25 @@ async def test_ctrl_c_while_the_command_is_still_starting(settings: Settings, de
             await proc.wait()
     if proc.returncode == 1 and err.startswith(b"Fatal Python error: init_"):
         return  # the interpreter's own start-up was interrupted: before any code of ours ran
+    if proc.returncode == -signal.SIGINT and _only_the_installers_wrapper(err.decode(), script):
+        return  # interrupted in the installer's wrapper, before our entry module's first line
     # -SIGINT: ended by the signal before Python was up, as any program is
     assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err.decode())
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
+
+
+def _only_the_installers_wrapper(err: str, script: str) -> bool:
+    """A ``KeyboardInterrupt`` traceback whose frames are all the script pip writes (``import re,
+    sys`` then ``from conveyor_cli import main``) and the import machinery finding that module:
+    the signal came before the first statement of ``conveyor_cli``, which installs the quiet
+    handler. No code of Conveyor's can run earlier (seen on a loaded CI machine at 0.05 s)."""
+    files = re.findall(r'^  File "([^"]+)", line \d+', err, flags=re.MULTILINE)
+    return (
+        err.startswith("Traceback (most recent call last):")
+        and err.rstrip().endswith("KeyboardInterrupt")
+        and bool(files)
+        and all(f == script or f.startswith("<frozen ") for f in files)
+    )
 
 
 def assert_no_traceback(lines: list[str]) -> None:
