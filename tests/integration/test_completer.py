@@ -19,7 +19,13 @@ from conveyor.router import Job
 from conveyor.store import connect, for_schema
 from conveyor.store.connect import create_pool
 from conveyor.worker import outcomes, progress
-from conveyor.worker.completer import LARGE_RESULT_CHARS, Completer, Pending, is_data_error
+from conveyor.worker.completer import (
+    LARGE_RESULT_CHARS,
+    Completer,
+    Pending,
+    is_data_error,
+    is_refusal,
+)
 from conveyor.worker.followups import build_followup
 from conveyor.worker.running import Running
 
@@ -312,3 +318,73 @@ async def test_a_mixed_batch_keeps_progress_follow_ups_and_isolates_a_refused_fo
     assert got[ids[3]][:2] == ("FAILED", ["failed"]), got[ids[3]]
     children = await db.fetch("SELECT payload FROM jobs WHERE NOT (id = ANY($1::uuid[]))", ids)
     assert [orjson.loads(r["payload"]) for r in children] == [{"child": 1}], children
+
+
+def test_refusals_by_the_deployment_are_neither_data_errors_nor_plain_outages() -> None:
+    assert is_refusal(asyncpg.exceptions.InsufficientPrivilegeError("x"))
+    assert is_refusal(asyncpg.exceptions.UndefinedTableError("x"))
+    assert is_refusal(asyncpg.exceptions.UndefinedFunctionError("x"))
+    assert is_refusal(asyncpg.exceptions.InvalidCatalogNameError("x"))
+    assert not is_data_error(asyncpg.exceptions.InsufficientPrivilegeError("x"))
+    assert not is_refusal(asyncpg.exceptions.AdminShutdownError("x"))
+    assert not is_refusal(ConnectionResetError())
+
+
+# A worker whose role lacks a privilege (a grant forgotten in a deploy) must not turn every
+# outcome into a failure, nor drop it: the outcomes wait, retried (the worker's liveness fails
+# past its deadline) with an error that says what to fix, and are written once it is fixed.
+
+
+async def test_an_outcome_refused_for_a_missing_privilege_waits_and_is_written_once_granted(
+    db: asyncpg.Connection, db_url: str, caplog: Any
+) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    from conveyor.store.roles import grant_statements
+
+    from ..conftest import RUN_ID
+
+    role = f"c{RUN_ID}_refused_worker"
+    await db.execute(f"CREATE ROLE {role} LOGIN")
+    pool = None
+    try:
+        for statement in grant_statements("conveyor", {"worker": role}):
+            await db.execute(statement)
+        await db.execute(f"REVOKE UPDATE ON conveyor.jobs FROM {role}")
+        parts = urlsplit(db_url)
+        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
+        pool = await create_pool(url, application_name="test-completer", max_size=2)
+        done: list[Pending] = []
+
+        async def record(batch: list[Pending]) -> None:
+            done.extend(batch)
+
+        completer = Completer(pool, for_schema(), Metrics(), done=record)
+        runs = await _claimed(db, 2)
+        for r in runs:
+            completer.put(r, outcomes.completed({"ok": True}))
+        flush = asyncio.create_task(completer.flush_once())
+        deadline = time.monotonic() + 10
+        while not any("outcome_write_refused" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "no refusal logged"
+            assert not flush.done(), flush
+            await asyncio.sleep(0.05)
+        refusal = next(r for r in caplog.records if r.getMessage() == "outcome_write_refused")
+        assert refusal.levelname == "ERROR"
+        fields = refusal.__dict__["fields"]
+        assert "InsufficientPrivilege" in fields["error"] and "grant" in fields["hint"]
+        assert completer.status().oldest_since is not None  # counts against liveness
+        statuses = await db.fetch("SELECT status::text FROM jobs WHERE id = ANY($1)",
+                                  [r.job.id for r in runs])  # fmt: skip
+        assert {r["status"] for r in statuses} == {"IN_PROGRESS"}  # waiting, not failed
+        await db.execute(f"GRANT UPDATE ON conveyor.jobs TO {role}")
+        assert await asyncio.wait_for(flush, 30) == 2
+        statuses = await db.fetch("SELECT status::text FROM jobs WHERE id = ANY($1)",
+                                  [r.job.id for r in runs])  # fmt: skip
+        assert {r["status"] for r in statuses} == {"COMPLETED"}
+        assert len(done) == 2 and all(p.written for p in done)
+    finally:
+        if pool is not None:
+            await pool.close()
+        await db.execute(f"DROP OWNED BY {role}")
+        await db.execute(f"DROP ROLE {role}")

@@ -1,7 +1,7 @@
 """Writing outcomes: batched, fenced, and never stuck on an outcome PostgreSQL refuses.
 
 Outcomes ready at the same moment are written in one transaction (fenced by job id and attempt,
-so a worker whose lease was taken over changes nothing). Two kinds of write errors:
+so a worker whose lease was taken over changes nothing). Three kinds of write errors:
 
 - an *outage* (connection lost, timeout, server restarting): retrying cures it; the batch is
   retried with a backoff, for as long as it takes. ``status().oldest_since`` shows how long
@@ -12,6 +12,10 @@ so a worker whose lease was taken over changes nothing). Two kinds of write erro
   and that one becomes a failure of its job ("... could not be stored: ..."), which consumes a
   retry like any failure. If even that cannot be written, the outcome is dropped with a log line:
   the job's lease expires and the sweeper recovers it. Never an endless retry.
+- a *refusal by the deployment* (SQLSTATE class 42: a missing privilege, a table or function the
+  schema lacks; 3D, 3F): only an operator cures it. Retried like an outage (nothing is lost or
+  failed, liveness fails past the deadline), logged as an error that says what to fix
+  (``outcome_write_refused``), at most every 15 s.
 
 A completion with a keyed follow-up (``followups.keyed``) is written alone, beside the batch:
 while another transaction holds its key it waits (*held*: tried again every few seconds, its
@@ -67,6 +71,22 @@ LARGE_RESULT_CHARS = 256 * 1024
 
 def _large(outcome: Outcome) -> bool:
     return outcome.result_json is not None and len(outcome.result_json) > LARGE_RESULT_CHARS
+
+
+# SQLSTATE classes of a database that refuses the worker's statements as it is set up: a missing
+# privilege (42501), a table or function that does not exist (42P01, 42883: a schema older than
+# this version), an unknown database or schema (3D, 3F). Writing again cures them only once an
+# operator fixes the deployment, so they are retried like an outage (the outcomes wait, nothing
+# is lost or turned into a failure, liveness fails past ``worker_outcome_deadline``), but logged
+# as errors that say what to fix, and tried at most every ``REFUSED_RETRY_CAP`` seconds.
+_REFUSED_SQLSTATE_CLASSES = frozenset({"42", "3D", "3F"})
+REFUSED_RETRY_CAP = 15.0
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """True when the database refuses the statement as deployed (privileges, schema version)."""
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and state[:2] in _REFUSED_SQLSTATE_CLASSES
 
 
 def is_data_error(exc: BaseException) -> bool:
@@ -272,6 +292,7 @@ class Completer:
         """Write ``batch`` in one transaction; retry outages for as long as it takes, and a
         follow-up's key held by another transaction for as long as it is held."""
         backoff = Backoff(cap=2.0)
+        refused = Backoff(base=1.0, cap=REFUSED_RETRY_CAP)
         while True:
             try:
                 written = await self._write(batch, key_wait)
@@ -297,15 +318,30 @@ class Completer:
                     p.held_since = None
                 if self._c.failing_since is None:
                     self._c.failing_since = self.clock()
-                delay = backoff.next()
-                event(
-                    log,
-                    "outcome_write_failed",
-                    logging.WARNING,
-                    error=repr(exc),
-                    retry_in=round(delay, 2),
-                    count=len(batch),
-                )
+                if is_refusal(exc):
+                    delay = refused.next()
+                    event(
+                        log,
+                        "outcome_write_refused",
+                        logging.ERROR,
+                        error=repr(exc)[:300],
+                        retry_in=round(delay, 2),
+                        count=len(batch),
+                        hint="the database refuses the worker's writes as deployed: grant the "
+                        "worker's role its privileges (conveyor migrate --grant-roles) or "
+                        "migrate the schema (conveyor migrate); the outcomes wait and are "
+                        "written once it is fixed",
+                    )
+                else:
+                    delay = backoff.next()
+                    event(
+                        log,
+                        "outcome_write_failed",
+                        logging.WARNING,
+                        error=repr(exc),
+                        retry_in=round(delay, 2),
+                        count=len(batch),
+                    )
                 await asyncio.sleep(delay)
 
     async def _write(self, batch: list[Pending], key_wait: float | None) -> set[uuid.UUID]:
