@@ -21,6 +21,7 @@ from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
 from conveyor.store import ClaimedJob
 from conveyor.worker import Worker
+from conveyor.worker.completer import LARGE_RESULT_CHARS
 
 from .. import db as tdb
 from ..faults.harness import Proc, component_env
@@ -38,7 +39,7 @@ class Handlers:
         self.most = 0
         self.gate = asyncio.Event()
         self.seen: dict[str, Any] = {}
-        for name in ("step", "leaf", "limited"):
+        for name in ("step", "leaf", "limited", "big", "with_key"):
             self.router.job(name)(self.run)
 
     async def run(self, job: Job) -> Any:
@@ -48,6 +49,11 @@ class Handlers:
             self.seen[str(job.id)] = job.parents
             if job.type == "leaf":
                 await self.gate.wait()
+            if job.type == "big":  # written apart, beside the batch
+                return {"n": job.payload.get("i"), "blob": "x" * (LARGE_RESULT_CHARS + 1)}
+            if job.type == "with_key":  # a follow-up with a unique key: written apart too
+                job.enqueue("step", {"from": str(job.id)}, unique_key=f"once-{job.id}",
+                            unique_for=60)  # fmt: skip
             return {"n": job.payload.get("i")}
         finally:
             self.running -= 1
@@ -115,6 +121,32 @@ async def test_a_chain_goes_on_without_the_relay_on_the_worker_that_released_eac
         queue = w.subscription.topology.work_queue("step")
         assert (await _ready(w, queue)) == 0
         assert w.consumer.status().claimed_total == 1
+    finally:
+        await w.stop()
+
+
+# A completion written apart from the batch (a result over LARGE_RESULT_CHARS, a follow-up with a
+# key to wait for) releases its dependent as any does, and the worker runs it in its slot.
+
+
+@pytest.mark.parametrize("first", ["big", "with_key"])
+async def test_a_link_written_apart_hands_its_slot_to_the_job_it_released(
+    settings: Settings, db: asyncpg.Connection, relay: Relay, first: str
+) -> None:
+    h = Handlers()
+    w = await _worker(settings, h, 2)
+    try:
+        key = await _submit(db, _chain(first, "step", "step"))
+        await _first_published(relay)
+        done = await wait_for(settings.database_url, key.values(), timeout=15)
+        assert set(done.values()) == {"COMPLETED"}
+        assert _followed(w, "step") == 2  # both links claimed here, none through the relay
+        assert h.seen[str(key["1"])]["0"]["n"] == 0  # its parent's result, as written apart
+        if first == "big":
+            assert len(h.seen[str(key["1"])]["0"]["blob"]) == LARGE_RESULT_CHARS + 1
+        else:  # the follow-up committed with the completion, waiting in the outbox
+            assert await db.fetchval("SELECT count(*) FROM jobs WHERE workflow_id IS NULL") == 1
+            assert await db.fetchval("SELECT count(*) FROM job_outbox") == 1
     finally:
         await w.stop()
 
