@@ -388,3 +388,70 @@ async def test_an_outcome_refused_for_a_missing_privilege_waits_and_is_written_o
             await pool.close()
         await db.execute(f"DROP OWNED BY {role}")
         await db.execute(f"DROP ROLE {role}")
+
+
+# A completion whose unique follow-up waits for an application's open transaction holds its
+# job's row during each try (up to KEY_WAIT_SECONDS), and the heartbeat skips rows held
+# elsewhere: tries spaced by the backoff could keep catching the beats, the lease run out, and
+# the sweeper take the job (run again, though its handler had completed). Each try the key
+# refuses extends the leases of its jobs, once their rows are free again.
+
+
+async def test_a_completion_held_by_a_key_keeps_its_jobs_lease(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    from conveyor.worker.followups import KEY_WAIT_SECONDS
+
+    pool = await create_pool(db_url, application_name="test-completer-held", max_size=2)
+    app = await tdb.connect(db_url)
+    tx = app.transaction()
+    completer = Completer(pool, for_schema(), Metrics(), done=_nothing, lease_seconds=600.0)
+    flush = None
+    try:
+        await tx.start()  # the application's transaction holds the key
+        await enqueue(app, "t", {"app": 1}, unique_for=300, unique_key="held-key")
+        [run] = await _claimed(db, 1)
+        await db.execute("UPDATE jobs SET lease_expires_at = now() + interval '20 seconds' "
+                         "WHERE id = $1", run.job.id)  # fmt: skip
+        run.followups.append(
+            build_followup(
+                "t",
+                {"child": 1},
+                {"unique_for": 300, "unique_key": "held-key"},
+                max_payload_bytes=1 << 20,
+            )
+        )
+        completer.put(run, outcomes.completed({"ok": True}))
+        flush = asyncio.create_task(completer.flush_once())
+        deadline = time.monotonic() + 10 + KEY_WAIT_SECONDS
+        while completer.status().held == 0:
+            assert time.monotonic() < deadline, "never held by the key"
+            await asyncio.sleep(0.02)
+        left = None
+        while time.monotonic() < deadline:
+            left = await db.fetchval(
+                "SELECT extract(epoch FROM lease_expires_at - now()) FROM jobs WHERE id = $1",
+                run.job.id,
+            )
+            if left > 300:
+                break
+            await asyncio.sleep(0.05)
+        assert left is not None and left > 300, f"the lease was not extended: {left:.0f} s left"
+        await tx.rollback()  # the key is free: the completion and its follow-up commit
+        assert await asyncio.wait_for(flush, 20) == 1  # (the keyed write goes on in a task)
+        deadline = time.monotonic() + 20
+        while completer.status().waiting:
+            assert time.monotonic() < deadline, completer.status()
+            await asyncio.sleep(0.05)
+        status = await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", run.job.id)
+        assert status == "COMPLETED"
+        assert await db.fetchval("SELECT count(*) FROM jobs WHERE payload->>'child' = '1'") == 1
+    finally:
+        if flush is not None and not flush.done():
+            flush.cancel()
+        await app.close()
+        await pool.close()
+
+
+async def _nothing(batch: list[Pending]) -> None:
+    pass

@@ -19,8 +19,9 @@ so a worker whose lease was taken over changes nothing). Three kinds of write er
 
 A completion with a keyed follow-up (``followups.keyed``) is written alone, beside the batch:
 while another transaction holds its key it waits (*held*: tried again every few seconds, its
-job's lease kept by heartbeats), and that wait is neither an outage nor counted against
-liveness, so it stalls only that job, never its neighbours' outcomes nor ``/healthz``.
+job's lease extended after each try, when the try no longer holds the row the heartbeat skips),
+and that wait is neither an outage nor counted against liveness, so it stalls only that job,
+never its neighbours' outcomes nor ``/healthz``.
 
 Outcomes written alone (large results, keyed follow-ups) hold at most ``apart`` of the pool's
 connections at once; the others wait their turn (a held key's wait between tries holds none).
@@ -162,8 +163,10 @@ class Completer:
         clock: Callable[[], float] = time.monotonic,
         max_batch: int = 1000,
         apart: int = 2,
+        lease_seconds: float | None = None,
     ) -> None:
         self.pool = pool
+        self.lease_seconds = lease_seconds  # what a try held by a key extends its leases to
         self.store = store
         self.metrics = metrics
         self.done = done
@@ -310,6 +313,7 @@ class Completer:
                             job_id=str(p.running.job.id),
                             error=str(exc)[:300],
                         )
+                await self._keep_leases(batch)
                 await asyncio.sleep(backoff.next())
             except Exception as exc:
                 if is_data_error(exc):
@@ -343,6 +347,24 @@ class Completer:
                         count=len(batch),
                     )
                 await asyncio.sleep(delay)
+
+    async def _keep_leases(self, batch: list[Pending]) -> None:
+        """Extend the leases of jobs whose completion a key holds, between two tries (their
+        rows free again): each try holds their rows, and the heartbeat skips rows held
+        elsewhere, so tries spaced by the backoff could keep catching the beats until the lease
+        ran out and the sweeper took a job whose handler had completed. Best effort: an outage
+        here is the heartbeat's to report."""
+        if self.lease_seconds is None:
+            return
+        try:
+            async with self.pool.acquire() as conn:
+                await self.store.job_heartbeat_many(
+                    conn,
+                    [Attempt(p.running.job.id, p.running.job.attempt) for p in batch],
+                    lease_seconds=self.lease_seconds,
+                )
+        except Exception as exc:
+            event(log, "held_lease_not_extended", logging.WARNING, error=repr(exc)[:300])
 
     async def _write(self, batch: list[Pending], key_wait: float | None) -> set[uuid.UUID]:
         done: list[Pending] = []

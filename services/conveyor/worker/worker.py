@@ -166,6 +166,7 @@ class Worker:
             follow=self.follower,
             clock=clock,
             apart=POOL_SIZE // 2,  # the other half: the batch, the claims, the heartbeats
+            lease_seconds=settings.visibility_timeout,
         )
         self.heartbeater = Heartbeater(
             None,
