@@ -322,13 +322,50 @@ def _only_the_installers_wrapper(err: str, script: str) -> bool:
     sys`` then ``from conveyor_cli import main``) and the import machinery finding that module:
     the signal came before the first statement of ``conveyor_cli``, which installs the quiet
     handler. No code of Conveyor's can run earlier (seen on a loaded CI machine at 0.05 s)."""
-    files = re.findall(r'^  File "([^"]+)", line \d+', err, flags=re.MULTILINE)
+    frames = re.findall(r'^  File "([^"]+)", line (\d+)', err, flags=re.MULTILINE)
+    try:
+        lines = Path(script).read_text().splitlines()
+    except OSError:
+        return False
+
+    def before_ours(file: str, line: str) -> bool:
+        if file.startswith("<frozen "):
+            return True
+        # the wrapper's own frames only on its import lines: a frame on ``sys.exit(main())``
+        # alone means main() had run and returned, our code ran, and that is no excuse
+        n = int(line)
+        return (
+            file == script and 0 < n <= len(lines) and lines[n - 1].startswith(("import ", "from "))
+        )
+
     return (
         err.startswith("Traceback (most recent call last):")
         and err.rstrip().endswith("KeyboardInterrupt")
-        and bool(files)
-        and all(f == script or f.startswith("<frozen ") for f in files)
+        and bool(frames)
+        and all(before_ours(f, n) for f, n in frames)
     )
+
+
+def _wrapper_traceback(script: str, *frames: tuple[str, int]) -> str:
+    shown = "".join(f'  File "{f}", line {n}, in <module>\n' for f, n in frames)
+    return f"Traceback (most recent call last):\n{shown}KeyboardInterrupt\n"
+
+
+def test_only_a_signal_before_our_entry_module_is_excused() -> None:
+    """The excuse covers a Ctrl-C on the wrapper's import lines (before ``conveyor_cli`` ran),
+    not one on its ``sys.exit(main())`` line: a traceback with only that frame means ``main()``
+    had already run and returned (our code ran, and the signal still printed a traceback)."""
+    script = str(Path(sys.executable).parent / "conveyor")
+    lines = Path(script).read_text().splitlines()
+    imp = next(i for i, t in enumerate(lines, 1) if t.startswith("from conveyor_cli import"))
+    call = next(i for i, t in enumerate(lines, 1) if "main()" in t)
+    frozen = ("<frozen importlib._bootstrap>", 1176)
+    assert _only_the_installers_wrapper(_wrapper_traceback(script, (script, imp), frozen), script)
+    ours = (str(ROOT / "services" / "conveyor_cli.py"), 11)
+    assert not _only_the_installers_wrapper(
+        _wrapper_traceback(script, (script, imp), frozen, ours), script
+    )
+    assert not _only_the_installers_wrapper(_wrapper_traceback(script, (script, call)), script)
 
 
 def assert_no_traceback(lines: list[str]) -> None:
