@@ -1,0 +1,82 @@
+"""Review finding (review2): the claim's parents lookup (``workflow_parents_json`` in
+``store/sql/attempts.sql``) says the planner reads each dependency by its primary key
+"whatever the statistics say (a fresh install's empty or never-analyzed tables included)". It
+does not once the statement runs on a generic plan: asyncpg keeps the claim prepared per
+connection, PostgreSQL switches it to a generic plan after five executions, and a plan made
+while ``jobs`` was small reads ``jobs`` whole once per dependency of the fan-in it claims, until
+an ANALYZE invalidates it. That is the same pathology migration 0024 fixed for the workflow
+trigger (``test_workflow_trigger_plans.py``), on the claim side. Measured by hand on PostgreSQL
+15: a 2,000-parent fan-in's lookup in a session planned at 30 rows, with 12,000 rows, took
+1,090 ms (2,000 sequential scans of 12,024 rows) against 13 ms in a fresh session.
+
+This test fails on purpose until the lookup (or the claim's plans) are made independent of the
+statistics the session planned with."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from conveyor import JobSpec, Workflow, enqueue_many, enqueue_workflow
+from conveyor.store import for_schema
+
+from .. import db as tdb
+
+PARENTS = 1000  # under the jobs table's autovacuum_analyze_threshold (migration 0009)
+READS = "SELECT seq_scan, seq_tup_read FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+
+
+async def _fan_in(db: asyncpg.Connection, parents: int) -> uuid.UUID:
+    wf = Workflow("fan-in")
+    keys = [wf.add(f"p{i}", "t") for i in range(parents)]
+    wf.add("join", "t", after=keys)
+    async with db.transaction():
+        wid = await enqueue_workflow(db, wf)
+    # the parents complete (the trigger releases the join)
+    await db.execute("UPDATE jobs SET status = 'IN_PROGRESS' WHERE workflow_id = $1"
+                     " AND workflow_key <> 'join'", wid)  # fmt: skip
+    await db.execute("UPDATE jobs SET status = 'COMPLETED', finished_at = now()"
+                     " WHERE workflow_id = $1 AND workflow_key <> 'join'", wid)  # fmt: skip
+    return await db.fetchval(
+        "SELECT id FROM jobs WHERE workflow_id = $1 AND workflow_key = 'join'", wid
+    )
+
+
+async def _claim(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> int:
+    rows = await for_schema().job_claim_many(
+        conn, ids, lease_seconds=30.0, worker_id="review2", types=["t"],
+        handler_defaults={}, default_max_retries=3,
+    )  # fmt: skip
+    return len(rows)
+
+
+async def test_claiming_a_fan_in_reads_no_table_whole_on_a_plan_made_when_jobs_was_small(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    await db.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")  # this clone only
+    small = await _fan_in(db, 3)
+    plain = await enqueue_many(db, [JobSpec("t") for _ in range(8)])
+
+    conn = await tdb.connect(db_url)  # a worker's connection, planning on today's statistics
+    try:
+        for job_id in plain:  # past the five custom plans: the generic plan from here on
+            assert await _claim(conn, [job_id]) == 1
+        assert await _claim(conn, [small]) == 1
+
+        big = await _fan_in(db, PARENTS)  # the table grows; no ANALYZE has seen it
+        assert not await db.fetchval(
+            "SELECT bool_or(last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)"
+            " FROM pg_stat_user_tables WHERE relname = 'jobs'"
+        )
+        async with conn.transaction():
+            before = await conn.fetchrow(READS)
+            assert await _claim(conn, [big]) == 1
+            after = await conn.fetchrow(READS)
+        scans = after["seq_scan"] - before["seq_scan"]
+        read = after["seq_tup_read"] - before["seq_tup_read"]
+        assert (scans, read) == (0, 0), (
+            f"claiming a {PARENTS}-parent fan-in scanned jobs {scans} times ({read} rows)"
+        )
+    finally:
+        await conn.close()
