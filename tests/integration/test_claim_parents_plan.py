@@ -38,9 +38,10 @@ async def _fan_in(db: asyncpg.Connection, parents: int) -> uuid.UUID:
                      " AND workflow_key <> 'join'", wid)  # fmt: skip
     await db.execute("UPDATE jobs SET status = 'COMPLETED', finished_at = now()"
                      " WHERE workflow_id = $1 AND workflow_key <> 'join'", wid)  # fmt: skip
-    return await db.fetchval(
+    join: uuid.UUID = await db.fetchval(
         "SELECT id FROM jobs WHERE workflow_id = $1 AND workflow_key = 'join'", wid
     )
+    return join
 
 
 async def _claim(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> int:
