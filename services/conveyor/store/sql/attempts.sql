@@ -45,19 +45,9 @@ FROM upd
 
 -- name: workflow_parents_json fragment
 -- A claimed workflow job's dependencies as its handler sees them (key -> status, result), the
--- jobs row ``j`` (NULL for a plain job). Each dependency is read by its own primary key, one
--- row per lookup: the planner takes the index for that whatever the statistics say (a fresh
--- install's empty or never-analyzed tables included), where ``p.id = ANY(the dependencies)``
--- or a join can be planned as a scan of the whole table per claimed job. ``OFFSET 0`` keeps the
--- inner query a query of its own: flattened, its lookup was copied into each of the three uses
--- of ``x.p`` and ran three times per dependency.
-CASE WHEN j.workflow_id IS NOT NULL THEN (
-    SELECT jsonb_object_agg(x.p ->> 'key', x.p - 'key')
-    FROM (SELECT (SELECT jsonb_build_object('key', p.workflow_key, 'status', p.status,
-                                            'result', p.result)
-                  FROM __schema__.jobs p WHERE p.id = d.depends_on) AS p
-          FROM __schema__.job_dependencies d WHERE d.job_id = j.id OFFSET 0) x
-    WHERE x.p IS NOT NULL)::text END
+-- jobs row ``j`` (NULL for a plain job): ``job_parents`` (migration 0025) finds each by its
+-- primary key whatever the statistics this statement's plan was made with.
+CASE WHEN j.workflow_id IS NOT NULL THEN __schema__.job_parents(j.id) END
 
 -- name: job_claim_set fragment
 -- What a claim writes into the jobs row ``j`` (a SET list): the attempt counted, the lease, and
