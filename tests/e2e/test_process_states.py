@@ -303,11 +303,16 @@ async def test_ctrl_c_while_the_command_is_still_starting(settings: Settings, de
     try:
         await asyncio.sleep(delay)
         proc.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 10)
+        except TimeoutError:  # the interpreter lost it (below): Ctrl-C again, as anyone would
+            proc.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(proc.communicate(), 20)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+    err = _without_a_lost_interrupt(err)
     if proc.returncode == 1 and err.startswith(b"Fatal Python error: init_"):
         return  # the interpreter's own start-up was interrupted: before any code of ours ran
     if proc.returncode == -signal.SIGINT and _only_the_installers_wrapper(err.decode(), script):
@@ -315,6 +320,21 @@ async def test_ctrl_c_while_the_command_is_still_starting(settings: Settings, de
     # -SIGINT: ended by the signal before Python was up, as any program is
     assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err.decode())
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
+
+
+# A SIGINT that lands while importlib runs a module lock's weakref callback raises there, and
+# Python ignores an exception raised in a callback: it prints it and goes on, the interrupt lost
+# (seen once in 240 early interrupts of the script). Interpreter code, before any of ours.
+_LOST = re.compile(
+    rb"Exception ignored in: <function _get_module_lock\.[^\n]*>\n"
+    rb"Traceback \(most recent call last\):\n"
+    rb'(?:  File "<frozen importlib\._bootstrap>", line \d+, in \w+\n)+'
+    rb"KeyboardInterrupt:? ?\n"
+)
+
+
+def _without_a_lost_interrupt(err: bytes) -> bytes:
+    return _LOST.sub(b"", err, count=1)
 
 
 def _only_the_installers_wrapper(err: str, script: str) -> bool:
@@ -366,6 +386,19 @@ def test_only_a_signal_before_our_entry_module_is_excused() -> None:
         _wrapper_traceback(script, (script, imp), frozen, ours), script
     )
     assert not _only_the_installers_wrapper(_wrapper_traceback(script, (script, call)), script)
+
+
+def test_only_an_interrupt_lost_in_importlibs_callback_is_removed() -> None:
+    lost = (
+        b"Exception ignored in: <function _get_module_lock.<locals>.cb at 0x7f3a2c1b2e80>\n"
+        b"Traceback (most recent call last):\n"
+        b'  File "<frozen importlib._bootstrap>", line 445, in cb\n'
+        b"KeyboardInterrupt: \n"
+    )
+    assert _without_a_lost_interrupt(lost) == b""
+    assert _without_a_lost_interrupt(b"x\n" + lost + b"y\n") == b"x\ny\n"
+    ours = lost.replace(b"<frozen importlib._bootstrap>", b"/srv/conveyor/cli/main.py")
+    assert _without_a_lost_interrupt(ours) == ours  # a frame of ours: not the interpreter's
 
 
 def assert_no_traceback(lines: list[str]) -> None:
