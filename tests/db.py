@@ -5,12 +5,19 @@ statement names the schema); only tests take this shortcut."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from conveyor.store.schema import DEFAULT_SCHEMA
 
 SCHEMA = DEFAULT_SCHEMA
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` logging in as ``role`` instead (trust auth: no password)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
 
 
 async def connect(url: str, *, schema: str = SCHEMA, **kwargs: Any) -> asyncpg.Connection:

@@ -324,7 +324,7 @@ async def test_ctrl_c_while_the_command_is_still_starting(settings: Settings, de
 
 # A SIGINT that lands while importlib runs a module lock's weakref callback raises there, and
 # Python ignores an exception raised in a callback: it prints it and goes on, the interrupt lost
-# (seen once in 240 early interrupts of the script). Interpreter code, before any of ours.
+# (rare: about one early interrupt in a few hundred). Interpreter code, before any of ours.
 _LOST = re.compile(
     rb"Exception ignored in: <function _get_module_lock\.[^\n]*>\n"
     rb"Traceback \(most recent call last\):\n"
@@ -341,7 +341,8 @@ def _only_the_installers_wrapper(err: str, script: str) -> bool:
     """A ``KeyboardInterrupt`` traceback whose frames are all the script pip writes (``import re,
     sys`` then ``from conveyor_cli import main``) and the import machinery finding that module:
     the signal came before the first statement of ``conveyor_cli``, which installs the quiet
-    handler. No code of Conveyor's can run earlier (seen on a loaded CI machine at 0.05 s)."""
+    handler. No code of Conveyor's can run earlier; on a loaded machine a Ctrl-C 0.05 s after the
+    start can land there."""
     frames = re.findall(r'^  File "([^"]+)", line (\d+)', err, flags=re.MULTILINE)
     try:
         lines = Path(script).read_text().splitlines()

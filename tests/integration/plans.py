@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -529,3 +530,34 @@ async def explain_triggers(
     assert "INSERT INTO" in texts and "job_outbox" in texts, texts
     assert "workflow_downstream" in texts or "frontier" in texts, texts
     return report, bad
+
+
+# ---------------------------------------------------------------------- plans a session keeps
+
+_JOBS_SCANS = "SELECT seq_scan, seq_tup_read FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+
+
+async def jobs_read_whole(
+    conn: asyncpg.Connection, step: Callable[[], Awaitable[object]]
+) -> tuple[int, int]:
+    """Sequential scans of ``jobs``, and the rows they read, while ``step`` runs on ``conn``
+    (in a transaction of its own: the counters are the transaction's, statements run by
+    triggers and functions included)."""
+    async with conn.transaction():
+        before = await conn.fetchrow(_JOBS_SCANS)
+        await step()
+        after = await conn.fetchrow(_JOBS_SCANS)
+    return after["seq_scan"] - before["seq_scan"], after["seq_tup_read"] - before["seq_tup_read"]
+
+
+async def keep_jobs_unanalyzed(db: asyncpg.Connection) -> None:
+    """No ANALYZE of ``jobs`` in this (the test's own) database: the statistics stay a fresh
+    install's, whatever the test inserts."""
+    await db.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")
+
+
+async def jobs_never_analyzed(db: asyncpg.Connection) -> bool:
+    return not await db.fetchval(
+        "SELECT bool_or(last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)"
+        " FROM pg_stat_user_tables WHERE relname = 'jobs'"
+    )

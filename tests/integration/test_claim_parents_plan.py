@@ -5,8 +5,8 @@ a plan made while ``jobs`` was small read ``jobs`` whole once per dependency of 
 claimed, until an ANALYZE invalidated it: by hand on PostgreSQL 15, a 2,000-parent fan-in's
 claim in a session planned at 30 rows took 1,090 ms with 12,000 rows (2,000 sequential scans)
 against 13 ms in a fresh session. The lookup is the function ``job_parents`` (migration 0025),
-planned afresh with sequential scans off. (Found in review; the same pathology as the workflow
-trigger's, ``test_workflow_trigger_plans.py``.)
+planned afresh with sequential scans off (the workflow trigger's statements have the same
+protection: ``test_workflow_trigger_plans.py``).
 
 What remains is the claim's own lookup of the claimed ids on such a plan: one read of ``jobs``
 per claim, whatever the job, until the first ANALYZE (autovacuum's, after 1,000 changed rows).
@@ -22,9 +22,9 @@ from conveyor import JobSpec, Workflow, enqueue_many, enqueue_workflow
 from conveyor.store import for_schema
 
 from .. import db as tdb
+from .plans import jobs_never_analyzed, jobs_read_whole, keep_jobs_unanalyzed
 
 PARENTS = 1000  # under the jobs table's autovacuum_analyze_threshold (migration 0009)
-READS = "SELECT seq_scan, seq_tup_read FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
 
 
 async def _fan_in(db: asyncpg.Connection, parents: int) -> uuid.UUID:
@@ -46,7 +46,7 @@ async def _fan_in(db: asyncpg.Connection, parents: int) -> uuid.UUID:
 
 async def _claim(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> int:
     rows = await for_schema().job_claim_many(
-        conn, ids, lease_seconds=30.0, worker_id="review2", types=["t"],
+        conn, ids, lease_seconds=30.0, worker_id="test-claim-parents", types=["t"],
         handler_defaults={}, default_max_retries=3,
     )  # fmt: skip
     return len(rows)
@@ -54,17 +54,17 @@ async def _claim(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> int:
 
 async def _scans(conn: asyncpg.Connection, job_id: uuid.UUID) -> tuple[int, int]:
     """Sequential scans of ``jobs`` (and rows read by them) claiming ``job_id``."""
-    async with conn.transaction():
-        before = await conn.fetchrow(READS)
+
+    async def claim() -> None:
         assert await _claim(conn, [job_id]) == 1
-        after = await conn.fetchrow(READS)
-    return after["seq_scan"] - before["seq_scan"], after["seq_tup_read"] - before["seq_tup_read"]
+
+    return await jobs_read_whole(conn, claim)
 
 
 async def test_claiming_a_fan_in_reads_no_table_whole_on_a_plan_made_when_jobs_was_small(
     db: asyncpg.Connection, db_url: str
 ) -> None:
-    await db.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")  # this clone only
+    await keep_jobs_unanalyzed(db)
     small = await _fan_in(db, 3)
     plain = await enqueue_many(db, [JobSpec("t") for _ in range(8)])
 
@@ -76,10 +76,7 @@ async def test_claiming_a_fan_in_reads_no_table_whole_on_a_plan_made_when_jobs_w
 
         big = await _fan_in(db, PARENTS)  # the table grows; no ANALYZE has seen it
         [control] = await enqueue_many(db, [JobSpec("t")])
-        assert not await db.fetchval(
-            "SELECT bool_or(last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)"
-            " FROM pg_stat_user_tables WHERE relname = 'jobs'"
-        )
+        assert await jobs_never_analyzed(db)
         plain_scans, _ = await _scans(conn, control)  # the claim's own lookup of its ids
         scans, read = await _scans(conn, big)
         assert scans == plain_scans <= 1, (

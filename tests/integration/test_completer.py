@@ -18,6 +18,7 @@ from conveyor.core.metrics import Metrics
 from conveyor.router import Job
 from conveyor.store import connect, for_schema
 from conveyor.store.connect import create_pool
+from conveyor.store.roles import grant_statements
 from conveyor.worker import outcomes, progress
 from conveyor.worker.completer import (
     LARGE_RESULT_CHARS,
@@ -30,6 +31,7 @@ from conveyor.worker.followups import build_followup
 from conveyor.worker.running import Running
 
 from .. import db as tdb
+from ..conftest import RUN_ID
 
 
 async def _claimed(db: asyncpg.Connection, n: int) -> list[Running]:
@@ -338,12 +340,6 @@ def test_refusals_by_the_deployment_are_neither_data_errors_nor_plain_outages() 
 async def test_an_outcome_refused_for_a_missing_privilege_waits_and_is_written_once_granted(
     db: asyncpg.Connection, db_url: str, caplog: Any
 ) -> None:
-    from urllib.parse import urlsplit, urlunsplit
-
-    from conveyor.store.roles import grant_statements
-
-    from ..conftest import RUN_ID
-
     role = f"c{RUN_ID}_refused_worker"
     await db.execute(f"CREATE ROLE {role} LOGIN")
     pool = None
@@ -351,9 +347,9 @@ async def test_an_outcome_refused_for_a_missing_privilege_waits_and_is_written_o
         for statement in grant_statements("conveyor", {"worker": role}):
             await db.execute(statement)
         await db.execute(f"REVOKE UPDATE ON conveyor.jobs FROM {role}")
-        parts = urlsplit(db_url)
-        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
-        pool = await create_pool(url, application_name="test-completer", max_size=2)
+        pool = await create_pool(
+            tdb.as_role(db_url, role), application_name="test-completer", max_size=2
+        )
         done: list[Pending] = []
 
         async def record(batch: list[Pending]) -> None:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -27,12 +26,8 @@ from conveyor.worker import Worker
 
 from .. import apps
 from ..conftest import RUN_ID
+from ..db import as_role
 from ..stack import free_port, wait_for
-
-
-def as_role(url: str, role: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
 
 
 @contextlib.asynccontextmanager

@@ -3,9 +3,8 @@ its statements were planned. They run on generic plans, planned once per session
 planned them while ``jobs`` was small or never analyzed (a fresh install, a burst of new jobs
 before autovacuum's ANALYZE) kept a hash join over a sequential scan of ``jobs`` for the
 count-down of a fan-in's dependent: a read of the whole table for every statement completing a
-few of its parents (0.2 ms per thousand rows; the bench's 1,000-leaf fan-out ran at 67-83 % of a
-plain batch with it, 85-99 % without). ``pg_stat_xact_user_tables`` counts the transaction's
-scans of ``jobs``, the trigger's statements included."""
+few of its parents (0.2 ms per thousand rows, per statement). ``pg_stat_xact_user_tables``
+counts the transaction's scans of ``jobs``, the trigger's statements included."""
 
 from __future__ import annotations
 
@@ -16,28 +15,24 @@ import asyncpg
 from conveyor import JobSpec, Workflow, enqueue_many, enqueue_workflow
 
 from .. import db as tdb
+from .plans import jobs_never_analyzed, jobs_read_whole, keep_jobs_unanalyzed
 
 LEAVES = 1000  # a table this small is read whole by a plan made for it; 2,000 already not
 
-SEQ_SCANS = "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
 # One row by its primary key: an index scan on a table of a few thousand rows, analyzed or not
 # (the control below shows this statement alone reads no table whole).
 COMPLETE = "UPDATE jobs SET status = 'COMPLETED', finished_at = now() WHERE id = $1"
 
 
 async def _seq_scans_of_completing(conn: asyncpg.Connection, job_id: uuid.UUID) -> int:
-    async with conn.transaction():
-        before = await conn.fetchval(SEQ_SCANS) or 0
-        await conn.execute(COMPLETE, job_id)
-        return (await conn.fetchval(SEQ_SCANS) or 0) - before
+    scans, _ = await jobs_read_whole(conn, lambda: conn.execute(COMPLETE, job_id))
+    return scans
 
 
 async def test_completing_a_fan_ins_parents_reads_no_table_whole(
     db: asyncpg.Connection, db_url: str
 ) -> None:
-    # no ANALYZE during the test (this database is the test's own clone): the statistics stay
-    # those of a table never analyzed
-    await db.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")
+    await keep_jobs_unanalyzed(db)
     wf = Workflow("fan")
     root = wf.add("root", "t")
     leaves = [wf.add(f"leaf-{i}", "t", after=[root]) for i in range(LEAVES)]
@@ -51,10 +46,7 @@ async def test_completing_a_fan_ins_parents_reads_no_table_whole(
     await db.execute(COMPLETE, ids["root"])  # releases the leaves
     some = [ids[f"leaf-{i}"] for i in range(5)]
     await db.execute("UPDATE jobs SET status = 'IN_PROGRESS' WHERE id = ANY($1)", some + plain)
-    assert not await db.fetchval(
-        "SELECT bool_or(last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)"
-        " FROM pg_stat_user_tables WHERE relname = 'jobs'"
-    ), "the table was analyzed: the plans below would not be the fresh install's"
+    assert await jobs_never_analyzed(db), "analyzed: the plans below would not be a fresh install's"
 
     # a new session: the trigger's statements are planned now, on these statistics
     conn = await tdb.connect(db_url)

@@ -82,6 +82,11 @@ def _large(outcome: Outcome) -> bool:
 # as errors that say what to fix, and tried at most every ``REFUSED_RETRY_CAP`` seconds.
 _REFUSED_SQLSTATE_CLASSES = frozenset({"42", "3D", "3F"})
 REFUSED_RETRY_CAP = 15.0
+REFUSED_HINT = (
+    "the database refuses the worker's writes as deployed: grant the worker's role its "
+    "privileges (conveyor migrate --grant-roles) or migrate the schema (conveyor migrate); the "
+    "outcomes wait and are written once it is fixed"
+)
 
 
 def is_refusal(exc: BaseException) -> bool:
@@ -322,30 +327,17 @@ class Completer:
                     p.held_since = None
                 if self._c.failing_since is None:
                     self._c.failing_since = self.clock()
-                if is_refusal(exc):
-                    delay = refused.next()
-                    event(
-                        log,
-                        "outcome_write_refused",
-                        logging.ERROR,
-                        error=repr(exc)[:300],
-                        retry_in=round(delay, 2),
-                        count=len(batch),
-                        hint="the database refuses the worker's writes as deployed: grant the "
-                        "worker's role its privileges (conveyor migrate --grant-roles) or "
-                        "migrate the schema (conveyor migrate); the outcomes wait and are "
-                        "written once it is fixed",
-                    )
-                else:
-                    delay = backoff.next()
-                    event(
-                        log,
-                        "outcome_write_failed",
-                        logging.WARNING,
-                        error=repr(exc),
-                        retry_in=round(delay, 2),
-                        count=len(batch),
-                    )
+                refusal = is_refusal(exc)
+                delay = (refused if refusal else backoff).next()
+                event(
+                    log,
+                    "outcome_write_refused" if refusal else "outcome_write_failed",
+                    logging.ERROR if refusal else logging.WARNING,
+                    error=repr(exc)[:300],
+                    retry_in=round(delay, 2),
+                    count=len(batch),
+                    **({"hint": REFUSED_HINT} if refusal else {}),
+                )
                 await asyncio.sleep(delay)
 
     async def _keep_leases(self, batch: list[Pending]) -> None:
