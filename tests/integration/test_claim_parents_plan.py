@@ -4,8 +4,9 @@ PostgreSQL moves it to a generic plan after five runs, and when the lookup was p
 a plan made while ``jobs`` was small read ``jobs`` whole once per dependency of every fan-in it
 claimed, until an ANALYZE invalidated it: by hand on PostgreSQL 15, a 2,000-parent fan-in's
 claim in a session planned at 30 rows took 1,090 ms with 12,000 rows (2,000 sequential scans)
-against 13 ms in a fresh session. The lookup is the function ``job_parents`` (migration 0025),
-planned afresh with sequential scans off (the workflow trigger's statements have the same
+against 13 ms in a fresh session. The lookup is the function ``claimed_parents`` (migration
+0026, one call per claiming statement; 0025's ``job_parents`` before it, one per claimed job),
+whose plan is made with sequential scans off (the workflow trigger's statements have the same
 protection: ``test_workflow_trigger_plans.py``).
 
 What remains is the claim's own lookup of the claimed ids on such a plan: one read of ``jobs``

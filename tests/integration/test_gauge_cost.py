@@ -5,7 +5,8 @@ every statement of ``Gauges.refresh_once`` is run under EXPLAIN ANALYZE with the
 was called with: no sequential scan of ``jobs``, no scan of ``jobs`` returning more than the
 exact-count cap per loop, and no more than the cap per (type, status) in all. The counts are
 exact below the cap and the planner's estimate above it (within a factor of two of the truth
-here), and ``conveyor_jobs_estimated`` says which."""
+here), and ``conveyor_jobs_estimated`` says which. The same for the workflows by status: each
+status counted up to the cap, not every finished workflow of the retention window."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def _value(metrics: Metrics, name: str, **labels: str) -> float | None:
 async def test_gauge_refresh_is_bounded_on_a_million_jobs(
     db: asyncpg.Connection, db_url: str
 ) -> None:
-    await generate(db, ROWS)
+    await generate(db, ROWS, workflow_every=5)  # 1 job in 5 in a workflow of 10
     # a type below the cap in every status it has: counted exactly (not in the statistics yet)
     await enqueue_many(db, [JobSpec("ghost")] * 7 + [JobSpec("ghost", delay_seconds=600)] * 2)
     await db.execute("UPDATE jobs SET status = 'FAILED' WHERE id IN (SELECT id FROM jobs "
@@ -118,12 +119,14 @@ async def test_gauge_refresh_is_bounded_on_a_million_jobs(
     # (the rows of every scan of ``jobs``, over all its loops: at most the cap per pair, plus a
     # probe per type and status; counting the backlog exactly reads all of it)
     assert recording.seen
-    read = 0
+    read = flows_read = 0
     for sql, args in {(s, a) for s, a in recording.seen}:
         if sql.lstrip().upper().startswith("EXPLAIN"):
             continue  # planning only: reads no rows
         plan = json.loads(await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args))
         for node in nodes(plan):
+            if node.get("Relation Name") == "workflows":
+                flows_read += node["Actual Rows"] * node["Actual Loops"]
             if node.get("Relation Name") != "jobs":
                 continue
             where = f"{node['Node Type']} on {node.get('Index Name', 'jobs')} in {sql}"
@@ -133,6 +136,10 @@ async def test_gauge_refresh_is_bounded_on_a_million_jobs(
     backlog = sum(truth.values())
     print(f"rows read from jobs: {read:,} (backlog {backlog:,}, {len(truth)} pairs)")
     assert read <= CAP * len(truth) + 1000, (read, backlog)
+    # the workflows: each status stopped at the cap, not every workflow counted
+    flows = await db.fetchval("SELECT count(*) FROM workflows")
+    print(f"rows read from workflows: {flows_read:,} (of {flows:,})")
+    assert flows > 4 * CAP and flows_read <= 4 * CAP, (flows_read, flows)
 
     # the counts: exact below the cap, the planner's estimate (flagged) above it
     for (job_type, status), n in truth.items():

@@ -162,3 +162,31 @@ async def test_workflows_by_status(
     await gauges.refresh_once()
     assert _value(metrics, "conveyor_workflows", status="RUNNING") == 2
     assert _value(metrics, "conveyor_workflows", status="CANCELLED") == 1
+    for status in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED"):
+        assert _value(metrics, "conveyor_workflows_estimated", status=status) == 0
+
+
+async def test_workflow_counts_stop_at_the_cap_and_take_the_estimate_above_it(
+    db: asyncpg.Connection, parts: tuple[Metrics, Sweeper, Relay]
+) -> None:
+    """Finished workflows stay until retention deletes them, so their count is the table: each
+    status is counted up to the cap and the planner's estimate stands above it (flagged in
+    ``conveyor_workflows_estimated``), as the jobs' counts do. A whole count read every
+    workflow at each refresh."""
+    metrics, sweeper, _ = parts
+    await db.execute(
+        "INSERT INTO workflows (id, name, on_failure, status, finished_at) "
+        "SELECT gen_random_uuid(), 'done', 'cancel', 'COMPLETED', now() "
+        "FROM generate_series(1, 400)"
+    )
+    await db.execute("ANALYZE workflows")
+    gauges = Gauges(metrics, sweeper.store, sweeper.pool, sweeper.topology, exact_up_to=50)
+    async with sweeper.pool.acquire() as conn:
+        assert await sweeper.store.workflow_status_counts(conn, 50) == {
+            "RUNNING": 0, "COMPLETED": 50, "FAILED": 0, "CANCELLED": 0,
+        }  # fmt: skip
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_workflows_estimated", status="COMPLETED") == 1
+    assert _value(metrics, "conveyor_workflows", status="COMPLETED") == 400  # the statistics'
+    assert _value(metrics, "conveyor_workflows_estimated", status="RUNNING") == 0
+    assert _value(metrics, "conveyor_workflows", status="RUNNING") == 0

@@ -537,7 +537,7 @@ class _LostCommitConnection:
         return getattr(self._conn, name)
 
     async def fetch(self, sql: str, *args: Any, **kwargs: Any) -> Any:
-        self._claimed = self._claimed or "wf_released" in sql
+        self._claimed = self._claimed or "take_released" in sql  # job_claim_released
         return await self._conn.fetch(sql, *args, **kwargs)
 
     def transaction(self) -> Any:

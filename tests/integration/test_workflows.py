@@ -345,6 +345,48 @@ async def test_maintenance_leaves_waiting_jobs_alone(db: asyncpg.Connection) -> 
         assert await db.fetchval(f"SELECT count(*) FROM {table}") == 0
 
 
+async def test_an_idle_retention_pass_reads_no_workflow_within_its_age(
+    db: asyncpg.Connection,
+) -> None:
+    """Retention's pass over workflows finds the expired ones by the range of their finish
+    times; the age depends on the status (a day for COMPLETED here, 30 for FAILED), which alone
+    is no index condition, and a pass with nothing to delete read every finished workflow. Here
+    2,000 finished within the shorter age: the pass reads none of them; one older than the
+    longer age is deleted."""
+    await db.execute(
+        "INSERT INTO workflows (id, name, on_failure, status, finished_at) "
+        "SELECT gen_random_uuid(), 'kept', 'cancel', "
+        "       CASE WHEN g % 2 = 0 THEN 'COMPLETED' ELSE 'FAILED' END, "
+        "       now() - g * interval '1 second' FROM generate_series(1, 2000) g"
+    )
+    await db.execute("ANALYZE workflows")
+
+    async def read() -> int:
+        # index entries returned in this transaction
+        return int(
+            await db.fetchval(
+                "SELECT pg_stat_get_xact_tuples_returned('workflows_finished_idx'::regclass)"
+            )
+        )
+
+    day, month = 86400, 30 * 86400
+    async with db.transaction():
+        before = await read()
+        assert await STORE.workflow_delete_expired(
+            db, older_than=day, failed_older_than=month, limit=500
+        ) == 0  # fmt: skip
+        assert await read() - before == 0
+    await db.execute(
+        "INSERT INTO workflows (id, name, on_failure, status, finished_at) "
+        "VALUES (gen_random_uuid(), 'old', 'cancel', 'FAILED', now() - interval '31 days')"
+    )
+    assert (
+        await STORE.workflow_delete_expired(db, older_than=day, failed_older_than=month, limit=500)
+        == 1
+    )
+    assert await db.fetchval("SELECT count(*) FROM workflows") == 2000
+
+
 async def test_a_cancelled_workflow_gets_its_finish_and_retention_deletes_it(
     db: asyncpg.Connection,
 ) -> None:

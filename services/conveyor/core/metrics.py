@@ -147,7 +147,14 @@ class Metrics:
         )
         self.workflows = gauge(
             "conveyor_workflows",
-            "Workflows by status (finished ones until retention deletes them)",
+            "Workflows by status (finished ones until retention deletes them; above the "
+            "exact-count cap, the planner's estimate)",
+            ["status"],
+        )
+        self.workflows_estimated = gauge(
+            "conveyor_workflows_estimated",
+            "1 where conveyor_workflows{status} is the planner's estimate (above the "
+            "exact-count cap), 0 where it is an exact count",
             ["status"],
         )
         self.leases_expired = gauge(

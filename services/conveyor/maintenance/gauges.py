@@ -66,7 +66,10 @@ class Gauges:
             rows, lag = await self.store.outbox_stats(conn)
             stuck = await self.store.job_stuck_count(conn)
             registered = await self.store.job_type_names(conn)
-            workflows = await self.store.workflow_status_counts(conn)
+            workflows = await self.store.workflow_status_counts(conn, cap)
+            flows_estimated = {status for status, n in workflows.items() if n >= cap}
+            for status in sorted(flows_estimated):
+                workflows[status] = max(cap, await self.store.workflow_count_estimate(conn, status))
         zeros = {(t, s) for t in registered for s in COUNTED_STATUSES}
         for key in (self._seen | zeros) - now.keys():
             self.metrics.jobs.labels(*key).set(0)
@@ -80,6 +83,9 @@ class Gauges:
         self.metrics.leases_expired.set(stuck)
         for status in WORKFLOW_STATUSES:
             self.metrics.workflows.labels(status).set(workflows.get(status, 0))
+            self.metrics.workflows_estimated.labels(status).set(
+                1 if status in flows_estimated else 0
+            )
         if self.queue_depth is not None:
             for job_type in sorted({t for t, _ in self._seen}):
                 queue = self.topology.work_queue(job_type)

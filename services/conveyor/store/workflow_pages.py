@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import orjson
+
 from .base import Connection, Statements
 from .registry import bind, named
 from .workflows import WorkflowRow
@@ -15,6 +17,7 @@ WORKFLOW_PAGE_BY_NAME = named("workflow_page_by_name")
 WORKFLOW_BY_IDEMPOTENCY_KEY = named("workflow_by_idempotency_key")
 WORKFLOW_SET_IDEMPOTENCY_KEY = named("workflow_set_idempotency_key")
 WORKFLOW_STATUS_COUNTS = named("workflow_status_counts")
+WORKFLOW_COUNT_ESTIMATE = named("workflow_count_estimate")
 
 
 def page_statement(status: str | None, name: str | None) -> str:
@@ -58,6 +61,12 @@ class WorkflowPageStatements(Statements):
         """Raises asyncpg's ``UniqueViolationError`` when another workflow holds ``key``."""
         await conn.execute(self.sql[WORKFLOW_SET_IDEMPOTENCY_KEY], workflow_id, key, request_hash)
 
-    async def workflow_status_counts(self, conn: Connection) -> dict[str, int]:
-        rows = await conn.fetch(self.sql[WORKFLOW_STATUS_COUNTS])
+    async def workflow_status_counts(self, conn: Connection, cap: int) -> dict[str, int]:
+        """Workflows by status, each count stopped at ``cap``."""
+        rows = await conn.fetch(self.sql[WORKFLOW_STATUS_COUNTS], cap)
         return {r["status"]: int(r["n"]) for r in rows}
+
+    async def workflow_count_estimate(self, conn: Connection, status: str) -> int:
+        """The planner's estimate of the workflows in ``status``."""
+        plan = await conn.fetchval(self.sql[WORKFLOW_COUNT_ESTIMATE], status)
+        return int(orjson.loads(plan)[0]["Plan"]["Plan Rows"])

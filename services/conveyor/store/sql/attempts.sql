@@ -43,11 +43,15 @@ SELECT id, attempts, job_type, worker_id, started_at, now(), outcome, error,
        greatest(0, extract(epoch FROM started_at - due))::float8
 FROM upd
 
--- name: workflow_parents_json fragment
--- A claimed workflow job's dependencies as its handler sees them (key -> status, result), the
--- jobs row ``j`` (NULL for a plain job): ``job_parents`` (migration 0025) finds each by its
--- primary key whatever the statistics this statement's plan was made with.
-CASE WHEN j.workflow_id IS NOT NULL THEN __schema__.job_parents(j.id) END
+-- name: claimed_with_parents fragment
+-- The final SELECT of a claiming statement whose claimed rows are the CTE ``claimed``: each row
+-- with its dependencies as its handler sees them (``parents``: key -> status, result; NULL for
+-- a plain job). One call of ``claimed_parents`` (migration 0026) for all the statement's
+-- workflow jobs, which finds each dependency and parent by its primary key whatever the
+-- statistics this statement's plan was made with.
+SELECT c.*, p.parents FROM claimed c
+LEFT JOIN __schema__.claimed_parents(ARRAY(SELECT id FROM claimed WHERE workflow_id IS NOT NULL)) p
+    ON p.job_id = c.id
 
 -- name: job_claim_set fragment
 -- What a claim writes into the jobs row ``j`` (a SET list): the attempt counted, the lease, and
@@ -65,12 +69,13 @@ timeout_seconds = COALESCE(j.timeout_seconds,
                            (:handler_defaults::jsonb -> j.job_type ->> 'timeout')::float8)
 
 -- name: job_claimed_row fragment
--- What a claim returns of the jobs row ``j`` (``ClaimedJob.from_record``).
+-- What a claim returns of the jobs row ``j`` (``ClaimedJob.from_record``), less the parents
+-- (``claimed_with_parents``).
 j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts, j.retry_count,
 j.max_retries, j.timeout_seconds, j.meta::text AS meta,
 greatest(0, extract(epoch FROM statement_timestamp()
                                 - COALESCE(j.run_at, j.created_at)))::float8 AS wait,
-j.trace_context, j.workflow_id, {{workflow_parents_json}} AS parents
+j.trace_context, j.workflow_id
 
 -- name: job_claim_many
 -- The claim: one conditional UPDATE for a batch of delivered ids (``job_claimable``).
@@ -80,11 +85,14 @@ j.trace_context, j.workflow_id, {{workflow_parents_json}} AS parents
 -- since), took the type's whole range of ``jobs_type_status_id_idx`` for one row and filtered
 -- the ids out of it (691,500 finished jobs read for 500 ids at 10 million rows;
 -- ``tests/integration/test_claim_plan.py``).
-UPDATE __schema__.jobs j SET {{job_claim_set}}
-WHERE j.id = ANY(:ids::uuid[])
-  AND array_position(:types::text[], job_type) IS NOT NULL
-  AND {{job_claimable}}
-RETURNING {{job_claimed_row}}
+WITH claimed AS (
+    UPDATE __schema__.jobs j SET {{job_claim_set}}
+    WHERE j.id = ANY(:ids::uuid[])
+      AND array_position(:types::text[], job_type) IS NOT NULL
+      AND {{job_claimable}}
+    RETURNING {{job_claimed_row}}
+)
+{{claimed_with_parents}}
 
 -- name: job_claim_released
 -- The completing worker takes jobs its completions released (worker/completer.py): inside the
@@ -92,32 +100,20 @@ RETURNING {{job_claimed_row}}
 -- whose trigger listed the outbox rows it wrote in the transaction's setting
 -- ``__schema__.wf_released`` (the last releasing statement's rows only, migration 0023). At most
 -- ``:room`` of them (highest priority first), of this worker's types, none of a paused or
--- limited type (their claims go through ``job_claim_controlled``): each is claimed and its
--- outbox row deleted in the same statement, so it gets no broker message; the rest stay for the
--- relay. The rows are this transaction's own (uncommitted until it commits), so no relay can
--- hold them. Every row is found by its primary key (``= ANY``, whatever the planner thinks of
--- the list's length).
-WITH o AS MATERIALIZED (
-    SELECT o.id, o.job_id
-    FROM __schema__.job_outbox o
-    WHERE o.id = ANY(string_to_array(
-            NULLIF(current_setting('__schema__.wf_released', true), ''), ',')::int8[])
-      AND o.destination = 'work'
-      AND array_position(:types::text[], o.job_type) IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM __schema__.job_types t
-                      WHERE t.name = o.job_type
-                        AND (t.paused OR t.concurrency IS NOT NULL OR t.rate_limit IS NOT NULL))
-    ORDER BY o.priority DESC, o.id
-    LIMIT :room
-), claimed AS (
+-- limited type (their claims go through ``job_claim_controlled``): ``take_released`` (migration
+-- 0026: each row found by its primary key, however many were released) deletes their outbox
+-- rows, so they get no broker message, and returns their jobs, claimed here; the rest stay for
+-- the relay. The rows are this transaction's own (uncommitted until it commits), so no relay
+-- can hold them, and their jobs were released by it (PENDING, locked by it): each is claimed.
+-- ``ARRAY(subquery)`` calls the function once, not once per row the plan reads.
+WITH claimed AS (
     UPDATE __schema__.jobs j SET {{job_claim_set}}
-    WHERE j.id = ANY(ARRAY(SELECT job_id FROM o)) AND {{job_claimable}}
+    WHERE j.id = ANY(ARRAY(SELECT r.job_id
+                           FROM __schema__.take_released(:types::text[], :room::int) r))
+      AND {{job_claimable}}
     RETURNING {{job_claimed_row}}
-), gone AS (
-    DELETE FROM __schema__.job_outbox d
-    WHERE d.id = ANY(ARRAY(SELECT o.id FROM o JOIN claimed c ON c.id = o.job_id))
 )
-SELECT * FROM claimed
+{{claimed_with_parents}}
 
 -- name: job_claim_controlled
 -- See attempts.py; the parameters are job_claim_many's plus the pen ladder and the room the
@@ -208,7 +204,7 @@ WITH t AS (
               j.trace_context,
               greatest(0, extract(epoch FROM statement_timestamp()
                                               - COALESCE(j.run_at, j.created_at)))::float8 AS wait,
-              j.workflow_id, {{workflow_parents_json}} AS parents
+              j.workflow_id
 ), keep AS (
     SELECT name, id, att FROM listed UNION ALL SELECT job_type, id, attempts FROM upd
 ), starts AS (
@@ -278,8 +274,12 @@ WITH t AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)
     SELECT id, job_type, priority, 'retry', delay FROM held WHERE delay > 0
 )
-SELECT false AS held, id, job_type, payload, priority, attempts, retry_count, max_retries,
-       timeout_seconds, meta, trace_context, wait, workflow_id, parents FROM upd
+SELECT false AS held, u.id, u.job_type, u.payload, u.priority, u.attempts, u.retry_count,
+       u.max_retries, u.timeout_seconds, u.meta, u.trace_context, u.wait, u.workflow_id,
+       p.parents
+FROM upd u
+LEFT JOIN __schema__.claimed_parents(ARRAY(SELECT id FROM upd WHERE workflow_id IS NOT NULL)) p
+    ON p.job_id = u.id
 UNION ALL
 SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay, NULL, NULL
 FROM held

@@ -96,10 +96,15 @@ WHERE w.status <> 'RUNNING' AND NOT w.cancel_requested
 -- Retention of workflows: a finished one goes whole, with its jobs, their attempts and their
 -- edges, once its finish is older than ``$1`` seconds (COMPLETED) or ``$2`` (FAILED,
 -- CANCELLED); the jobs' own retention leaves workflow jobs alone (maintenance.sql). Rows found
--- by id (``= ANY``): joined, the edges and the workflows were each a sequential scan.
+-- by id (``= ANY``): joined, the edges and the workflows were each a sequential scan. The
+-- shorter of the two ages bounds the range of ``workflows_finished_idx`` the pass reads: the
+-- per-status age alone is no index condition, and an idle pass read every finished workflow
+-- (200,000 in 108 ms).
 WITH w AS (
     SELECT id FROM __schema__.workflows
-    WHERE status <> 'RUNNING' AND finished_at < now() - make_interval(
+    WHERE status <> 'RUNNING'
+      AND finished_at < now() - make_interval(secs => least($1::float8, $2::float8))
+      AND finished_at < now() - make_interval(
         secs => CASE WHEN status = 'COMPLETED' THEN $1::float8 ELSE $2::float8 END)
     ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
 ), j AS (
