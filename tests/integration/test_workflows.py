@@ -13,14 +13,17 @@ import pytest
 from conveyor import (
     Job,
     JobRouter,
+    JobSpec,
     Workflow,
     cancel_workflow,
     chain,
     chord,
+    enqueue_many,
     enqueue_workflow,
     group,
 )
 from conveyor.core.errors import InvalidJob, PayloadTooLarge
+from conveyor.jobs.types import register_router_types
 from conveyor.store import Completion
 from conveyor.testing import drain
 from conveyor.workflows import get_workflow
@@ -200,6 +203,48 @@ async def test_continue_policy_releases_dependents_and_handlers_see_why(
         "wf": wid,
     }
     assert await workflow_status(db, wid) == "FAILED"
+
+
+async def test_every_claim_returns_a_workflow_jobs_parents(db: asyncpg.Connection) -> None:
+    """``job.parents`` comes with each of the three claims, for all the claim's workflow jobs in
+    one lookup (``claimed_parents``): the plain claim (a plain job beside them gets none), the
+    completing worker's claim of the jobs its completion released, and the limits' claim of a
+    limited type's job (which the completing worker leaves to it)."""
+    r = JobRouter()
+    r.job("lim", concurrency=5)(_nothing)
+    await register_router_types(db, r)
+    wf = Workflow("claims")
+    wf.add("root", "a")
+    wf.add("next", "a", after=["root"])
+    wf.add("limited", "lim", after=["root"])
+    wid = await submit(db, wf)
+    key = await ids(db, wid)
+    [plain] = await enqueue_many(db, [JobSpec("a")])
+    claimed = await STORE.job_claim_many(
+        db, [key["root"], plain], lease_seconds=60, worker_id="w", types=["a"],
+        handler_defaults={}, default_max_retries=0,
+    )  # fmt: skip
+    assert {c.id: c.parents for c in claimed} == {key["root"]: None, plain: None}
+    [root] = [c for c in claimed if c.id == key["root"]]
+    expected = {"root": {"status": "COMPLETED", "result": {"n": 1}}}
+    async with db.transaction():
+        await STORE.job_complete_many(db, [Completion(key["root"], root.attempts, '{"n": 1}')])
+        followed = await STORE.job_claim_released(
+            db, room=2, lease_seconds=60, worker_id="w", types=["a", "lim"],
+            handler_defaults={}, default_max_retries=0,
+        )  # fmt: skip
+    assert [(c.id, c.parents) for c in followed] == [(key["next"], expected)]
+    # the limited job's outbox row stays for the relay (the root's was never relayed here)
+    assert await outboxed(db, wid) == {"root", "limited"}
+    limited, held = await STORE.job_claim_controlled(
+        db, [key["limited"]], lease_seconds=60, worker_id="w", types=["lim"],
+        handler_defaults={}, default_max_retries=0, room={"lim": 0},
+    )  # fmt: skip
+    assert held == {} and [(c.id, c.parents) for c in limited] == [(key["limited"], expected)]
+
+
+async def _nothing(job: Any) -> None:
+    return None
 
 
 async def test_handlers_see_parents_and_workflow_id(db: asyncpg.Connection) -> None:

@@ -184,7 +184,7 @@ WITH t AS (
                c.rate_free,
                CASE WHEN :steal::bool THEN cand.mine END), cand.rn)) AS go
     FROM cand LEFT JOIN c ON c.name = cand.job_type
-), upd AS (
+), claimed AS (
     UPDATE __schema__.jobs j SET
         status = 'IN_PROGRESS',
         attempts = j.attempts + 1,
@@ -206,7 +206,7 @@ WITH t AS (
                                               - COALESCE(j.run_at, j.created_at)))::float8 AS wait,
               j.workflow_id
 ), keep AS (
-    SELECT name, id, att FROM listed UNION ALL SELECT job_type, id, attempts FROM upd
+    SELECT name, id, att FROM listed UNION ALL SELECT job_type, id, attempts FROM claimed
 ), starts AS (
     UPDATE __schema__.job_types ty
     SET recent_starts = CASE WHEN c.rate_limit IS NULL THEN ty.recent_starts
@@ -217,7 +217,7 @@ WITH t AS (
         claim_attempts = CASE WHEN c.concurrency IS NULL THEN '{}'
                               ELSE ARRAY(SELECT k.att FROM keep k WHERE k.name = ty.name
                                          ORDER BY k.id) END
-    FROM (SELECT job_type, count(*)::int AS n FROM upd GROUP BY job_type) n, c
+    FROM (SELECT job_type, count(*)::int AS n FROM claimed GROUP BY job_type) n, c
     WHERE ty.name = n.job_type AND c.name = ty.name
       AND (c.rate_limit IS NOT NULL OR c.concurrency IS NOT NULL)
 ), hold AS (
@@ -274,12 +274,8 @@ WITH t AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority, destination, delay_seconds)
     SELECT id, job_type, priority, 'retry', delay FROM held WHERE delay > 0
 )
-SELECT false AS held, u.id, u.job_type, u.payload, u.priority, u.attempts, u.retry_count,
-       u.max_retries, u.timeout_seconds, u.meta, u.trace_context, u.wait, u.workflow_id,
-       p.parents
-FROM upd u
-LEFT JOIN __schema__.claimed_parents(ARRAY(SELECT id FROM upd WHERE workflow_id IS NOT NULL)) p
-    ON p.job_id = u.id
+-- the claimed jobs (``claimed``'s columns in the order of the held ones below, then parents)
+SELECT false AS held, w.* FROM ({{claimed_with_parents}}) w
 UNION ALL
 SELECT true, id, job_type, NULL, priority, NULL, NULL, NULL, NULL, NULL, NULL, delay, NULL, NULL
 FROM held
