@@ -1,16 +1,21 @@
 """Workflows, modelled with Hypothesis against the real store on a real PostgreSQL database: a
-random DAG under a random policy, then random completions, failures, cancels, redrives and
-workflow cancels, some of them concurrently on two connections (two workers finishing parents of
-one child at once, a redrive racing a workflow cancel). After each step a simulated relay takes
-the outbox rows; then every open job is driven to its end. Checked (from the audit trail of
-every status change, ``tests/faults/checker.py``):
+random DAG under a random policy, then random completions, failures, cancels, redrives, an
+operator's hand re-runs (``UPDATE jobs SET status = 'PENDING'`` on a finished job, with an outbox
+row) and workflow cancels, some of them concurrently on two connections (two workers finishing
+parents of one child at once, a redrive racing a workflow cancel, a hand re-run racing a
+completion). After each step a simulated relay takes the outbox rows; then every open job is
+driven to its end. Checked (from the audit trail of every status change,
+``tests/faults/checker.py``):
 
 - a job is released (WAITING -> PENDING/SCHEDULED) at most once per time it went WAITING, and
   only when each of its dependencies was COMPLETED (``continue``: finished) at that point;
+- no job is claimed (-> IN_PROGRESS) while a dependency it needs is unfinished;
 - no outbox row (no message) for a WAITING job; ``deps_pending`` of a WAITING job counts its
   unmet dependencies;
-- once every job is final, the workflow is final (after the finishing duty's one step) with the
-  status its jobs give it, and no job is left WAITING (no release lost).
+- while a job of the workflow is open the workflow is not finished (``finished_at`` NULL, which
+  retention goes by), after the reopening duty's step that a reopen racing the workflow's finish
+  needs; once every job is final, the workflow is final (after the finishing duty's
+  one step) with the status its jobs give it, and no job is left WAITING (no release lost).
 
 ``make test`` runs a bounded search; ``-m soak`` a long one (``WORKFLOW_EXAMPLES``)."""
 
@@ -83,7 +88,18 @@ def dags(draw: st.DrawFn) -> tuple[list[list[int]], str]:
     return parents, draw(st.sampled_from(["cancel", "continue"]))
 
 
-OPS = ["complete", "fail", "cancel", "retry", "pair", "pair_fail", "cancel_wf", "retry_vs_cancel"]
+OPS = [
+    "complete",
+    "fail",
+    "cancel",
+    "retry",
+    "rerun",
+    "pair",
+    "pair_fail",
+    "rerun_vs_complete",
+    "cancel_wf",
+    "retry_vs_cancel",
+]
 steps = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 8), st.integers(0, 8)), max_size=14)
 
 
@@ -114,6 +130,23 @@ async def _finish(pool: asyncpg.Pool, job_id: uuid.UUID, ok: bool) -> None:
         raise AssertionError("three deadlocks in a row")
 
 
+async def _rerun(conn: Any, job_id: uuid.UUID) -> None:
+    """An operator runs a finished job again by hand, as the operator SQL's docs allow: back to
+    PENDING, and an outbox row only when it stayed PENDING (a trigger may keep it WAITING)."""
+    async with conn.transaction():
+        status = await conn.fetchval(
+            "UPDATE jobs SET status = 'PENDING', result = NULL, finished_at = NULL, "
+            "cancel_requested = false, retry_count = 0, updated_at = now() "
+            "WHERE id = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED') "
+            "RETURNING status::text",
+            job_id,
+        )
+        if status == "PENDING":
+            await conn.execute(
+                "INSERT INTO job_outbox (job_id, job_type, priority) VALUES ($1, 'a', 5)", job_id
+            )
+
+
 async def _with(pool: asyncpg.Pool, fn: Any) -> Any:
     """An operator's or the API's call: tried again when it is a deadlock's victim."""
     for _ in range(3):
@@ -134,6 +167,10 @@ async def _step(pool: asyncpg.Pool, op: str, a: uuid.UUID, b: uuid.UUID, wid: uu
         await _with(pool, lambda c: STORE.job_cancel(c, a))
     elif op == "retry":
         await _with(pool, lambda c: STORE.job_redrive(c, [a]))
+    elif op == "rerun":
+        await _with(pool, lambda c: _rerun(c, a))
+    elif op == "rerun_vs_complete":
+        await asyncio.gather(_with(pool, lambda c: _rerun(c, a)), _finish(pool, b, True))
     elif op in ("pair", "pair_fail"):
         await asyncio.gather(_finish(pool, a, True), _finish(pool, b, op == "pair"))
     elif op == "cancel_wf":
@@ -152,8 +189,9 @@ async def _relay_and_check(pool: asyncpg.Pool, wid: uuid.UUID, policy: str) -> N
     WAITING job's counter is its unmet dependencies."""
     async with pool.acquire() as conn, conn.transaction():
         taken = await conn.fetch(
-            "DELETE FROM job_outbox o USING jobs j WHERE j.id = o.job_id "
-            "RETURNING j.workflow_key, j.status::text AS status"
+            "DELETE FROM job_outbox o USING jobs j WHERE j.id = o.job_id AND j.workflow_id = $1 "
+            "RETURNING j.workflow_key, j.status::text AS status",
+            wid,
         )
         assert all(r["status"] != "WAITING" for r in taken), taken
         unmet = "p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')" if policy == "continue" \
@@ -166,6 +204,16 @@ async def _relay_and_check(pool: asyncpg.Pool, wid: uuid.UUID, policy: str) -> N
             wid,
         )
         assert all(r["deps_pending"] == r["unmet"] for r in wrong), wrong
+        open_jobs = await conn.fetchval(
+            "SELECT count(*) FROM jobs WHERE workflow_id = $1 AND status IN "
+            "('WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS', 'RETRYING')",
+            wid,
+        )
+        # a job reopened while another transaction finished the workflow (each saw the other's
+        # change uncommitted): the finishing duty's backstop reopens it, as the sweeper does
+        await STORE.workflow_reopen(conn)
+        finished = await conn.fetchval("SELECT finished_at FROM workflows WHERE id = $1", wid)
+        assert not (open_jobs and finished), f"finished at {finished} with {open_jobs} open jobs"
 
 
 async def _drive_to_end(pool: asyncpg.Pool, wid: uuid.UUID) -> None:
@@ -209,6 +257,12 @@ async def _check_history(pool: asyncpg.Pool, wid: uuid.UUID, policy: str) -> Non
             job, old, new = a["job_id"], a["old_status"], a["new_status"]
             if new == "WAITING" and old != "WAITING":
                 entered[job] += 1
+            if new == "IN_PROGRESS" and old != "IN_PROGRESS":
+                ok = FINAL if policy == "continue" else {"COMPLETED"}
+                at_claim = {jobs[p]["workflow_key"]: status.get(p) for p in parents[job]}
+                assert all(s in ok for s in at_claim.values()), (
+                    f"{jobs[job]['workflow_key']} claimed while its dependencies were {at_claim}"
+                )
             if old == "WAITING" and new in ("PENDING", "SCHEDULED"):
                 released[job] += 1
                 assert released[job] <= entered[job], (jobs[job]["workflow_key"], "twice")

@@ -24,7 +24,7 @@ from conveyor import (
 )
 from conveyor.core.errors import InvalidJob, PayloadTooLarge
 from conveyor.jobs.types import register_router_types
-from conveyor.store import Completion
+from conveyor.store import Attempt, Completion
 from conveyor.testing import drain
 from conveyor.workflows import get_workflow
 
@@ -581,3 +581,80 @@ async def test_a_retry_brings_back_only_dependents_with_no_other_failed_dependen
     for k in ("x", "y", "only-x", "d", "e"):
         await complete(db, key[k])
     assert await workflow_status(db, wid) == "COMPLETED"
+
+
+async def _redrive(db: asyncpg.Connection, path: str, job_id: Any) -> None:
+    """One redrive of a finished workflow's job, by ``path``: the API's and the CLI's
+    (``job_redrive``), the dead-letter tools' (``job_redrive_failed``, at the attempt the letter
+    recorded), the bulk redrive of the dead (``job_redrive_dead``), the operator's SQL
+    (``retry_job``)."""
+    if path == "api":
+        assert await STORE.job_redrive(db, [job_id]) == [job_id]
+    elif path == "dlq":
+        attempt = await db.fetchval("SELECT attempts FROM jobs WHERE id = $1", job_id)
+        letter = Attempt(job_id, attempt)
+        assert await STORE.job_redrive_failed(db, [letter]) == [job_id]
+    elif path == "dead":
+        assert await STORE.job_redrive_dead(db, "a", None, limit=10) == 1
+    else:
+        assert await db.fetchval("SELECT retry_job($1)", job_id) in ("PENDING", "SCHEDULED")
+
+
+@pytest.mark.parametrize(
+    ("ending", "path"),
+    [("cancel", "api"), ("cancel", "sql"), ("fail", "api"), ("fail", "dlq"), ("fail", "dead"),
+     ("fail", "sql")],
+)  # fmt: skip
+async def test_retention_never_deletes_a_redriven_job_of_a_finished_workflow(
+    db: asyncpg.Connection, ending: str, path: str
+) -> None:
+    """A workflow finished long ago (cancelled while its first job was still delayed, or failed),
+    then one of its jobs redriven: the workflow is open again (no ``finished_at``) while that job
+    runs, so retention, which deletes a finished workflow whole, keeps it and the running job;
+    once the job ends the workflow finishes again and retention deletes it."""
+    wf = Workflow("old", on_failure="cancel")
+    first = wf.add("first", "a", {}, delay_seconds=3600, max_retries=0)
+    wf.add("next", "b", {}, after=[first])
+    wid = await submit(db, wf)
+    key = await ids(db, wid)
+    if ending == "cancel":
+        await cancel_workflow(db, wid)
+    else:
+        await db.execute("UPDATE jobs SET run_at = now() WHERE id = $1", key["first"])
+        await STORE.job_promote_due(db, limit=10)
+        await fail(db, key["first"])
+    await STORE.workflow_finish(db, limit=10)
+    first_status = "FAILED" if ending == "fail" else "CANCELLED"
+    assert await statuses(db, wid) == {"first": first_status, "next": "CANCELLED"}
+    await db.execute("UPDATE workflows SET finished_at = now() - interval '40 days'")
+
+    await _redrive(db, path, key["first"])
+    assert await db.fetchval("SELECT finished_at FROM workflows WHERE id = $1", wid) is None
+    await db.execute("UPDATE jobs SET run_at = now() WHERE id = $1 AND status = 'SCHEDULED'",
+                     key["first"])  # fmt: skip
+    await STORE.job_promote_due(db, limit=10)
+    attempt = await claim(db, key["first"])
+    assert attempt is not None
+    for _ in range(2):  # the finishing duty and retention run meanwhile: neither touches it
+        await STORE.workflow_finish(db, limit=10)
+        await STORE.workflow_reopen(db)
+        assert await STORE.workflow_delete_expired(
+            db, older_than=1, failed_older_than=1, limit=10
+        ) == 0  # fmt: skip
+    assert (await statuses(db, wid))["first"] == "IN_PROGRESS"
+
+    await STORE.job_complete_many(db, [Completion(key["first"], attempt, "1")])
+    await STORE.workflow_finish(db, limit=10)
+    wf_row = await db.fetchrow("SELECT status, finished_at FROM workflows WHERE id = $1", wid)
+    if ending == "fail":  # the redrive brought "next" back: it runs now, the workflow with it
+        assert await statuses(db, wid) == {"first": "COMPLETED", "next": "PENDING"}
+        assert (wf_row["status"], wf_row["finished_at"]) == ("RUNNING", None)
+        return
+    # a cancelled workflow stays cancelled, its other jobs too, and finishes again
+    assert await statuses(db, wid) == {"first": "COMPLETED", "next": "CANCELLED"}
+    assert wf_row["status"] == "CANCELLED" and wf_row["finished_at"] is not None
+    await db.execute("UPDATE workflows SET finished_at = now() - interval '40 days'")
+    assert await STORE.workflow_delete_expired(
+        db, older_than=1, failed_older_than=1, limit=10
+    ) == 1  # fmt: skip
+    assert await db.fetchval("SELECT count(*) FROM jobs WHERE workflow_id = $1", wid) == 0
