@@ -167,10 +167,10 @@ WITH d AS (
         held_by = NULL,
         updated_at = now()
     FROM d WHERE j.id = d.id
-    RETURNING j.id, j.job_type, j.priority
-), ob AS (
+    RETURNING j.id, j.job_type, j.priority, j.status
+), ob AS (  -- a workflow job with an unmet dependency stays WAITING: no message
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM r
+    SELECT id, job_type, priority FROM r WHERE status = 'PENDING'
 )
 SELECT count(*) FROM r
 

@@ -83,12 +83,12 @@ UPDATE __schema__.workflows w SET finished_at = now(),
 WHERE w.id = ANY(ARRAY(SELECT id FROM done))
 
 -- name: workflow_reopen
--- The other side of that race: a job retried while the backstop finished its workflow (the
--- retry's trigger saw it running). A workflow finished in the last hour with an open job runs
--- again.
-UPDATE __schema__.workflows w SET status = 'RUNNING', finished_at = NULL
-WHERE w.status <> 'RUNNING' AND NOT w.cancel_requested
-  AND w.finished_at > now() - interval '1 hour'
+-- The other side of that race: a job reopened while the backstop finished its workflow (the
+-- reopening trigger saw it running). A workflow finished in the last hour with an open job is
+-- open again: no ``finished_at``, and RUNNING unless it was cancelled.
+UPDATE __schema__.workflows w SET finished_at = NULL,
+    status = CASE WHEN w.cancel_requested THEN w.status ELSE 'RUNNING' END
+WHERE w.status <> 'RUNNING' AND w.finished_at > now() - interval '1 hour'
   AND EXISTS (SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
               AND x.status IN ('WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS', 'RETRYING'))
 
@@ -99,13 +99,19 @@ WHERE w.status <> 'RUNNING' AND NOT w.cancel_requested
 -- by id (``= ANY``): joined, the edges and the workflows were each a sequential scan. The
 -- shorter of the two ages bounds the range of ``workflows_finished_idx`` the pass reads: the
 -- per-status age alone is no index condition, and an idle pass read every finished workflow
--- (200,000 in 108 ms).
+-- (200,000 in 108 ms). A workflow with an open job is never deleted, whatever its
+-- ``finished_at`` says (a job reopened it; the reopening trigger clears it in the same
+-- transaction, this test keeps a hand edit of the row from costing a running job). A reopening
+-- transaction holds the workflow row (FOR SHARE) until it commits: this pass skips it.
 WITH w AS (
-    SELECT id FROM __schema__.workflows
+    SELECT id FROM __schema__.workflows w
     WHERE status <> 'RUNNING'
       AND finished_at < now() - make_interval(secs => least($1::float8, $2::float8))
       AND finished_at < now() - make_interval(
         secs => CASE WHEN status = 'COMPLETED' THEN $1::float8 ELSE $2::float8 END)
+      AND NOT EXISTS (SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
+                      AND x.status IN ('WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS',
+                                       'RETRYING'))
     ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
 ), j AS (
     DELETE FROM __schema__.jobs j USING w WHERE j.workflow_id = w.id RETURNING j.id
