@@ -21,7 +21,9 @@ reopens its workflow, and cascades run in time linear in the jobs they touch
     failed) are found by one recursive walk from those dependencies, not by removing one level
     per pass.
 - ``workflow_downstream`` is one recursive query (each job once, through the index on
-  ``depends_on``), not a loop that tested each new job against every job found so far.
+  ``depends_on``), not a loop that tested each new job against every job found so far. Its
+  steps, and those of the cascade's own walk, join by nested loop: a merge join read every
+  edge of the table once per step (a 10,000-deep chain: 8.7 s; 0.5 s by index).
 - ``cancel_workflow`` marks its statement with the same ``wf_quiet``.
 - ``jobs_workflow_redriven`` (a reopened job waits while a dependency is unmet) covers a job
   leaving COMPLETED too (a hand re-run of a job whose own dependency was re-run waits for it),
@@ -48,7 +50,10 @@ OPEN = "'WAITING', 'PENDING', 'SCHEDULED', 'IN_PROGRESS', 'RETRYING'"
 FINAL = "'COMPLETED', 'FAILED', 'CANCELLED'"
 
 DOWNSTREAM = """
-CREATE OR REPLACE FUNCTION {s}.workflow_downstream(root uuid) RETURNS uuid[] LANGUAGE sql AS $fn$
+CREATE OR REPLACE FUNCTION {s}.workflow_downstream(root uuid) RETURNS uuid[] LANGUAGE sql
+-- each step looks up the edges of the jobs the last step found, by index: a merge or hash join
+-- would read every edge of the table once per step (a 10,000-deep chain: 17 s)
+SET enable_mergejoin = off SET enable_hashjoin = off SET enable_seqscan = off AS $fn$
 WITH RECURSIVE down(id) AS (
     SELECT d.job_id FROM {s}.job_dependencies d WHERE d.depends_on = root
     UNION
@@ -75,6 +80,8 @@ DECLARE
     down uuid[];
     back uuid[];
     seqscan text;
+    mergejoin text;
+    hashjoin text;
 BEGIN
     -- a job changed by a statement that does its workflow's graph work itself: cancel_workflow,
     -- or a cascade below (which handles everything downstream of its job at once)
@@ -95,9 +102,14 @@ BEGIN
         RETURN NULL;
     END IF;
     -- a cascade: the statements below read jobs and edges by index, whatever the statistics
-    -- were when the session planned them
+    -- were when the session planned them, and a recursive step looks up only the edges of the
+    -- jobs the last step found (a merge or hash join reads every edge once per step)
     seqscan := current_setting('enable_seqscan');
+    mergejoin := current_setting('enable_mergejoin');
+    hashjoin := current_setting('enable_hashjoin');
     PERFORM set_config('enable_seqscan', 'off', true);
+    PERFORM set_config('enable_mergejoin', 'off', true);
+    PERFORM set_config('enable_hashjoin', 'off', true);
     IF NEW.status IN ({FINAL}) AND OLD.status NOT IN ({FINAL}) THEN
         -- every job downstream, still waiting, is cancelled naming this one, in one statement
         cause := format('dependency %s (job %s) %s', COALESCE(NEW.workflow_key, '?'),
@@ -186,6 +198,8 @@ BEGIN
           AND (finished_at IS NOT NULL OR (status <> 'RUNNING' AND NOT cancel_requested));
     END IF;
     PERFORM set_config('enable_seqscan', seqscan, true);
+    PERFORM set_config('enable_mergejoin', mergejoin, true);
+    PERFORM set_config('enable_hashjoin', hashjoin, true);
     RETURN NULL;
 END
 $fn$

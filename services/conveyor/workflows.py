@@ -2,8 +2,8 @@
 
 A job with unfinished dependencies is WAITING: no outbox row, no message. The transaction that
 completes its last dependency releases it (PENDING, or SCHEDULED for a future ``run_at``) with
-its outbox row: PostgreSQL triggers do that on every path that changes a job's status
-(migration 0016). ``on_failure="cancel"`` cancels every job downstream of a failed or cancelled
+its outbox row: PostgreSQL triggers do that on every path that changes a job's status.
+``on_failure="cancel"`` cancels every job downstream of a failed or cancelled
 one; ``"continue"`` releases them anyway. See docs/workflows.md::
 
     wf = Workflow("nightly-report")
@@ -35,6 +35,10 @@ from .store.workflows import PARKED, WorkflowJob, WorkflowRow
 
 MAX_JOBS_ENV = "CONVEYOR_MAX_WORKFLOW_JOBS"
 DEFAULT_MAX_JOBS = 10_000
+# the edges (one per dependency) bound what a submit writes and what a cascade walks: twice a
+# largest fan-out-and-fan-in (20,000 edges for 10,000 jobs) with room to spare
+MAX_EDGES_ENV = "CONVEYOR_MAX_WORKFLOW_EDGES"
+DEFAULT_MAX_EDGES = 100_000
 MAX_KEY_LENGTH = 200
 
 
@@ -123,7 +127,8 @@ class Workflow:
 
     def order(self) -> list[str]:
         """The keys, each after its dependencies. Raises ``InvalidJob`` for an unknown
-        dependency, a cycle, or more jobs than ``CONVEYOR_MAX_WORKFLOW_JOBS``."""
+        dependency, a cycle, more jobs than ``CONVEYOR_MAX_WORKFLOW_JOBS`` or more dependencies
+        than ``CONVEYOR_MAX_WORKFLOW_EDGES``."""
         limit = int(os.environ.get(MAX_JOBS_ENV, DEFAULT_MAX_JOBS))
         if not self.nodes:
             raise InvalidJob(f"workflow {self.name!r} has no jobs")
@@ -131,6 +136,13 @@ class Workflow:
             raise InvalidJob(
                 f"workflow {self.name!r} has {len(self.nodes)} jobs; the limit is {limit} "
                 f"({MAX_JOBS_ENV})"
+            )
+        edges = sum(len(n.after) for n in self.nodes.values())
+        edge_limit = int(os.environ.get(MAX_EDGES_ENV, DEFAULT_MAX_EDGES))
+        if edges > edge_limit:
+            raise InvalidJob(
+                f"workflow {self.name!r} has {edges} dependencies; the limit is {edge_limit} "
+                f"({MAX_EDGES_ENV})"
             )
         waiting: dict[str, int] = {}
         dependents: dict[str, list[str]] = {k: [] for k in self.nodes}

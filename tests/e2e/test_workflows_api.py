@@ -115,6 +115,8 @@ INVALID = [
     ({"name": "n", "jobs": [_job("a")], "on_failure": "ignore"}, "invalid_request", ""),
     ({"name": "n", "jobs": [{"type": "t"}]}, "invalid_request", ""),
     ({"name": "n", "jobs": [_job("a", "b", "b"), _job("b")]}, "invalid_workflow", "twice"),
+    ({"name": "n", "jobs": [_job("a"), _job("b", "a"), _job("c", "a", "b")]}, "invalid_workflow",
+     "3 dependencies; the limit is 2 (CONVEYOR_MAX_WORKFLOW_EDGES)"),
     ({"name": "n", "jobs": [_job("a"), _job("b", "a", type="nobody_registered_this")]},
      "unknown_job_type", "nobody_registered_this"),
 ]  # fmt: skip
@@ -124,6 +126,7 @@ async def test_invalid_workflows_are_422_and_write_nothing(
     stack: Stack, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CONVEYOR_MAX_WORKFLOW_JOBS", "5")
+    monkeypatch.setenv("CONVEYOR_MAX_WORKFLOW_EDGES", "2")
     for body, error, words in INVALID:
         r = await stack.client.post("/workflows", json=body)
         assert r.status_code == 422 and r.json()["error"] == error, (body, r.text)

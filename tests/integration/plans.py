@@ -529,7 +529,7 @@ async def explain_triggers(
     # the notices arrived, the release's and the cancel cascade's among them
     texts = " ".join(report)
     assert "INSERT INTO" in texts and "job_outbox" in texts, texts
-    assert "workflow_downstream" in texts or "frontier" in texts, texts
+    assert "WITH RECURSIVE down" in texts, texts  # the cascade's walk downstream
     return report, bad
 
 

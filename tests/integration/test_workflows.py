@@ -136,6 +136,14 @@ async def test_size_limits_are_enqueues(db: asyncpg.Connection, monkeypatch: Any
     monkeypatch.setenv("CONVEYOR_MAX_WORKFLOW_JOBS", "3")
     with pytest.raises(InvalidJob, match="has 5 jobs; the limit is 3"):
         await submit(db, diamond())
+    monkeypatch.delenv("CONVEYOR_MAX_WORKFLOW_JOBS")
+    # the default edge bound: 991 jobs each after all of 101 others, 100,091 edges
+    dense = Workflow("dense")
+    firsts = [dense.add(f"p{i}", "a") for i in range(101)]
+    for i in range(991):
+        dense.add(f"c{i}", "a", after=firsts)
+    with pytest.raises(InvalidJob, match=r"100091 dependencies; the limit is 100000 \(CONVEYOR"):
+        await submit(db, dense)
     assert await db.fetchval("SELECT count(*) FROM jobs") == 0
 
 
