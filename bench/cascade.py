@@ -3,10 +3,9 @@ deep chain and a wide fan-out each have their root fail for good, which cancels 
 downstream; then the root is redriven, which brings them back to WAITING; and a workflow of that
 size is cancelled whole. Each figure is one statement from the client's clock, commit included.
 
-    .venv/bin/python -m bench.cascade [--jobs 10000] [--revision head] [--shape chain|fan_out]
+    .venv/bin/python -m bench.cascade [--jobs 10000] [--shape chain|fan_out]
 
-The target: each within 5 s for 10,000 jobs. ``--revision`` migrates to an earlier revision, for
-a before/after comparison (run it with a smaller ``--jobs`` there: the old cascade was cubic).
+The target: each within 5 s for 10,000 jobs.
 """
 
 from __future__ import annotations
@@ -97,13 +96,12 @@ async def main() -> None:
         "--url", default=os.environ.get("CONVEYOR_DATABASE_URL", "postgresql://postgres@127.0.0.1/")
     )
     parser.add_argument("--database", default=f"conveyor_cascade_{os.getpid()}")
-    parser.add_argument("--revision", default="head", help="migrate to this revision (head)")
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="(both)")
     args = parser.parse_args()
     url = with_database(args.url, args.database)
     await recreate_database(url)
     try:
-        await asyncio.to_thread(upgrade, url, args.revision)
+        await asyncio.to_thread(upgrade, url)
         router = JobRouter()
         router.job("noop")(_noop)
         conn = await asyncpg.connect(url)

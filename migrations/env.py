@@ -14,7 +14,7 @@ from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from conveyor.store.migrate import SCHEMA_OPTION, prepare
-from conveyor.store.schema import DEFAULT_SCHEMA, VERSION_TABLE, metadata_for
+from conveyor.store.schema import DEFAULT_SCHEMA, VERSION_TABLE
 
 config = context.config
 
@@ -37,8 +37,9 @@ def _options(schema: str) -> dict[str, Any]:
         return type_ != "schema" or name == schema
 
     return {
-        "target_metadata": metadata_for(schema),
-        "compare_type": True,
+        # the schema is written in SQL (conveyor/store/sql/schema/), not as SQLAlchemy tables:
+        # nothing to autogenerate from
+        "target_metadata": None,
         "version_table": VERSION_TABLE,
         "version_table_schema": schema,
         "include_schemas": True,

@@ -30,7 +30,7 @@ from .jobs.connection import asyncpg_connection, schema_store
 from .jobs.spec import DEFAULT_MAX_PAYLOAD, JobSpec, build_job
 from .jobs.types import check_for_enqueue
 from .store import NewJob
-from .store.schema_workflows import ON_FAILURE
+from .store.schema import ON_FAILURE
 from .store.workflows import PARKED, WorkflowJob, WorkflowRow
 
 MAX_JOBS_ENV = "CONVEYOR_MAX_WORKFLOW_JOBS"

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core.config import Settings
 from ..store import Store
-from ..store.schema_workflows import WORKFLOW_STATUSES
+from ..store.schema import WORKFLOW_STATUSES
 from ..store.workflows import WorkflowRow
 from .support import CliError, database, json_line, pages, run, when
 

@@ -21,7 +21,7 @@ from ..broker.topology import Topology
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Store
-from ..store.schema_workflows import WORKFLOW_STATUSES
+from ..store.schema import WORKFLOW_STATUSES
 from ..store.stats import COUNTED_STATUSES
 
 log = logging.getLogger("conveyor.gauges")

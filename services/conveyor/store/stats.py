@@ -8,8 +8,8 @@ The gauges' job counts are exact up to a cap and estimated above it (docs/monito
 ``JOB_COUNTS_CAPPED`` counts each (type, status) with an index-only scan that stops after ``$1``
 rows, so a refresh reads at most the cap per pair however big the backlog;
 ``JOB_COUNT_ESTIMATE`` asks the planner for the rows of one pair (``reltuples`` scaled to the
-table's current size times the joint frequency in the ``jobs_type_status`` statistics of migration
-0011), which costs a plan, not a scan."""
+table's current size times the joint frequency in the ``jobs_type_status`` statistics,
+schema/jobs.sql), which costs a plan, not a scan."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Workflows: attach a submitted DAG to its jobs, read a workflow, cancel it, and the
 maintenance backstops (finish, reopen, retention). The release and the failure policy are the
-triggers of migration 0016 (docs/workflows.md)."""
+triggers of sql/schema/workflows.sql (docs/workflows.md)."""
 
 from __future__ import annotations
 

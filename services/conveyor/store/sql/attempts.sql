@@ -46,7 +46,7 @@ FROM upd
 -- name: claimed_with_parents fragment
 -- The final SELECT of a claiming statement whose claimed rows are the CTE ``claimed``: each row
 -- with its dependencies as its handler sees them (``parents``: key -> status, result; NULL for
--- a plain job). One call of ``claimed_parents`` (migration 0026) for all the statement's
+-- a plain job). One call of ``claimed_parents`` for all the statement's
 -- workflow jobs, which finds each dependency and parent by its primary key whatever the
 -- statistics this statement's plan was made with.
 SELECT c.*, p.parents FROM claimed c
@@ -98,11 +98,10 @@ WITH claimed AS (
 -- The completing worker takes jobs its completions released (worker/completer.py): inside the
 -- completing transaction, after the completion statement (nothing between them releases jobs),
 -- whose trigger listed the outbox rows it wrote in the transaction's setting
--- ``__schema__.wf_released`` (the last releasing statement's rows only, migration 0023). At most
+-- ``__schema__.wf_released`` (the last releasing statement's rows only). At most
 -- ``:room`` of them (highest priority first), of this worker's types, none of a paused or
--- limited type (their claims go through ``job_claim_controlled``): ``take_released`` (migration
--- 0026: each row found by its primary key, however many were released) deletes their outbox
--- rows, so they get no broker message, and returns their jobs, claimed here; the rest stay for
+-- limited type (their claims go through ``job_claim_controlled``): ``take_released`` (each
+-- row found by its primary key, however many were released) deletes their outbox rows, so they get no broker message, and returns their jobs, claimed here; the rest stay for
 -- the relay. The rows are this transaction's own (uncommitted until it commits), so no relay
 -- can hold them, and their jobs were released by it (PENDING, locked by it): each is claimed.
 -- ``ARRAY(subquery)`` calls the function once, not once per row the plan reads.

@@ -1,5 +1,5 @@
 -- Workflows (workflows.py; the release, the failure policy and the workflow's status are the
--- triggers of migration 0016, on every path that changes a workflow job's status).
+-- triggers of schema/workflows.sql, on every path that changes a workflow job's status).
 
 -- name: workflow_attach
 -- A submitted workflow: its row, its dependency edges, and its jobs (inserted just before by the
@@ -74,12 +74,7 @@ WITH open AS (  -- each on its partial index
     ORDER BY w.created_at LIMIT $1 FOR UPDATE OF w SKIP LOCKED
 )
 UPDATE __schema__.workflows w SET finished_at = now(),
-    status = CASE WHEN w.cancel_requested THEN 'CANCELLED'
-         WHEN EXISTS (SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
-                      AND x.status = 'FAILED') THEN 'FAILED'
-         WHEN EXISTS (SELECT 1 FROM __schema__.jobs x WHERE x.workflow_id = w.id
-                      AND x.status = 'CANCELLED') THEN 'CANCELLED'
-         ELSE 'COMPLETED' END
+    status = __schema__.workflow_outcome(w.id, w.cancel_requested)
 WHERE w.id = ANY(ARRAY(SELECT id FROM done))
 
 -- name: workflow_reopen
