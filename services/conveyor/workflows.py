@@ -144,8 +144,6 @@ class Workflow:
                 f"workflow {self.name!r} has {edges} dependencies; the limit is {edge_limit} "
                 f"({MAX_EDGES_ENV})"
             )
-        waiting: dict[str, int] = {}
-        dependents: dict[str, list[str]] = {k: [] for k in self.nodes}
         for node in self.nodes.values():
             for dep in node.after:
                 if dep not in self.nodes:
@@ -153,19 +151,9 @@ class Workflow:
                         f"workflow job {node.key!r} waits for {dep!r}, which is not in the "
                         f"workflow {self.name!r}"
                     )
-                dependents[dep].append(node.key)
-            waiting[node.key] = len(node.after)
-        ready = [k for k, n in waiting.items() if n == 0]
-        out: list[str] = []
-        while ready:
-            key = ready.pop()
-            out.append(key)
-            for child in dependents[key]:
-                waiting[child] -= 1
-                if waiting[child] == 0:
-                    ready.append(child)
+        out = [k for level in levels({k: n.after for k, n in self.nodes.items()}) for k in level]
         if len(out) < len(self.nodes):
-            stuck = sorted(k for k, n in waiting.items() if n > 0)
+            stuck = sorted(set(self.nodes) - set(out))
             raise InvalidJob(
                 f"workflow {self.name!r} has a cycle among {', '.join(map(repr, stuck[:10]))}"
             )
@@ -188,6 +176,27 @@ class Workflow:
             ids[key] = row.id
         edges = [(ids[n.key], ids[d]) for n in self.nodes.values() for d in n.after]
         return rows, edges
+
+
+def levels(after: Mapping[str, Sequence[str]]) -> list[list[str]]:
+    """The keys of a graph (each key: the keys it waits for, all of them keys of the graph)
+    level by level, each level sorted: a key comes after every key it waits for. A key on a
+    cycle, or downstream of one, is in no level."""
+    waiting = {k: len(deps) for k, deps in after.items()}
+    dependents: dict[str, list[str]] = {}
+    for key, deps in after.items():
+        for dep in deps:
+            dependents.setdefault(dep, []).append(key)
+    level = sorted(k for k, n in waiting.items() if n == 0)
+    out = []
+    while level:
+        out.append(level)
+        for key in level:
+            for child in dependents.get(key, ()):
+                waiting[child] -= 1
+        # a set: a job whose last dependencies are on this level is reached once from each
+        level = sorted({c for k in level for c in dependents.get(k, ()) if waiting[c] == 0})
+    return out
 
 
 def _include(wf: Workflow, step: Any, after: Sequence[str]) -> list[str]:

@@ -34,6 +34,7 @@ from ..workflows import (
     cancel_workflow,
     enqueue_workflow,
     get_workflow,
+    levels,
 )
 from .body import parse_json
 from .errors import error_response
@@ -234,20 +235,7 @@ def summary(row: WorkflowRow) -> dict[str, Any]:
 def ordered(jobs: list[WorkflowJob]) -> list[WorkflowJob]:
     """Level by level, each level by key: every job after the jobs it waits for."""
     by_key = {j.key: j for j in jobs}
-    waiting = {j.key: len(j.after) for j in jobs}
-    children: dict[str, list[str]] = {}
-    for j in jobs:
-        for k in j.after:
-            children.setdefault(k, []).append(j.key)
-    level, out = sorted(k for k, n in waiting.items() if n == 0), []
-    while level:
-        out += level
-        for k in level:
-            for c in children.get(k, ()):
-                waiting[c] -= 1
-        # a set: a job whose last dependencies are on this level is reached once from each
-        level = sorted({c for k in level for c in children.get(k, ()) if waiting[c] == 0})
-    return [by_key[k] for k in out]
+    return [by_key[k] for level in levels({j.key: j.after for j in jobs}) for k in level]
 
 
 def workflow_resource(row: WorkflowRow, jobs: list[WorkflowJob]) -> dict[str, Any]:
