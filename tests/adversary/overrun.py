@@ -27,7 +27,8 @@ router.job("huge_result", max_retries=1, retry_delays=[1], timeout=20)(handlers.
 router.job("blocks_loop", max_retries=1, retry_delays=[1], timeout=1)(handlers.blocks_loop)
 
 
-@router.job("cpu_bursts", max_retries=0, timeout=10)
+# a timeout long enough for four of them at a time beside CPU hogs (about 12 s each there)
+@router.job("cpu_bursts", max_retries=0, timeout=60)
 async def cpu_bursts(job: Job) -> dict[str, int]:
     """Legitimate async code with a bit of CPU work: ``bursts`` stretches of ``seconds`` of
     pure computation, each followed by an await. ``cpu``: seconds of the thread's CPU time (a

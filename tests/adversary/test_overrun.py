@@ -567,13 +567,16 @@ async def _caught_in(r: Rig, log: Path, how: str) -> tuple[float, float]:
 async def test_a_handler_blocking_the_loop_for_5s_is_still_preempted(
     osettings: Settings, tmp_path: Path
 ) -> None:
-    """Sleeping (no CPU) or computing, on a quiet machine and beside three CPU hogs: stopped
-    after the 0.5 s limit plus the detection (a tick of 0.25 s, checks every 0.1 s). The one
-    computing beside the hogs is stopped after that much of its own CPU time, which takes
-    longer to come (a computation that cannot get a core holds the loop no more than its
-    neighbours' own work would), but long before its 5 s."""
+    """Sleeping (no CPU) or computing, on a quiet machine and beside three CPU hogs, for 5 s
+    (of sleep, of its own CPU time): stopped after the 0.5 s limit plus the detection (a tick
+    of 0.25 s, checks every 0.1 s). The sleeping one within that in wall time; the computing
+    one within that of its own CPU time, which takes longer to come on a machine short of CPU
+    (beside the hogs, or the load of other test runs): its neighbours' own work slows alike."""
+    # The computing one holds the loop (heartbeats too) for 2-3 s beside the hogs: a lease of
+    # 10 s, not the 2 s of the fault settings, so what ends it is the guard.
+    s = osettings.model_copy(update={"visibility_timeout": 10.0})
     caught: dict[tuple[str, int], tuple[float, float]] = {}
-    async with rig(osettings, tmp_path, concurrency=4, app=APP) as r:
+    async with rig(s, tmp_path, concurrency=4, app=APP) as r:
         await r.warm_up()
         for hogs in (0, 3):
             with cpu_hogs(hogs):
@@ -582,6 +585,6 @@ async def test_a_handler_blocking_the_loop_for_5s_is_still_preempted(
                     caught[how, hogs] = await _caught_in(r, log, how)
     shown = {f"{how}, {hogs} hogs": f"{wall:.2f} s ({cpu:.2f} s CPU)"
              for (how, hogs), (wall, cpu) in caught.items()}  # fmt: skip
-    for (how, hogs), (wall, cpu) in caught.items():
-        assert cpu < 1.2, shown
-        assert wall < (4.0 if (how, hogs) == ("spin", 3) else 1.5), shown
+    print(f"\ncaught after: {shown}")
+    for (how, _), (wall, cpu) in caught.items():
+        assert (wall if how == "sleep" else cpu) < 1.2, shown
