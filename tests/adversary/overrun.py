@@ -27,17 +27,41 @@ router.job("huge_result", max_retries=1, retry_delays=[1], timeout=20)(handlers.
 router.job("blocks_loop", max_retries=1, retry_delays=[1], timeout=1)(handlers.blocks_loop)
 
 
-@router.job("cpu_bursts", max_retries=0, timeout=10)
+# a timeout long enough for four of them at a time beside CPU hogs (about 12 s each there)
+@router.job("cpu_bursts", max_retries=0, timeout=60)
 async def cpu_bursts(job: Job) -> dict[str, int]:
     """Legitimate async code with a bit of CPU work: ``bursts`` stretches of ``seconds`` of
-    pure computation, each followed by an await."""
+    pure computation, each followed by an await. ``cpu``: seconds of the thread's CPU time (a
+    fixed amount of work, however long a busy machine makes it take), else of wall time."""
+    clock = time.thread_time if job.payload.get("cpu") else time.monotonic
     n = 0
     for _ in range(int(job.payload.get("bursts", 3))):
-        end = time.monotonic() + float(job.payload.get("seconds", 0.3))
-        while time.monotonic() < end:
+        end = clock() + float(job.payload.get("seconds", 0.3))
+        while clock() < end:
             n += 1
         await asyncio.sleep(0.01)
     return {"loops": n}
+
+
+@router.job("blocks_for", max_retries=0)
+async def blocks_for(job: Job) -> None:
+    """Blocks the event loop for ``seconds`` (no timeout: the block limit alone stops it):
+    ``how`` "sleep" (``time.sleep``, no CPU) or "spin" (that many seconds of the thread's CPU
+    time). Its ``start``/``end`` lines time the body; a last line ``cpu <seconds> <time> <id>``
+    gives the CPU time it used."""
+    record(job, "start")
+    used = time.thread_time()
+    try:
+        seconds = float(job.payload.get("seconds", 5))
+        if job.payload.get("how") == "sleep":
+            time.sleep(seconds)
+        else:
+            end = used + seconds
+            while time.thread_time() < end:
+                pass
+    finally:
+        record(job, "end")
+        record(job, f"cpu {time.thread_time() - used:.3f}")
 
 
 def record(job: Job, what: str) -> None:

@@ -92,6 +92,28 @@ async def test_the_guard_blames_only_a_handler_seen_blocking_twice() -> None:
     assert not guard.check_once()  # the loop turned
 
 
+async def test_the_guard_does_not_count_the_time_the_loop_waited_for_a_cpu() -> None:
+    """``check_once`` with an injected run-queue clock: a handler's stretch is charged its wall
+    time less the time the loop's thread was runnable but waited for a CPU (machine load is
+    not the handler's doing); time it ran or slept (``time.sleep``) counts."""
+    from prometheus_client import CollectorRegistry
+
+    clock, waited = _Clock(), _Clock()
+    monitor = LoopMonitor(CollectorRegistry(), clock=clock)
+    guard = LoopGuard(monitor, lambda t: 1.0, clock=clock, waited=waited)
+    guard.loop = asyncio.get_running_loop()
+    clock.now += 5
+    assert not guard.check_once()  # first sighting
+    clock.now += 1.5
+    waited.now += 1.0
+    assert not guard.check_once()  # 1.5 s on, 1 s of it waiting for a core: 0.5 s charged
+    clock.now += 0.4
+    waited.now += 0.1
+    assert not guard.check_once()  # 0.8 s charged
+    clock.now += 0.2  # running or sleeping, no wait: 1 s charged
+    assert guard.check_once()
+
+
 def test_the_guard_leaves_an_application_signal_handler_alone() -> None:
     from prometheus_client import CollectorRegistry
 

@@ -3,14 +3,33 @@
 A handler that calls blocking code (``time.sleep``, a synchronous client, a long computation)
 from an ``async def`` stops everything on its worker's loop: heartbeats, claims, outcome writes,
 every other job. Nothing that runs *on* the loop can stop it, and ``asyncio.timeout`` only fires
-once the loop turns again. The guard watches from a thread of its own: when the loop has not
-turned for the running handler's ``timeout`` and the task the loop is executing is that
-handler's, it sends the process ``SIGURG`` (the signal Go's runtime uses for the same purpose:
-nothing else uses it). Python runs the signal's
-handler in the main thread, between two bytecodes or when a blocking call returns with
-``EINTR`` (``time.sleep``, socket reads, lock waits), and it raises ``LoopBlocked`` there, inside
-the handler's own code: the attempt fails like a timeout and the loop runs again. So the other
-jobs of the worker pause for at most that limit (plus the monitor's 0.25 s tick).
+once the loop turns again. The guard watches from a thread of its own: when the task the loop is
+executing is a handler's and has blocked the loop for the handler's ``timeout`` (counted as
+below), it sends the process ``SIGURG`` (the signal Go's runtime uses for the same purpose:
+nothing else uses it). Python runs the signal's handler in the main thread, between two
+bytecodes or when a blocking call returns with ``EINTR`` (``time.sleep``, socket reads, lock
+waits), and it raises ``LoopBlocked`` there, inside the handler's own code: the attempt fails
+like a timeout and the loop runs again. So the other jobs of the worker pause for at most that
+limit (plus the monitor's 0.25 s tick), and on a machine short of CPU for as much longer as
+their own work would take there.
+
+What counts against a handler is the time its stretch blocked the loop: the stretch's wall time
+less the time the loop's thread was runnable but waiting for a CPU (the run-queue delay Linux
+reports for the thread, ``/proc/self/task/<tid>/schedstat``). Computing counts, and so does
+sleeping in a blocking call (``time.sleep``, a synchronous client), which uses no CPU yet keeps
+the loop from turning. Waiting for a core does not: that is the machine's load, not the
+handler's doing, and it slows the neighbours' own work alike. Judged by wall time, as the guard
+was at first, async handlers computing 0.25 s (half the limit) between awaits were preempted
+beside three CPU-bound processes on two cores (12 of 12), and their type was then spaced out.
+Why not the thread's CPU time alone: a handler asleep in ``time.sleep(5)`` uses none, so only a
+wall bound of several limits would catch it, its neighbours paused that long every time. No such
+wall bound is added: a computing stretch is stopped after its limit of CPU, a sleeping one after
+its limit of sleep, and one starved of CPU holds the loop longer only as the load stretches every
+job's work. Where the run-queue delay cannot be read (not Linux, no schedstat), the guard judges
+by wall time (logged at start: ``loop_guard_wall_time``). Waiting for the GIL while another
+thread of the worker holds it (a sync handler computing) is sleeping to the kernel, and counts.
+A wait still in progress is only reported once the thread runs again, so a check may charge a
+few scheduler slices too many.
 
 ``CONVEYOR_WORKER_LOOP_BLOCK_LIMIT`` (0.5 s by default; 0: off) preempts sooner than the
 timeout, and applies to handlers without one: an async handler blocking the loop longer than that
@@ -69,6 +88,31 @@ class _Target:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    task: asyncio.Task[object]
+    tick: float  # the monitor's last tick then
+    at: float  # clock when first seen executing (since that tick)
+    waited: float | None  # the loop thread's run-queue delay then (None: not known)
+
+
+def run_queue_delay(native_id: int) -> Callable[[], float] | None:
+    """A function giving the seconds thread ``native_id`` of this process has spent runnable but
+    waiting for a CPU (Linux: the second field of its schedstat, in nanoseconds); None where
+    that cannot be read."""
+    path = f"/proc/self/task/{native_id}/schedstat"
+
+    def delay() -> float:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+
+    try:
+        delay()
+    except (OSError, ValueError, IndexError):
+        return None
+    return delay
+
+
 class LoopGuard:
     def __init__(
         self,
@@ -77,15 +121,20 @@ class LoopGuard:
         *,
         interval: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
+        waited: Callable[[], float] | None = None,
     ) -> None:
         self.monitor = monitor
         self.limit_of = limit_of
         self.interval = interval
         self.clock = clock
+        # seconds the loop's thread has waited for a CPU so far (start() reads the kernel's
+        # figure unless one is given; None: not known, stretches are judged by wall time)
+        self.waited = waited
+        self._waited_given = waited is not None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.enabled = False
-        # (task, tick, first seen at): the task executing at the last check, since when
-        self._seen: tuple[asyncio.Task[object], float, float] | None = None
+        # the task executing at the last check, since when
+        self._seen: _Seen | None = None
         self._fired: tuple[asyncio.Task[object], float, float] | None = None  # task, tick, at
         self._target: _Target | None = None
         self._preempted = 0
@@ -104,6 +153,8 @@ class LoopGuard:
         if not _install(self):
             return False
         self.loop = loop
+        if not self._waited_given:
+            self.waited = run_queue_delay(threading.get_native_id())
         self.enabled = True
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="conveyor-loop-guard", daemon=True)
@@ -133,7 +184,8 @@ class LoopGuard:
         happens to run at the moment of a check is never the one blamed, and it is blamed only
         for the time it has itself been executing (since the first of those checks): handlers
         that each compute a little, one after the other in one turn of the loop, block it for
-        their sum, yet none of them blocked it past its limit."""
+        their sum, yet none of them blocked it past its limit. It is charged that time less what
+        the loop's thread spent waiting for a CPU meanwhile (see the module's docstring)."""
         blocked = self.monitor.blocked_for()
         loop = self.loop
         if blocked <= 0 or loop is None:
@@ -146,10 +198,10 @@ class LoopGuard:
             self._seen = None
             return False
         seen = self._seen
-        if seen is None or seen[:2] != (task, tick):
-            self._seen = (task, tick, self.clock())
+        if seen is None or (seen.task, seen.tick) != (task, tick):
+            self._seen = _Seen(task, tick, self.clock(), self._waited())
             return False
-        executing = min(blocked, self.clock() - seen[2])
+        executing = min(blocked, self.clock() - seen.at - self._starved(seen))
         if executing < limit:
             return False
         fired = self._fired
@@ -167,6 +219,19 @@ class LoopGuard:
             ),
         )
         return True
+
+    def _waited(self) -> float | None:
+        try:
+            return self.waited() if self.waited is not None else None
+        except (OSError, ValueError, IndexError):  # unreadable now: wall time for this stretch
+            return None
+
+    def _starved(self, seen: _Seen) -> float:
+        """Seconds the loop's thread has waited for a CPU since ``seen``; 0 when not known."""
+        now = self._waited()
+        if now is None or seen.waited is None:
+            return 0.0
+        return max(0.0, now - seen.waited)
 
     def preempt(self) -> None:
         """In the main thread (the signal's handler): raise ``LoopBlocked`` if the loop is still

@@ -249,6 +249,9 @@ class Worker:
         if not self.guard.start(asyncio.get_running_loop()):
             why = "the event loop is not in the main thread, or SIGURG has a handler"
             event(log, "loop_guard_off", logging.WARNING, reason=why)
+        elif self.guard.waited is None:  # no run-queue delay to leave out (guard.py)
+            why = "the kernel does not report the loop thread's wait for a CPU"
+            event(log, "loop_guard_wall_time", logging.INFO, reason=why)
         self._snapshot()
         event(
             log,
