@@ -109,7 +109,7 @@ async def _batch_rate(url: str, seconds: float, stop: asyncio.Event | None = Non
         while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
             jobs = [NewJob(new_job_id(), "bench_noop", "{}", 5) for _ in range(BATCH)]
             async with pool.acquire() as conn:
-                await store.job_insert_many(conn, jobs)
+                await store.job_insert(conn, jobs)
                 async with conn.transaction():
                     rows = await store.outbox_take_batch(conn, limit=BATCH)
             async with pool.acquire() as conn:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from .core import tracing
+from .core.jobs import JobOptions
 from .jobs.connection import asyncpg_connection, schema_store
 from .jobs.spec import JobSpec, build_job, replayed
 from .jobs.types import check_for_enqueue
@@ -22,34 +22,14 @@ async def enqueue(
     job_type: str,
     payload: Mapping[str, Any] | None = None,
     *,
-    priority: int | str | None = None,
-    max_retries: int | None = None,
-    timeout_seconds: float | None = None,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    idempotency_key: str | None = None,
     schema: str | None = None,
-    meta: Mapping[str, Any] | None = None,
-    unique_for: float | None = None,
-    unique_key: str | None = None,
+    **options: Unpack[JobOptions],
 ) -> uuid.UUID:
     """Enqueue one job on ``conn``, joining its transaction. Returns the job id (for an
     idempotency key seen before with the same arguments, the existing job's id). ``schema``:
     Conveyor's PostgreSQL schema (default ``CONVEYOR_DB_SCHEMA``, else ``conveyor``). A unique
     job (``unique_for``) already held by another job returns that job's id."""
-    spec = JobSpec(
-        job_type,
-        payload,
-        priority,
-        max_retries,
-        timeout_seconds,
-        run_at,
-        delay_seconds,
-        idempotency_key,
-        meta,
-        unique_for,
-        unique_key,
-    )
+    spec = JobSpec(job_type, payload, **options)
     return (await enqueue_many(conn, [spec], schema=schema))[0]
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
+from .core.jobs import JobOptions
 from .enqueue import enqueue_many as enqueue_many_async
 from .jobs.spec import JobSpec
 from .store.sync import SyncConnection, run_sync
@@ -40,31 +40,11 @@ def enqueue(
     job_type: str,
     payload: Mapping[str, Any] | None = None,
     *,
-    priority: int | str | None = None,
-    max_retries: int | None = None,
-    timeout_seconds: float | None = None,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    idempotency_key: str | None = None,
     schema: str | None = None,
-    meta: Mapping[str, Any] | None = None,
-    unique_for: float | None = None,
-    unique_key: str | None = None,
+    **options: Unpack[JobOptions],
 ) -> uuid.UUID:
     """``conveyor.enqueue`` for a synchronous connection (same options, same errors)."""
-    spec = JobSpec(
-        job_type,
-        payload,
-        priority,
-        max_retries,
-        timeout_seconds,
-        run_at,
-        delay_seconds,
-        idempotency_key,
-        meta,
-        unique_for,
-        unique_key,
-    )
+    spec = JobSpec(job_type, payload, **options)
     return enqueue_many(conn, [spec], schema=schema)[0]
 
 

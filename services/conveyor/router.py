@@ -7,9 +7,9 @@ import inspect
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 
-from .core.jobs import check_type
+from .core.jobs import JobOptions, check_type
 from .core.limits import Rate, check_concurrency, parse_rate
 from .jobs.schedules import CodeSchedule, code_schedule
 
@@ -99,13 +99,13 @@ class Job:
             self._hooks.progress(self, percent, message)
         return Ready()
 
-    def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> JobId:
+    def enqueue(self, job_type: str, payload: Any = None, **options: Unpack[JobOptions]) -> JobId:
         """A follow-up job, committed in the same transaction as this attempt's COMPLETED
         transition and only if the attempt completes. Options as ``conveyor.enqueue``. Returns
         the new job's id (also when awaited). Raises ``UnknownJobType`` / ``InvalidJob`` now."""
         if self._hooks is None:
             raise RuntimeError("job.enqueue works inside a handler run by a worker")
-        return JobId(int=self._hooks.enqueue(self, job_type, payload, options).int)
+        return JobId(int=self._hooks.enqueue(self, job_type, payload, dict(options)).int)
 
 
 @dataclass(frozen=True)

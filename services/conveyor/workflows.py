@@ -20,12 +20,11 @@ import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from .core import tracing
 from .core.errors import InvalidJob
-from .core.jobs import new_job_id
+from .core.jobs import JobOptions, new_job_id
 from .jobs.connection import asyncpg_connection, schema_store
 from .jobs.spec import DEFAULT_MAX_PAYLOAD, JobSpec, build_job
 from .jobs.types import check_for_enqueue
@@ -76,31 +75,11 @@ class Workflow:
         payload: Mapping[str, Any] | None = None,
         *,
         after: str | Iterable[str] = (),
-        priority: int | str | None = None,
-        max_retries: int | None = None,
-        timeout_seconds: float | None = None,
-        run_at: datetime | None = None,
-        delay_seconds: float | None = None,
-        idempotency_key: str | None = None,
-        meta: Mapping[str, Any] | None = None,
-        unique_for: float | None = None,
-        unique_key: str | None = None,
+        **options: Unpack[JobOptions],
     ) -> str:
         """Add a job under ``key``, to run once every job of ``after`` (keys, added before or
         after this one) has completed; the options are ``enqueue()``'s. Returns ``key``."""
-        spec = JobSpec(
-            job_type,
-            payload,
-            priority,
-            max_retries,
-            timeout_seconds,
-            run_at,
-            delay_seconds,
-            idempotency_key,
-            meta,
-            unique_for,
-            unique_key,
-        )
+        spec = JobSpec(job_type, payload, **options)
         return self._put(_key(key), spec, after)
 
     def _put(self, key: str, spec: JobSpec, after: str | Iterable[str]) -> str:

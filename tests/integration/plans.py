@@ -243,7 +243,7 @@ _OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
     "job_recount_overdue": ("type_3", 60.0),
     "job_republish_overdue": ("type_3", 60.0, 500, [SOME_ID]),
     "job_delete_expired": (7 * 86400.0, 30 * 86400.0, 500),
-    "job_insert_many": {
+    "job_insert": {
         "id": [uuid.uuid4()],
         "job_type": ["type_3"],
         "payload": ["{}"],
@@ -254,6 +254,11 @@ _OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
         "delay": [None],
         "idempotency_key": ["k"],
         "request_hash": ["h"],
+        "meta": [None],
+        "unique_key": ["type_3/key/k"],
+        "unique_for": [60.0],
+        "among": [],
+        "trace_context": None,
     },
     "outbox_restore": {
         "id": [1],

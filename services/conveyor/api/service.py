@@ -29,7 +29,7 @@ from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
 from ..store.bounds import component_bounds
 from ..store.connect import create_pool, is_unavailable
-from ..store.jobs import needs_full_insert
+from ..store.jobs import has_unique_keys
 from ..store.notify import Notifier
 from .auth import full_errors
 from .batch import build_batch, build_submit
@@ -157,7 +157,7 @@ class Api:
             tracing.annotate_submit([r.job_type for r in rows], len(rows))
         async with self.connection() as conn:
             await self._check_types(conn, rows)
-            if idempotency_key is None and not needs_full_insert(rows):
+            if idempotency_key is None and not has_unique_keys(rows):
                 done = await self.long(
                     conn, lambda c: self.store.job_insert_checked(c, rows, trace_context)
                 )

@@ -9,8 +9,10 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from enum import StrEnum
+from typing import Any, TypedDict
 
 from .errors import InvalidJob
 
@@ -24,6 +26,21 @@ class Status(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+
+
+class JobOptions(TypedDict, total=False):
+    """The options of a submitted job, the same for ``enqueue()``, ``enqueue_sync.enqueue()``,
+    ``Workflow.add()`` and a handler's ``job.enqueue()`` (and the fields of ``POST /jobs``)."""
+
+    priority: int | str | None  # 0-9, or "low" / "normal" / "high" (default normal, 5)
+    max_retries: int | None  # default: the handler's, else CONVEYOR_MAX_RETRIES
+    timeout_seconds: float | None  # default: the handler's
+    run_at: datetime | None  # due then (timezone-aware); or delay_seconds, not both
+    delay_seconds: float | None
+    idempotency_key: str | None  # the same key with the same arguments: the same job
+    meta: Mapping[str, Any] | None  # at most 8 KiB of JSON, handed to handlers
+    unique_for: float | None  # seconds a second submit of the same job returns this one
+    unique_key: str | None  # default: type + canonical payload
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})

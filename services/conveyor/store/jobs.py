@@ -1,8 +1,5 @@
 """Jobs as submitters and operators see them: insert, read, cancel, redrive.
 
-Rows with a ``unique_key`` or ``meta`` are submitted by ``job_insert_full`` (rows with neither
-keep ``job_insert_many``, the hot path, unchanged).
-
 A unique key is claimed in ``job_uniques`` by the same statement that inserts the job:
 ``INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now()``. PostgreSQL serialises
 concurrent claims of one key on its row (a second claimer waits for the first to commit, then
@@ -26,15 +23,13 @@ from .base import Connection, Statements, affected
 from .registry import bind, named
 from .rows import Attempt, JobRow, NewJob
 
-JOB_INSERT_MANY = named("job_insert_many")
-JOB_INSERT_MANY_TRACED = named("job_insert_many_traced")
+JOB_INSERT = named("job_insert")
 JOB_GET = named("job_get")
 JOB_GET_BY_IDEMPOTENCY_KEY = named("job_get_by_idempotency_key")
 JOB_CANCEL = named("job_cancel")
 JOB_REDRIVE = named("job_redrive")
 JOB_REDRIVE_FAILED = named("job_redrive_failed")
 JOB_FENCE_MANY = named("job_fence_many")
-JOB_INSERT_FULL = named("job_insert_full")
 JOB_UNIQUE_HOLDERS = named("job_unique_holders")
 JOB_UNIQUE_DELETE_EXPIRED = named("job_unique_delete_expired")
 JOB_UNIQUE_WAIT_BOUND = named("job_unique_wait_bound")
@@ -44,8 +39,8 @@ _TAKEOVER_ROUNDS = 3
 
 
 def insert_arrays(jobs: Sequence[NewJob]) -> dict[str, Any]:
-    """The column arrays of both job inserts (``job_insert_many`` and ``job_insert_full``), by
-    parameter name."""
+    """The column arrays of a job insert (``job_insert``, and a workflow's), by parameter
+    name."""
     return {
         "id": [j.id for j in jobs],
         "job_type": [j.job_type for j in jobs],
@@ -69,27 +64,12 @@ class Inserted:
     duplicates: dict[uuid.UUID, JobRow]
 
 
-def needs_full_insert(rows: Sequence[NewJob]) -> bool:
-    return any(r.unique_key is not None or r.meta_json is not None for r in rows)
+def has_unique_keys(rows: Sequence[NewJob]) -> bool:
+    """Whether a submit of ``rows`` may take a second statement (a key whose job vanished)."""
+    return any(r.unique_key is not None for r in rows)
 
 
 class JobStatements(Statements):
-    async def job_insert_many(
-        self, conn: Connection, jobs: Sequence[NewJob], trace_context: str | None = None
-    ) -> dict[uuid.UUID, JobRow]:
-        """Insert jobs and their outbox rows in one statement (atomic without an explicit
-        transaction). Returns the inserted rows by id; a job whose idempotency key already
-        exists is not inserted and is missing from the result. ``trace_context``: the
-        submit's ``traceparent`` (``core/tracing.py``), stored with every job."""
-        arrays = insert_arrays(jobs)
-        if trace_context is None:
-            rows = await conn.fetch(self.sql[JOB_INSERT_MANY], *bind(JOB_INSERT_MANY, arrays))
-        else:
-            arrays["trace_context"] = trace_context
-            name = JOB_INSERT_MANY_TRACED
-            rows = await conn.fetch(self.sql[name], *bind(name, arrays))
-        return {r["id"]: JobRow.from_record(r) for r in rows}
-
     async def job_get(self, conn: Connection, job_id: uuid.UUID) -> JobRow | None:
         row = await conn.fetchrow(self.sql[JOB_GET], job_id)
         return JobRow.from_record(row) if row is not None else None
@@ -127,7 +107,7 @@ class JobStatements(Statements):
         rows = await conn.fetch(self.sql[JOB_FENCE_MANY], list(ids))
         return {r["id"]: (Status(r["status"]), r["attempts"]) for r in rows}
 
-    async def job_insert_full(
+    async def job_insert(
         self,
         conn: Connection,
         jobs: Sequence[NewJob],
@@ -135,8 +115,11 @@ class JobStatements(Statements):
         among: Sequence[uuid.UUID] = (),
         trace_context: str | None = None,
     ) -> dict[uuid.UUID, JobRow]:
-        """``job_insert_many`` with ``meta`` and unique keys: a row whose key is held (and not
-        expired, nor held by one of ``among``) is not inserted. ``trace_context`` as there."""
+        """Insert jobs and their outbox rows in one statement (atomic without an explicit
+        transaction). Returns the inserted rows by id; a job whose idempotency key exists, or
+        whose unique key is held (and not expired, nor held by one of ``among``), is missing
+        from it. ``trace_context``: the submit's ``traceparent`` (``core/tracing.py``), stored
+        with every job."""
         values = insert_arrays(jobs) | {
             "meta": [j.meta_json for j in jobs],
             "unique_key": [j.unique_key for j in jobs],
@@ -144,7 +127,7 @@ class JobStatements(Statements):
             "among": list(among),
             "trace_context": trace_context,
         }
-        rows = await conn.fetch(self.sql[JOB_INSERT_FULL], *bind(JOB_INSERT_FULL, values))
+        rows = await conn.fetch(self.sql[JOB_INSERT], *bind(JOB_INSERT, values))
         return {r["id"]: JobRow.from_record(r) for r in rows}
 
     async def job_unique_holders(
@@ -168,14 +151,11 @@ class JobStatements(Statements):
     async def job_insert_checked(
         self, conn: Connection, jobs: Sequence[NewJob], trace_context: str | None = None
     ) -> Inserted:
-        """Insert ``jobs``: plain rows through ``job_insert_many`` (the hot path), rows with a
-        unique key or ``meta`` through ``job_insert_full``. A row missing from both results was
-        refused by its idempotency key. Run it in a transaction when ``jobs`` has unique keys
-        and must be all or none: a key whose job vanished is taken over by a second statement.
-        ``trace_context`` (tracing) is stored by either insert."""
-        if not needs_full_insert(jobs):
-            return Inserted(await self.job_insert_many(conn, jobs, trace_context), {})
-        inserted = await self.job_insert_full(conn, jobs, trace_context=trace_context)
+        """Insert ``jobs`` (``job_insert``), and find the holders of unique keys another job
+        holds. A row missing from both results was refused by its idempotency key. Run it in a
+        transaction when ``jobs`` has unique keys and must be all or none: a key whose job
+        vanished is taken over by a second statement."""
+        inserted = await self.job_insert(conn, jobs, trace_context=trace_context)
         duplicates: dict[uuid.UUID, JobRow] = {}
         pending = [j for j in jobs if j.unique_key is not None and j.id not in inserted]
         for _ in range(_TAKEOVER_ROUNDS):
@@ -200,9 +180,7 @@ class JobStatements(Statements):
             # only the first of several rows with one key may claim it; the others are its
             # duplicates on the next round
             firsts = list({j.unique_key: j for j in reversed(retry)}.values())
-            more = await self.job_insert_full(
-                conn, firsts, among=vanished, trace_context=trace_context
-            )
+            more = await self.job_insert(conn, firsts, among=vanished, trace_context=trace_context)
             inserted.update(more)
             pending = [j for j in retry if j.id not in more]
         return Inserted(inserted, duplicates)

@@ -1,70 +1,3 @@
--- name: job_insert_many
--- A submit: jobs and their outbox rows in one statement. It returns what a submit returns (a
--- new job has no progress yet and this insert writes no meta: the insert, on the submit hot
--- path, reads neither; it also runs on schemas from before them, which the round-one upgrade
--- test enqueues into). The parameters are column arrays (``jobs.insert_arrays``).
-WITH u AS (
-    SELECT * FROM unnest(:id::uuid[], :job_type::text[], :payload::text[], :priority::int2[],
-                         :max_retries::int4[], :timeout_seconds::float8[],
-                         :run_at::timestamptz[], :delay::float8[], :idempotency_key::text[],
-                         :request_hash::text[])
-        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
-             ikey, rhash)
-), v AS (
-    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
-), ins AS (
-    INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
-                                 timeout_seconds, run_at, idempotency_key, request_hash)
-    SELECT id, job_type,
-           (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
-           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash
-    FROM v
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING *
-), ob AS (
-    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
-)
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at
-FROM ins
-
--- name: job_insert_many_traced
--- job_insert_many that also stores the submit's ``traceparent`` (one for the whole request):
--- used only when there is one (tracing on, or an incoming header), so the usual insert stays
--- as it is.
-WITH u AS (
-    SELECT * FROM unnest(:id::uuid[], :job_type::text[], :payload::text[], :priority::int2[],
-                         :max_retries::int4[], :timeout_seconds::float8[],
-                         :run_at::timestamptz[], :delay::float8[], :idempotency_key::text[],
-                         :request_hash::text[])
-        AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
-             ikey, rhash)
-), v AS (
-    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
-), ins AS (
-    INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
-                                 timeout_seconds, run_at, idempotency_key, request_hash,
-                                     trace_context)
-    SELECT id, job_type,
-           (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
-           priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash,
-               :trace_context::text
-    FROM v
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING *
-), ob AS (
-    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
-)
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at
-FROM ins
-
 -- name: job_get
 SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
@@ -147,9 +80,12 @@ SELECT id FROM r
 -- the worker explains a dropped delivery by its job's status.
 SELECT id, status::text AS status, attempts FROM __schema__.jobs WHERE id = ANY($1::uuid[])
 
--- name: job_insert_full
--- job_insert_many with ``meta`` and unique keys, for rows that carry either (jobs.py): a
--- row whose key is held (and not expired, nor held by one of ``among``) is not inserted.
+-- name: job_insert
+-- A submit: jobs and their outbox rows in one statement (atomic without a transaction). The
+-- parameters are column arrays (``jobs.insert_arrays``); ``trace_context`` (one traceparent
+-- for the whole submit) and each row's ``meta`` and unique key may be NULL. A row whose unique
+-- key is held (and not expired, nor held by one of ``among``) is not inserted, nor one whose
+-- idempotency key exists.
 WITH u AS (
     SELECT * FROM unnest(:id::uuid[], :job_type::text[], :payload::text[], :priority::int2[],
                          :max_retries::int4[], :timeout_seconds::float8[],

@@ -120,7 +120,7 @@ DELETE FROM __schema__.workflows x WHERE x.id = ANY(ARRAY(SELECT id FROM w))
 -- name: workflow_insert
 -- A submitted workflow in one statement, when none of its jobs has a unique key (those take
 -- ``job_insert_checked`` + ``workflow_attach``): the workflow row, the edges and the jobs as
--- ``job_insert_full`` writes them, each WAITING when it has dependencies (no outbox row), else
+-- ``job_insert`` writes them, each WAITING when it has dependencies (no outbox row), else
 -- PENDING with its outbox row or SCHEDULED. A job refused by its idempotency key is missing
 -- from ``ids``.
 WITH w AS (
