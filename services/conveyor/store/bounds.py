@@ -86,6 +86,22 @@ class SessionBounds:
 DUTY_BOUND_SECONDS = 5.0
 
 
+# A transaction that settles one job or a batch of them (the API's cancel, the sweeper's lease
+# recovery) bounds its statements on the server at this share of the caller's own time limit
+# (``local_bounds``): the server ends a statement held by a lock or a slow trigger with a clear
+# error (55P03, 57014) while the caller still has time to answer, and the connection stays
+# usable, instead of the caller's timeout abandoning a statement the server goes on with.
+LOCAL_BOUND_SHARE = 0.5
+
+
+def local_bounds(limit: float, lock: float) -> tuple[float, float]:
+    """(statement, lock) bounds in seconds for a transaction whose caller gives up after
+    ``limit``: the statement bound is ``LOCAL_BOUND_SHARE`` of it, the lock bound no longer than
+    that nor than the session's (``lock``; 0: none)."""
+    statement = limit * LOCAL_BOUND_SHARE
+    return statement, min(lock, statement) if lock else statement
+
+
 # the API's statement bound stays above its batch insert's own limit (``Api.long``)
 API_STATEMENT_FLOOR = LONG_STATEMENT_TIMEOUT + 30
 
