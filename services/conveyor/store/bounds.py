@@ -92,14 +92,18 @@ DUTY_BOUND_SECONDS = 5.0
 # error (55P03, 57014) while the caller still has time to answer, and the connection stays
 # usable, instead of the caller's timeout abandoning a statement the server goes on with.
 LOCAL_BOUND_SHARE = 0.5
+# ... and its lock waits at this share of the statement bound, so that a statement that waited
+# for a lock all along fails as a lock wait (55P03), not as a statement too long (57014)
+LOCAL_LOCK_SHARE = 0.8
 
 
 def local_bounds(limit: float, lock: float) -> tuple[float, float]:
     """(statement, lock) bounds in seconds for a transaction whose caller gives up after
-    ``limit``: the statement bound is ``LOCAL_BOUND_SHARE`` of it, the lock bound no longer than
-    that nor than the session's (``lock``; 0: none)."""
+    ``limit``: the statement bound is ``LOCAL_BOUND_SHARE`` of it, the lock bound
+    ``LOCAL_LOCK_SHARE`` of that, and no longer than the session's (``lock``; 0: none)."""
     statement = limit * LOCAL_BOUND_SHARE
-    return statement, min(lock, statement) if lock else statement
+    lock_wait = statement * LOCAL_LOCK_SHARE
+    return statement, min(lock, lock_wait) if lock else lock_wait
 
 
 # the API's statement bound stays above its batch insert's own limit (``Api.long``)
