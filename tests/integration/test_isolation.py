@@ -23,6 +23,7 @@ from conveyor.core.metrics import Metrics
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.router import Job
 from conveyor.store import for_schema
+from conveyor.store.bounds import SessionBounds
 from conveyor.store.connect import create_pool, database_name
 from conveyor.worker import outcomes
 from conveyor.worker.completer import Completer, Pending
@@ -33,6 +34,7 @@ from ..stack import running_stack
 
 store = for_schema()
 LOCK_KEY = 733_001  # the advisory lock a planted trigger waits for
+LOCK_BOUND = 1.0  # seconds: the lock bound of the sessions whose lock waits the tests pass
 
 
 class Clock:
@@ -159,11 +161,13 @@ async def test_a_job_whose_recovery_waits_past_the_lock_bound_does_not_hold_back
     await _plant(db, bad, WAITS)
     await db.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)  # held: the trigger waits
     clock = Clock()
-    async with _sweeper(settings.model_copy(update={"db_lock_timeout": 1.0}), clock) as sweeper:
+    locked = settings.model_copy(update={"db_lock_timeout": LOCK_BOUND})
+    async with _sweeper(locked, clock) as sweeper:
         started = time.monotonic()
         recovered, errors = await _passes(sweeper, db, six, 1)
         took = time.monotonic() - started
-        print(f"[isolation] a recovery held past its 1 s lock bound beside 6 expired leases: "
+        print(f"[isolation] a recovery held past its {LOCK_BOUND} s lock bound beside 6 expired "
+              f"leases: "
               f"recovered {recovered[0]} of 6 in the first pass ({took:.1f} s), "
               f"passes failed: {len(errors)}")  # fmt: skip
         assert recovered == [6] and errors == [], (recovered, errors)
@@ -264,6 +268,55 @@ async def test_the_completer_sets_aside_an_outcome_that_fails_and_writes_the_oth
 
 async def _count(caplog: Any, action: str, n: int) -> bool:
     return len(_logged(caplog, action)) >= n
+
+
+async def test_the_completer_writes_the_others_one_by_one_past_a_row_lock_held_past_the_bound(
+    db: asyncpg.Connection, db_url: str, caplog: Any
+) -> None:
+    """Each try of a batch held by a row lock waits a whole lock bound: the batch is then
+    written one outcome at a time (halves would wait one bound per level), and the locked one
+    is set aside until the lock goes."""
+    bounds = SessionBounds(0, LOCK_BOUND, 0, 0, 0, 0, 0)
+    pool = await create_pool(db_url, application_name="test-isolation", max_size=3, bounds=bounds)
+    done: list[Pending] = []
+
+    async def record(batch: list[Pending]) -> None:
+        done.extend(batch)
+
+    clock = Clock()
+    completer = Completer(pool, store, Metrics(), done=record, clock=clock)
+    locker = await tdb.connect(db_url)
+    try:
+        runs = await _claimed(db, 7)
+        bad = runs[5]
+        six = [r.job.id for r in runs if r is not bad]
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", bad.job.id)
+        for r in runs:
+            completer.put(r, outcomes.completed({"ok": True}))
+        started = time.monotonic()
+        assert await asyncio.wait_for(completer.flush_once(), 10) == 7
+        took = time.monotonic() - started
+        print(f"[isolation] an outcome held by a row lock past its {LOCK_BOUND} s bound beside 6 "
+              f"others: {await _completed(db, six)} of 6 written in {took:.1f} s")  # fmt: skip
+        assert await _completed(db, six) == 6 and took < 4 * LOCK_BOUND, took
+        [isolated] = _logged(caplog, "outcome_write_isolated")
+        assert isolated["job_id"] == str(bad.job.id), isolated
+        assert "LockNotAvailable" in isolated["error"], isolated
+        assert completer.status().isolated == 1
+        await tx.rollback()
+        clock.now += 1.0
+        assert await completer.flush_once() == 1
+
+        async def settled() -> bool:
+            return completer.status().waiting == 0
+
+        await _until(settled)
+        assert await _completed(db, [bad.job.id]) == 1 and len(done) == 7
+    finally:
+        await locker.close()
+        await pool.close()
 
 
 # ---------------------------------------------------------------------- the API's cancel
