@@ -253,7 +253,9 @@ class Api:
         async with self.connection() as conn:
             try:
                 async with conn.transaction():
-                    await self.store.statement_bound(conn, statement=statement, lock=lock)
+                    await self.store.statement_bound(
+                        conn, statement=statement, lock=lock, idle=self.settings.db_timeout
+                    )
                     done = await self.store.job_cancel(conn, job_id)
                     row = await self.store.job_get(conn, job_id)
             except Exception as exc:

@@ -188,10 +188,13 @@ class Sweeper:
     async def _recover(self, ids: list[uuid.UUID]) -> list[JobStatus]:
         """One transaction, its statements bounded on the server (``bounds.local_bounds``), so
         a lock held elsewhere or a slow trigger ends in an error about the statement, not in
-        the pool's command timeout (an outage)."""
+        the pool's command timeout (an outage); paused inside it, the sweeper's session ends
+        after ``HOLD_IDLE_SECONDS`` and the rows it held go to a peer."""
         statement, lock = local_bounds(self.settings.command_timeout, self.settings.db_lock_timeout)
         async with self.pool.acquire() as conn, conn.transaction():
-            await self.store.statement_bound(conn, statement=statement, lock=lock)
+            await self.store.statement_bound(
+                conn, statement=statement, lock=lock, idle=HOLD_IDLE_SECONDS
+            )
             rows = await self.store.job_recover_expired(
                 conn, ids, default_max_retries=self.settings.default_max_retries
             )

@@ -103,11 +103,17 @@ class JobStatements(Statements):
         """Cancel a waiting job, or ask a running one to stop. False when not cancellable."""
         return await conn.fetchval(self.sql[JOB_CANCEL], job_id) is not None
 
-    async def statement_bound(self, conn: Connection, *, statement: float, lock: float) -> None:
+    async def statement_bound(
+        self, conn: Connection, *, statement: float, lock: float, idle: float
+    ) -> None:
         """First in a transaction: its statements end after ``statement`` seconds, its lock
-        waits after ``lock`` seconds (see ``STATEMENT_BOUND``)."""
+        waits after ``lock`` seconds, its session after ``idle`` seconds idle inside it (see
+        ``STATEMENT_BOUND``)."""
         await conn.fetchval(
-            self.sql[STATEMENT_BOUND], f"{round(statement * 1000)}ms", f"{round(lock * 1000)}ms"
+            self.sql[STATEMENT_BOUND],
+            f"{round(statement * 1000)}ms",
+            f"{round(lock * 1000)}ms",
+            f"{round(idle * 1000)}ms",
         )
 
     async def job_redrive(self, conn: Connection, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
