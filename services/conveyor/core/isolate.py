@@ -69,9 +69,6 @@ class Aside:
         self.clock = clock
         self._jobs: dict[uuid.UUID, tuple[int, float]] = {}  # failures, time of the next try
 
-    def __len__(self) -> int:
-        return len(self._jobs)
-
     def failed(self, job_id: uuid.UUID) -> float:
         """Set ``job_id`` aside after one more failure; returns its wait."""
         failures = self._jobs.get(job_id, (0, 0.0))[0] + 1
@@ -91,9 +88,3 @@ class Aside:
         """The jobs set aside whose wait is over."""
         now = self.clock()
         return [job_id for job_id, (_, at) in self._jobs.items() if at <= now]
-
-    def next_in(self) -> float | None:
-        """Seconds until the next wait ends (0 when one has), None when none is set aside."""
-        if not self._jobs:
-            return None
-        return max(0.0, min(at for _, at in self._jobs.values()) - self.clock())
