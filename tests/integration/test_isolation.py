@@ -322,6 +322,14 @@ async def test_the_completer_writes_the_others_one_by_one_past_a_row_lock_held_p
 # ---------------------------------------------------------------------- the API's cancel
 
 
+async def _api_backends(db: asyncpg.Connection, url: str) -> set[int]:
+    rows = await db.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'conveyor-api'",
+        database_name(url),
+    )
+    return {r["pid"] for r in rows}
+
+
 async def _lock_waiters(db: asyncpg.Connection, url: str) -> int:
     return int(
         await db.fetchval(
@@ -343,10 +351,12 @@ async def test_a_cancel_of_a_locked_job_answers_a_clear_503_within_its_bound(
             tx = other.transaction()
             await tx.start()
             await other.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", uuid.UUID(job))
+            backends = await _api_backends(db, settings.database_url)
             started = time.monotonic()
             r = await stack.client.post(f"/jobs/{job}/cancel")
             took = time.monotonic() - started
             waiters = await _lock_waiters(db, settings.database_url)
+            kept = backends <= await _api_backends(db, settings.database_url)
             await tx.rollback()
         finally:
             await other.close()
@@ -358,6 +368,7 @@ async def test_a_cancel_of_a_locked_job_answers_a_clear_503_within_its_bound(
         assert body["error"] == "service_unavailable" and "locked" in body["detail"], body
         assert job in body["detail"], body
         assert waiters == 0, "the API still waits for the lock"
+        assert backends and kept, "the cancel's connection was dropped, not returned to the pool"
         assert await _status(db, uuid.UUID(job)) == "PENDING"
         r = await stack.client.post(f"/jobs/{job}/cancel")  # released: the same request
         assert r.status_code == 200 and r.json()["status"] == "CANCELLED", r.text
