@@ -7,8 +7,8 @@ Database time limits (the API answers 503 within 2 s when PostgreSQL is unreacha
   the probe fails (server gone or frozen), never because the statement is long;
 - a cancel carries its own bounds on the server, half the ``db_timeout`` (``local_bounds``): a
   job whose row another transaction holds (a worker writing its outcome, an operator's session)
-  or whose workflow's cascade is slow answers a 503 that says so, while the connection stays
-  usable, instead of the command timeout's "database unavailable".
+  or whose workflow's cascade is slow answers a 503 that says so, and its connection goes back
+  to the pool, instead of the command timeout's "database unavailable" and a dropped connection.
 Every 503 is logged (``api_unavailable``) with its cause."""
 
 from __future__ import annotations
@@ -250,6 +250,7 @@ class Api:
 
     async def cancel(self, job_id: uuid.UUID) -> dict[str, Any]:
         statement, lock = local_bounds(self.settings.db_timeout, self.settings.db_lock_timeout)
+        passed: tuple[str, Exception] | None = None  # the bound the server ended the cancel at
         async with self.connection() as conn:
             try:
                 async with conn.transaction():
@@ -262,7 +263,10 @@ class Api:
                 bound = isolate.bound_passed(exc)
                 if bound is None:
                     raise
-                raise unavailable(f"cancel_{bound}_bound", exc, CANCEL_HELD[bound](job_id)) from exc
+                passed = bound, exc  # rolled back, the connection sound: back to the pool
+        if passed is not None:
+            bound, error = passed
+            raise unavailable(f"cancel_{bound}_bound", error, CANCEL_HELD[bound](job_id)) from error
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         if not done:

@@ -88,9 +88,9 @@ DUTY_BOUND_SECONDS = 5.0
 
 # A transaction that settles one job or a batch of them (the API's cancel, the sweeper's lease
 # recovery) bounds its statements on the server at this share of the caller's own time limit
-# (``local_bounds``): the server ends a statement held by a lock or a slow trigger with a clear
-# error (55P03, 57014) while the caller still has time to answer, and the connection stays
-# usable, instead of the caller's timeout abandoning a statement the server goes on with.
+# (``local_bounds``): the server ends a statement held by a lock or a slow trigger with an error
+# that names the bound (55P03, 57014) while the caller still has time to answer, where the
+# caller's own timeout says nothing of why and reads as an outage.
 LOCAL_BOUND_SHARE = 0.5
 # ... and its lock waits at this share of the statement bound, so that a statement that waited
 # for a lock all along fails as a lock wait (55P03), not as a statement too long (57014)
