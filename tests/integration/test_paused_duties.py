@@ -1,7 +1,7 @@
 """Sweeper duties when a peer is paused in the middle of one (VM freeze, long GC): its
-connection stays open, so only PostgreSQL can release what it holds. Promote (and lease recovery,
-retention) hold nothing between round trips; a paused reconcile of a type is ended by
-PostgreSQL's bound and another sweeper takes the type over within seconds. The pause is an
+connection stays open, so only PostgreSQL can release what it holds. Promote (and retention)
+hold nothing between round trips; a paused reconcile of a type, or a paused lease recovery, is
+ended by PostgreSQL's bound and another sweeper takes the duty over within seconds. The pause is an
 ``await`` that does not return, wrapped from outside around one store method of one sweeper."""
 
 from __future__ import annotations
@@ -98,3 +98,44 @@ async def test_a_paused_reconcile_is_taken_over_within_seconds(
             await task
         await asyncio.gather(a.close(), b.close())
     assert await db.fetchval("SELECT count(*) FROM job_outbox") == 3  # once each
+
+
+async def test_a_paused_lease_recovery_is_taken_over_within_seconds(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """Lease recovery's transaction (``Sweeper._recover``) holds the rows it recovers until its
+    commit: paused in between, PostgreSQL ends its session by the transaction's own idle bound,
+    also where the session has none (here: off), and a peer recovers the jobs."""
+    ids = await enqueue_many(db, [JobSpec("t") for _ in range(3)])
+    await db.execute("DELETE FROM job_outbox")
+    await db.execute("UPDATE jobs SET status = 'IN_PROGRESS', attempts = 1,"
+                     " lease_expires_at = now() - interval '1 s'")  # fmt: skip
+    unbounded = settings.model_copy(update={"db_idle_in_transaction_timeout": 0})
+    a, store = await _paused(unbounded, "job_recover_expired")  # inside its transaction
+    b = Sweeper(unbounded)
+    await b.start()
+    task = asyncio.create_task(a.recover_leases())
+
+    async def recovered() -> int:
+        return int(
+            await db.fetchval(
+                "SELECT count(*) FROM jobs WHERE id = ANY($1::uuid[]) AND status = 'RETRYING'",
+                ids,
+            )
+        )
+
+    try:
+        await asyncio.wait_for(store.paused.wait(), 10)
+        started = time.monotonic()
+        while await recovered() < 3 and time.monotonic() - started < 15:
+            await b.recover_leases()
+            await asyncio.sleep(0.25)
+        took = time.monotonic() - started
+        done = await recovered()
+        print(f"[paused lease recovery] {done} of 3 recovered {took:.1f} s into the pause")
+        assert done == 3 and took < 10, f"{done} of 3 recovered in {took:.1f} s"
+    finally:
+        store.resume.set()
+        with contextlib.suppress(Exception):
+            await task
+        await asyncio.gather(a.close(), b.close())

@@ -247,6 +247,9 @@ async def test_liveness_is_a_function_of_the_status() -> None:
         dataclasses.replace(base, completer=dataclasses.replace(co, oldest_since=900.0))
     )
     assert live(dataclasses.replace(base, completer=dataclasses.replace(co, oldest_since=990.0)))
+    isolated = dataclasses.replace(base, completer=dataclasses.replace(co, waiting=1, isolated=1))
+    healthy, details = assess(isolated, limits, now=1000.0, blocked_for=0, broker_down_for=0)
+    assert healthy and details["outcomes_isolated"] == 1  # one job's write: shown, not fatal
     assert live(dataclasses.replace(base, executor=dataclasses.replace(ex, threads_abandoned=1)))
     assert not live(
         dataclasses.replace(base, executor=dataclasses.replace(ex, threads_abandoned=2))

@@ -4,7 +4,11 @@ Database time limits (the API answers 503 within 2 s when PostgreSQL is unreacha
 - acquiring a connection and every ordinary statement are bounded by ``db_timeout``;
 - a batch insert may legitimately run for seconds (1,000 jobs of 62 KB), so it runs without it
   while ``Liveness`` probes the server on a connection of its own: the batch answers 503 only when
-  the probe fails (server gone or frozen), never because the statement is long.
+  the probe fails (server gone or frozen), never because the statement is long;
+- a cancel carries its own bounds on the server, half the ``db_timeout`` (``local_bounds``): a
+  job whose row another transaction holds (a worker writing its outcome, an operator's session)
+  or whose workflow's cascade is slow answers a 503 that says so, and its connection goes back
+  to the pool, instead of the command timeout's "database unavailable" and a dropped connection.
 Every 503 is logged (``api_unavailable``) with its cause."""
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..core import tracing
+from ..core import isolate, tracing
 from ..core.config import Settings
 from ..core.errors import InvalidTransition, JobNotFound, ServiceUnavailable
 from ..core.jobs import CANCELLABLE, REDRIVABLE, Status
@@ -27,7 +31,7 @@ from ..jobs.spec import check_horizon, replayed
 from ..jobs.types import KnownTypes
 from ..store import JobRow, NewJob, for_schema
 from ..store.base import LongStatements
-from ..store.bounds import component_bounds
+from ..store.bounds import component_bounds, local_bounds
 from ..store.connect import create_pool, is_unavailable
 from ..store.jobs import has_unique_keys
 from ..store.notify import Notifier
@@ -44,6 +48,17 @@ T = TypeVar("T")
 INLINE_PARSE_BYTES = 256 * 1024
 DIFFERENT_BODY = "this Idempotency-Key was already used with a different request body"
 DIFFERENT_BATCH = "this Idempotency-Key was already used with a different batch"
+# a cancel that passed its bound on the server (``isolate.BOUNDS``): why, for the 503
+CANCEL_HELD: dict[str, Callable[[uuid.UUID], str]] = {
+    "lock": lambda job_id: (
+        f"job {job_id} is locked by another transaction (a worker writing its outcome, an "
+        "operator's session): not cancelled; try again"
+    ),
+    "statement": lambda job_id: (
+        f"cancelling job {job_id} ran past its time limit (its workflow's cascade, or a lock): "
+        "not cancelled; try again"
+    ),
+}
 
 
 class Api:
@@ -234,9 +249,24 @@ class Api:
         return {"jobs": [self.render(r) for r in rows], "next_cursor": next_cursor}
 
     async def cancel(self, job_id: uuid.UUID) -> dict[str, Any]:
-        async with self.connection() as conn, conn.transaction():
-            done = await self.store.job_cancel(conn, job_id)
-            row = await self.store.job_get(conn, job_id)
+        statement, lock = local_bounds(self.settings.db_timeout, self.settings.db_lock_timeout)
+        passed: tuple[str, Exception] | None = None  # the bound the server ended the cancel at
+        async with self.connection() as conn:
+            try:
+                async with conn.transaction():
+                    await self.store.statement_bound(
+                        conn, statement=statement, lock=lock, idle=self.settings.db_timeout
+                    )
+                    done = await self.store.job_cancel(conn, job_id)
+                    row = await self.store.job_get(conn, job_id)
+            except Exception as exc:
+                bound = isolate.bound_passed(exc)
+                if bound is None:
+                    raise
+                passed = bound, exc  # rolled back, the connection sound: back to the pool
+        if passed is not None:
+            bound, error = passed
+            raise unavailable(f"cancel_{bound}_bound", error, CANCEL_HELD[bound](job_id)) from error
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         if not done:

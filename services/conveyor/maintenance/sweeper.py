@@ -19,12 +19,13 @@ from typing import Any
 
 from ..broker.inspect import Inspector
 from ..broker.topology import Topology
+from ..core import isolate
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..core.logging import event
 from ..core.metrics import Metrics
-from ..store import for_schema
-from ..store.bounds import SessionBounds
+from ..store import JobStatus, for_schema
+from ..store.bounds import SessionBounds, local_bounds
 from ..store.connect import create_pool
 from ..store.notify import Notifier
 from .gauges import Gauges
@@ -85,6 +86,7 @@ class Sweeper:
         self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
         self.watch = Watch()  # the schedules duty's: tells a peer's delay from missed ticks
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
+        self.aside = isolate.Aside(clock)  # jobs whose lease recovery failed, till their next try
 
     async def start(self) -> None:
         # five duties on 3 connections; promote and schedules pass every 0.25-0.5 s
@@ -129,25 +131,83 @@ class Sweeper:
 
     async def recover_leases(self) -> dict[str, int]:
         """IN_PROGRESS jobs whose lease expired (dead or hung worker): back to the queue while
-        retries remain, else FAILED and dead-lettered."""
+        retries remain, else FAILED and dead-lettered. A batch whose statement the server
+        refuses for one job's sake (``core/isolate.py``: a trigger's error, a lock or the
+        statement bound passed) is recovered again one job at a time: the others are recovered
+        in this pass, the failing one is set aside (logged ``job_lease_recovery_failed`` with its
+        id) and tried again alone once its wait is over (1 s, doubling to 60 s)."""
         counts: dict[str, int] = {}
+        for job_id in self.aside.due():
+            self._counted(await self._recover_alone(job_id), counts)
         while True:
             async with self.pool.acquire() as conn:
-                rows = await self.store.job_recover_expired(
-                    conn, limit=BATCH, default_max_retries=self.settings.default_max_retries
-                )
-            if rows:
-                self.notifier.wake()
-            for r in rows:
-                counts[r.status] = counts.get(r.status, 0) + 1
-                outcome = "cancelled" if r.status is Status.CANCELLED else "lease_expired"
-                self.metrics.jobs_finished.labels(r.job_type, outcome).inc()
-                event(log, "job_lease_expired", logging.WARNING, job_id=str(r.id), now=r.status)
-            if len(rows) < BATCH:
+                ids = await self.store.job_expired_ids(conn, limit=BATCH, aside=self.aside.held())
+            if not ids:
+                break
+            rows = await self._recover_isolating(ids)
+            self._counted(rows, counts)
+            if len(ids) < BATCH or not rows:
                 break
         self._count("lease_recovered", sum(counts.values()))
         await self.recover_hands()
         return counts
+
+    async def _recover_isolating(self, ids: list[uuid.UUID]) -> list[JobStatus]:
+        """Recover ``ids`` in one statement; when the server refuses it for some job's sake,
+        each alone."""
+        try:
+            return await self._recover(ids)
+        except Exception as exc:
+            if not isolate.concerns_rows(exc):
+                raise  # an outage: the pass fails, the next one tries again
+        rows: list[JobStatus] = []
+        for job_id in ids:
+            rows += await self._recover_alone(job_id)
+        return rows
+
+    async def _recover_alone(self, job_id: uuid.UUID) -> list[JobStatus]:
+        """Recover one job; when the server refuses it, set it aside for its next wait."""
+        try:
+            rows = await self._recover([job_id])
+        except Exception as exc:
+            if not isolate.concerns_rows(exc):
+                raise
+            wait = self.aside.failed(job_id)
+            event(
+                log,
+                "job_lease_recovery_failed",
+                logging.WARNING,
+                job_id=str(job_id),
+                error=repr(exc)[:300],
+                retry_in=wait,
+            )
+            return []
+        self.aside.settled(job_id)  # recovered, or no longer expired
+        return rows
+
+    async def _recover(self, ids: list[uuid.UUID]) -> list[JobStatus]:
+        """One transaction, its statements bounded on the server (``bounds.local_bounds``), so
+        a lock held elsewhere or a slow trigger ends in an error about the statement, not in
+        the pool's command timeout (an outage); paused inside it, the sweeper's session ends
+        after ``HOLD_IDLE_SECONDS`` and the rows it held go to a peer."""
+        statement, lock = local_bounds(self.settings.command_timeout, self.settings.db_lock_timeout)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self.store.statement_bound(
+                conn, statement=statement, lock=lock, idle=HOLD_IDLE_SECONDS
+            )
+            rows = await self.store.job_recover_expired(
+                conn, ids, default_max_retries=self.settings.default_max_retries
+            )
+        if rows:
+            self.notifier.wake()  # committed
+        return rows
+
+    def _counted(self, rows: list[JobStatus], counts: dict[str, int]) -> None:
+        for r in rows:
+            counts[r.status] = counts.get(r.status, 0) + 1
+            outcome = "cancelled" if r.status is Status.CANCELLED else "lease_expired"
+            self.metrics.jobs_finished.labels(r.job_type, outcome).inc()
+            event(log, "job_lease_expired", logging.WARNING, job_id=str(r.id), now=r.status)
 
     async def recover_hands(self) -> int:
         """Jobs held in a worker's hand (a full concurrency limit) whose hold ran out: their

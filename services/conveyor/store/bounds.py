@@ -86,6 +86,26 @@ class SessionBounds:
 DUTY_BOUND_SECONDS = 5.0
 
 
+# A transaction that settles one job or a batch of them (the API's cancel, the sweeper's lease
+# recovery) bounds its statements on the server at this share of the caller's own time limit
+# (``local_bounds``): the server ends a statement held by a lock or a slow trigger with an error
+# that names the bound (55P03, 57014) while the caller still has time to answer, where the
+# caller's own timeout says nothing of why and reads as an outage.
+LOCAL_BOUND_SHARE = 0.5
+# ... and its lock waits at this share of the statement bound, so that a statement that waited
+# for a lock all along fails as a lock wait (55P03), not as a statement too long (57014)
+LOCAL_LOCK_SHARE = 0.8
+
+
+def local_bounds(limit: float, lock: float) -> tuple[float, float]:
+    """(statement, lock) bounds in seconds for a transaction whose caller gives up after
+    ``limit``: the statement bound is ``LOCAL_BOUND_SHARE`` of it, the lock bound
+    ``LOCAL_LOCK_SHARE`` of that, and no longer than the session's (``lock``; 0: none)."""
+    statement = limit * LOCAL_BOUND_SHARE
+    lock_wait = statement * LOCAL_LOCK_SHARE
+    return statement, min(lock, lock_wait) if lock else lock_wait
+
+
 # the API's statement bound stays above its batch insert's own limit (``Api.long``)
 API_STATEMENT_FLOOR = LONG_STATEMENT_TIMEOUT + 30
 

@@ -27,6 +27,7 @@ JOB_INSERT = named("job_insert")
 JOB_GET = named("job_get")
 JOB_GET_BY_IDEMPOTENCY_KEY = named("job_get_by_idempotency_key")
 JOB_CANCEL = named("job_cancel")
+STATEMENT_BOUND = named("statement_bound")
 JOB_REDRIVE = named("job_redrive")
 JOB_REDRIVE_FAILED = named("job_redrive_failed")
 JOB_FENCE_MANY = named("job_fence_many")
@@ -81,6 +82,19 @@ class JobStatements(Statements):
     async def job_cancel(self, conn: Connection, job_id: uuid.UUID) -> bool:
         """Cancel a waiting job, or ask a running one to stop. False when not cancellable."""
         return await conn.fetchval(self.sql[JOB_CANCEL], job_id) is not None
+
+    async def statement_bound(
+        self, conn: Connection, *, statement: float, lock: float, idle: float
+    ) -> None:
+        """First in a transaction: its statements end after ``statement`` seconds, its lock
+        waits after ``lock`` seconds, its session after ``idle`` seconds idle inside it (see
+        ``STATEMENT_BOUND``)."""
+        await conn.fetchval(
+            self.sql[STATEMENT_BOUND],
+            f"{round(statement * 1000)}ms",
+            f"{round(lock * 1000)}ms",
+            f"{round(idle * 1000)}ms",
+        )
 
     async def job_redrive(self, conn: Connection, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         """FAILED or CANCELLED jobs back to PENDING; a cancelled job that never ran and whose

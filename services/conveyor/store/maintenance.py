@@ -14,6 +14,7 @@ from .registry import named
 from .rows import JobStatus
 
 JOB_PROMOTE_DUE = named("job_promote_due")
+JOB_EXPIRED_IDS = named("job_expired_ids")
 JOB_RECOVER_EXPIRED = named("job_recover_expired")
 JOB_REPUBLISH_HAND = named("job_republish_hand")
 JOB_COUNT_OVERDUE = named("job_count_overdue")
@@ -30,13 +31,21 @@ class MaintenanceStatements(Statements):
         """SCHEDULED jobs whose ``run_at`` passed (database clock) → PENDING + outbox rows."""
         return int(await conn.fetchval(self.sql[JOB_PROMOTE_DUE], limit))
 
+    async def job_expired_ids(
+        self, conn: Connection, *, limit: int, aside: Sequence[uuid.UUID]
+    ) -> list[uuid.UUID]:
+        """Up to ``limit`` IN_PROGRESS jobs whose lease expired (or that have none), the longest
+        expired first, none of ``aside``."""
+        rows = await conn.fetch(self.sql[JOB_EXPIRED_IDS], limit, list(aside))
+        return [r["id"] for r in rows]
+
     async def job_recover_expired(
-        self, conn: Connection, *, limit: int, default_max_retries: int
+        self, conn: Connection, ids: Sequence[uuid.UUID], *, default_max_retries: int
     ) -> list[JobStatus]:
-        """IN_PROGRESS jobs whose lease expired → RETRYING (through a holding pen, after the
-        default backoff), FAILED or CANCELLED."""
+        """Those of ``ids`` still IN_PROGRESS with an expired lease (or none) → RETRYING
+        (through a holding pen, after the default backoff), FAILED or CANCELLED."""
         rows = await conn.fetch(
-            self.sql[JOB_RECOVER_EXPIRED], limit, default_max_retries, list(PEN_LADDER)
+            self.sql[JOB_RECOVER_EXPIRED], list(ids), default_max_retries, list(PEN_LADDER)
         )
         return [JobStatus(r["id"], Status(r["status"]), r["job_type"]) for r in rows]
 

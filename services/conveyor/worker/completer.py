@@ -16,6 +16,16 @@ so a worker whose lease was taken over changes nothing). Three kinds of write er
   schema lacks; 3D, 3F): only an operator cures it. Retried like an outage (nothing is lost or
   failed, liveness fails past the deadline), logged as an error that says what to fix
   (``outcome_write_refused``), at most every 15 s.
+- any other error the server answers is *one job's* (``core/isolate.py``: a trigger refusing its
+  row, a lock held elsewhere past the lock bound, the statement bound passed, a deadlock):
+  retrying the batch would fail alike while that job's cause lasts, so the batch is split as for
+  a data error (one outcome at a time when each try waited a whole bound) and the others commit.
+  The one that fails alone is *set aside* (``outcome_write_isolated``, with its job's id): tried
+  again alone after 1 s, doubling to 60 s, for as long as it fails. Meanwhile its job's slot
+  stays taken and its lease is kept by the heartbeat (the job is still running to the rest of
+  the system); it is counted in ``status().isolated`` (``outcomes_isolated`` in ``/healthz``)
+  and left out of ``oldest_since``: one job's write does not fail the worker's liveness, whose
+  restart would stop every other job of the worker.
 
 A completion with a keyed follow-up (``followups.keyed``) is written alone, beside the batch:
 while another transaction holds its key it waits (*held*: tried again every few seconds, its
@@ -54,6 +64,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..core import isolate
 from ..core.backoff import Backoff
 from ..core.jobs import Status
 from ..core.logging import event
@@ -72,6 +83,20 @@ LARGE_RESULT_CHARS = 256 * 1024
 
 def _large(outcome: Outcome) -> bool:
     return outcome.result_json is not None and len(outcome.result_json) > LARGE_RESULT_CHARS
+
+
+def _keyed(p: Pending) -> bool:
+    """A completion with a keyed follow-up (its key may be held by another transaction)."""
+    return p.outcome.kind is Kind.COMPLETE and followups.keyed(p.running)
+
+
+def _claim_no_more(batch: list[Pending]) -> None:
+    """A batch split for one job's error may set an outcome aside, its slot still taken: its
+    parts claim no more released jobs (the relay publishes them), so no claimed job is handed
+    a slot that does not free."""
+    followed = batch[0].follow
+    if followed is not None:
+        followed.own = len(followed.jobs)
 
 
 # SQLSTATE classes of a database that refuses the worker's statements as it is set up: a missing
@@ -112,6 +137,8 @@ class Pending:
     held_since: float | None = None  # waiting for a follow-up's key another transaction holds
     apart: bool = False  # written in a transaction of its own (a large result, a keyed follow-up)
     follow: Followed | None = None  # the released jobs this batch may claim (shared by its items)
+    isolated_since: float | None = None  # its write failed for its own sake (``isolate.py``)
+    retry_at: float | None = None  # set aside: when it is tried again (the completer's clock)
 
 
 @dataclass(eq=False, slots=True)
@@ -142,6 +169,7 @@ class CompleterStatus:
     written_total: int
     unwritable_total: int  # outcomes PostgreSQL refused, turned into failures or dropped
     held: int = 0  # completions waiting for a follow-up's key (not counted in oldest_since)
+    isolated: int = 0  # outcomes whose write failed for their own sake (nor these)
 
 
 @dataclass
@@ -184,6 +212,8 @@ class Completer:
         self._c = _Counters()
         self._tasks: set[asyncio.Task[None]] = set()  # outcomes being written alone
         self._apart = asyncio.Semaphore(apart)  # connections those may hold at once
+        self.aside = isolate.Aside(clock)  # the jobs whose outcome write failed, by failures
+        self._isolated: list[Pending] = []  # those outcomes, each until its ``retry_at``
 
     def put(self, running: Running, outcome: Outcome) -> None:
         self._queue.append(Pending(running, outcome, self.clock()))
@@ -192,12 +222,17 @@ class Completer:
     def status(self) -> CompleterStatus:
         c = self._c
         waiting = len(self._queue) + len(c.in_flight)
-        flight = [p.queued_at for p in c.in_flight if p.held_since is None]
+        flight = [
+            p.queued_at for p in c.in_flight if p.held_since is None and p.isolated_since is None
+        ]
         oldest = min(flight, default=None)
         if self._queue and (oldest is None or self._queue[0].queued_at < oldest):
             oldest = self._queue[0].queued_at
-        held = len(c.in_flight) - len(flight)
-        return CompleterStatus(waiting, oldest, c.failing_since, c.written, c.unwritable, held)
+        held = sum(1 for p in c.in_flight if p.held_since is not None)
+        isolated = sum(1 for p in c.in_flight if p.isolated_since is not None)
+        return CompleterStatus(
+            waiting, oldest, c.failing_since, c.written, c.unwritable, held, isolated
+        )
 
     @property
     def idle(self) -> bool:
@@ -205,62 +240,125 @@ class Completer:
 
     async def run(self) -> None:
         while True:
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):  # the next outcome set aside is due
+                await asyncio.wait_for(self._wake.wait(), self._next_retry_in())
             self._wake.clear()
-            while self._queue:
+            while self._queue or self._retries_due():
                 await self.flush_once()
+
+    def _retries_due(self) -> list[Pending]:
+        now = self.clock()
+        return [p for p in self._isolated if p.retry_at is not None and p.retry_at <= now]
+
+    def _next_retry_in(self) -> float | None:
+        """Seconds until an outcome set aside is tried again; None: none is set aside."""
+        times = [p.retry_at for p in self._isolated if p.retry_at is not None]
+        return max(0.0, min(times) - self.clock()) if times else None
 
     async def flush_once(self) -> int:
         """One step: write what is queued (up to ``max_batch``), then hand it to ``done``.
         Outcomes with a large result are written alone, beside the batch (a task each, at most
         ``apart`` at once), so a 10 MB result does not hold back every other outcome of the
         worker while PostgreSQL parses it; so are completions with a keyed follow-up (their key
-        may be held by another transaction). Returns how many outcomes it took."""
+        may be held by another transaction), and so are the outcomes set aside whose wait is
+        over. Returns how many outcomes it took."""
         batch: list[Pending] = []
         alone = 0
+        for p in self._retries_due():
+            self._isolated.remove(p)
+            p.retry_at = None
+            alone += 1
+            self._write_alone(p)
         while self._queue and len(batch) < self.max_batch:
             p = self._queue.popleft()
-            keyed = p.outcome.kind is Kind.COMPLETE and followups.keyed(p.running)
-            if keyed or _large(p.outcome):
+            if _keyed(p) or _large(p.outcome):
                 alone += 1
-                wait = followups.KEY_WAIT_SECONDS if keyed else None
-                self._c.in_flight.add(p)  # not idle from now on, not when the task starts
-                p.apart = True
-                task = asyncio.create_task(self._write_batch([p], wait))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._write_alone(p)
             else:
                 batch.append(p)
         if batch:
             await self._write_batch(batch)
         return len(batch) + alone
 
+    def _write_alone(self, p: Pending) -> None:
+        """Write ``p`` in a transaction of its own, in a task."""
+        self._c.in_flight.add(p)  # not idle from now on, not when the task starts
+        p.apart = True
+        wait = followups.KEY_WAIT_SECONDS if _keyed(p) else None
+        task = asyncio.create_task(self._write_batch([p], wait))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _write_batch(self, batch: list[Pending], key_wait: float | None = None) -> None:
         self._c.in_flight.update(batch)
         followed = await self.follow.reserve(batch) if self.follow is not None else None
+        settled = batch  # (all of it, should this be cancelled)
         try:
             for p in batch:
                 p.follow = followed
             written = await self._commit_isolating(batch, key_wait)
-            for p in batch:
+            settled = [p for p in batch if p.retry_at is None]  # not set aside
+            for p in settled:
                 p.written = p.running.job.id in written
-            self._record(batch)
+                if p.isolated_since is not None:
+                    p.isolated_since = None
+                    self.aside.settled(p.running.job.id)
+            self._record(settled)
         finally:
-            self._c.in_flight.difference_update(batch)
-        await self.done(batch)
+            self._c.in_flight.difference_update(settled)
+        if settled:
+            await self.done(settled)
 
     async def _commit_isolating(
         self, batch: list[Pending], key_wait: float | None = None
     ) -> set[uuid.UUID]:
         try:
             return await self._commit(batch, key_wait)
-        except Exception as exc:  # _commit raises only data errors
-            if len(batch) > 1:
-                mid = len(batch) // 2
-                return await self._commit_isolating(batch[:mid]) | (
-                    await self._commit_isolating(batch[mid:])
-                )
-            return await self._unwritable(batch[0], exc)
+        except Exception as exc:  # _commit raises only the rows' errors (isolate.concerns_rows)
+            if len(batch) == 1:
+                return await self._settle_alone(batch[0], exc)
+            failed = exc
+        if not is_data_error(failed):
+            _claim_no_more(batch)
+        if isolate.bound_passed(failed):  # each try waits a whole bound: one at a time
+            parts = [[p] for p in batch]
+        else:  # each try fails at once: halves, until the outcome at fault stands alone
+            mid = len(batch) // 2
+            parts = [batch[:mid], batch[mid:]]
+        written: set[uuid.UUID] = set()
+        for part in parts:
+            written |= await self._commit_isolating(part)
+        return written
+
+    async def _settle_alone(self, p: Pending, exc: Exception) -> set[uuid.UUID]:
+        """An outcome whose write failed alone: a data error makes it a failure of its job;
+        any other error of its own sets it aside."""
+        if is_data_error(exc):
+            return await self._unwritable(p, exc)
+        self._set_aside(p, exc)
+        return set()
+
+    def _set_aside(self, p: Pending, exc: Exception) -> None:
+        """Try ``p`` again alone once its wait (1 s, doubling to 60 s) is over."""
+        job = p.running.job
+        wait = self.aside.failed(job.id)
+        now = self.clock()
+        p.held_since = None
+        if p.isolated_since is None:
+            p.isolated_since = now
+        p.retry_at = now + wait
+        self._isolated.append(p)
+        self._wake.set()  # ``run`` waits for its retry from now on
+        event(
+            log,
+            "outcome_write_isolated",
+            logging.WARNING,
+            job_id=str(job.id),
+            attempt=job.attempt,
+            outcome=p.outcome.label,
+            error=repr(exc)[:300],
+            retry_in=wait,
+        )
 
     async def _unwritable(self, p: Pending, exc: Exception) -> set[uuid.UUID]:
         job = p.running.job
@@ -285,6 +383,9 @@ class Completer:
             try:
                 return await self._commit([p])  # a failure: no follow-up, no key to wait for
             except Exception as again:
+                if not is_data_error(again):  # its row refuses, not the text: tried again
+                    self._set_aside(p, again)
+                    return set()
                 exc = again
         event(
             log,
@@ -321,7 +422,7 @@ class Completer:
                 await self._keep_leases(batch)
                 await asyncio.sleep(backoff.next())
             except Exception as exc:
-                if is_data_error(exc):
+                if isolate.concerns_rows(exc):  # a data error, or one job's: isolated
                     raise
                 for p in batch:  # an outage counts against liveness, held or not
                     p.held_since = None

@@ -6,9 +6,13 @@ their own so they can answer while the event loop is blocked.
     handler blocking it stops every heartbeat on the worker; ``guard.py`` preempts one at its
     timeout, so this is the backstop for handlers without a timeout and for C code);
   - an outcome has waited longer than ``worker_outcome_deadline`` to be written (the database
-    is unreachable, or a row lock holds the write), or a sync handler has waited that long for a
-    thread; a completion whose follow-up's unique key another transaction holds is not counted
-    (it waits for that transaction, like a submit of the same key; ``outcomes_held_by_keys``);
+    is unreachable or refuses the worker's writes, or a row lock holds the write and no lock
+    bound ends the wait), or a sync handler has waited that long for a thread; a completion
+    whose follow-up's unique key another transaction holds is not counted (it waits for that
+    transaction, like a submit of the same key; ``outcomes_held_by_keys``), nor an outcome whose
+    write failed for its own sake (a trigger refusing its row, a row lock held past the lock
+    bound: set aside and tried again alone, ``outcomes_isolated``): restarting the worker for
+    one job's write would stop every other job on it;
   - more handler threads are abandoned (given up on past their timeout + ``worker_overrun_limit``,
     or handed back by a drain, still running) than ``worker_abandoned_thread_limit``;
   - work given up on still runs: an async handler that ignored its cancellation, or a handler's
@@ -100,6 +104,7 @@ def assess(
         "handlers_preempted": s.guard.preempted_total,
         "outcomes_waiting": s.completer.waiting,
         "outcomes_held_by_keys": s.completer.held,
+        "outcomes_isolated": s.completer.isolated,
         "outcome_wait_seconds": round(outcome_wait, 1),
         "outcomes_unwritable": s.completer.unwritable_total,
         "threads_alive": s.executor.threads_alive,

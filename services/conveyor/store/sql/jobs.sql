@@ -33,6 +33,17 @@ UPDATE __schema__.jobs SET
 WHERE id = $1 AND status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
 RETURNING id
 
+-- name: statement_bound
+-- First in a transaction that settles jobs (the API's cancel, the sweeper's lease recovery): its
+-- statements end at $1 and its lock waits at $2 (``bounds.local_bounds``), with 57014 or 55P03,
+-- so one job whose row is locked elsewhere, or whose triggers are slow, answers within the
+-- caller's time limit; and the session ends when it sits idle inside the transaction for $3 (its
+-- process paused while it holds the rows it settles), also where the session has no such bound.
+-- SET LOCAL: all three end with the transaction.
+SELECT set_config('statement_timeout', $1, true) AS statement,
+       set_config('lock_timeout', $2, true) AS lock_wait,
+       set_config('idle_in_transaction_session_timeout', $3, true) AS idle
+
 -- name: job_redrive
 -- Redrive: FAILED or CANCELLED → PENDING with fresh retries; a cancelled job whose ``run_at`` is
 -- still ahead (a cancelled scheduled job) goes back to SCHEDULED with it, and the promoter

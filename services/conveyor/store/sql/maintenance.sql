@@ -23,35 +23,47 @@ WITH due AS (
 )
 SELECT count(*) FROM upd
 
+-- name: job_expired_ids
+-- The jobs lease recovery takes next (``job_recover_expired``): IN_PROGRESS without a lease first,
+-- then those whose lease expired, the longest expired first; up to ``$1``, leaving out the jobs
+-- set aside (``$2``: their recovery failed, ``core/isolate.py``). Two ranges of
+-- ``jobs_lease_idx`` (no lease; an expired one), each read up to the batch: written as one
+-- ``lease < now() OR lease IS NULL`` ordered NULLS FIRST, the plan reads every running job's index
+-- entry and row and sorts them, on every idle pass.
+SELECT c.id FROM (
+    (SELECT x.id, x.lease_expires_at FROM __schema__.jobs x
+     WHERE x.status = 'IN_PROGRESS' AND x.lease_expires_at IS NULL
+       AND NOT (x.id = ANY($2::uuid[])) LIMIT $1)
+    UNION ALL
+    (SELECT x.id, x.lease_expires_at FROM __schema__.jobs x
+     WHERE x.status = 'IN_PROGRESS' AND x.lease_expires_at < now()
+       AND NOT (x.id = ANY($2::uuid[]))
+     ORDER BY x.lease_expires_at LIMIT $1)
+) c
+ORDER BY c.lease_expires_at NULLS FIRST LIMIT $1
+
 -- name: job_recover_expired
--- Expired leases: the worker died or hung. With retries left (``j.retry_count <
--- COALESCE(j.max_retries, $2)``) the job waits in a holding pen for the default exponential
--- backoff (2^n s with jitter over the upper half, snapped up to the pen ladder ``$3``), so a
--- job that crashes its worker does not hit the fleet again every lease period; otherwise it
--- fails and is dead-lettered. A pending cancellation wins. ``retry_count`` counts retries
--- performed: it never exceeds ``max_retries``. An IN_PROGRESS job without a lease was not
--- claimed by a worker (an operator's UPDATE): it is recovered the same way, and since its
--- attempt number was not advanced, its attempt row may exist already (kept, not replaced).
--- The candidates are two ranges of ``jobs_lease_idx`` (no lease; an expired one), each read
--- up to the batch: written as one ``lease < now() OR lease IS NULL`` ordered NULLS FIRST, the
--- plan reads every running job's index entry and row and sorts them, on every idle pass.
+-- Expired leases: the worker died or hung. Of the jobs ``$1`` (``job_expired_ids``), those still
+-- IN_PROGRESS with an expired lease or none (checked on the locked row; a row locked elsewhere is
+-- skipped). With retries left (``j.retry_count < COALESCE(j.max_retries, $2)``) the job waits in
+-- a holding pen for the default exponential backoff (2^n s with jitter over the upper half,
+-- snapped up to the pen ladder ``$3``), so a job that crashes its worker does not hit the fleet
+-- again every lease period; otherwise it fails and is dead-lettered. A pending cancellation
+-- wins. ``retry_count`` counts retries performed: it never exceeds ``max_retries``. An
+-- IN_PROGRESS job without a lease was not claimed by a worker (an operator's UPDATE): it is
+-- recovered the same way, and since its attempt number was not advanced, its attempt row may
+-- exist already (kept, not replaced).
 WITH exp AS (
     SELECT id, (SELECT COALESCE(min(p) FILTER (WHERE p >= d.secs), max(p))
                 FROM unnest($3::int4[]) p) AS delay, COALESCE(run_at, created_at) AS due
     FROM __schema__.jobs jj,
          LATERAL (SELECT least(2.0 ^ (jj.retry_count + 1), 3600.0) * (0.5 + random() / 2)
                   AS secs) d
-    WHERE jj.id IN (
-        (SELECT x.id FROM __schema__.jobs x
-         WHERE x.status = 'IN_PROGRESS' AND x.lease_expires_at IS NULL LIMIT $1)
-        UNION ALL
-        (SELECT x.id FROM __schema__.jobs x
-         WHERE x.status = 'IN_PROGRESS' AND x.lease_expires_at < now()
-         ORDER BY x.lease_expires_at LIMIT $1))
-      -- checked again on the locked row; a CASE, so the planner finds the rows by their ids
+    WHERE jj.id = ANY($1::uuid[])
+      -- a CASE, so the planner finds the rows by their ids
       AND CASE WHEN status = 'IN_PROGRESS' AND (lease_expires_at < now()
                     OR lease_expires_at IS NULL) THEN true ELSE false END
-    ORDER BY lease_expires_at NULLS FIRST LIMIT $1 FOR UPDATE OF jj SKIP LOCKED
+    FOR UPDATE OF jj SKIP LOCKED
 ), upd AS (
     UPDATE __schema__.jobs j SET
         status = (CASE WHEN j.cancel_requested THEN 'CANCELLED'
