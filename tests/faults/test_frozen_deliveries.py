@@ -66,7 +66,8 @@ async def _until(what: str, probe: Callable[[], Awaitable[object]], timeout: flo
 
 def broker_sockets(pid: int, broker_port: int) -> dict[int, str]:
     """``pid``'s TCP connections to ``broker_port``: local port → state (``/proc``'s hex code:
-    01 established, 08 close-wait: the broker closed it, the process has not)."""
+    01 established, 08 close-wait: the broker closed it, the process has not; a connection the
+    broker reset is no longer listed)."""
     inodes = set()
     with contextlib.suppress(OSError):
         for fd in Path(f"/proc/{pid}/fd").iterdir():
@@ -173,10 +174,9 @@ async def test_jobs_delivered_to_a_frozen_worker_start_elsewhere_within_15s(
             closed_after = rerun_after = None
             while True:
                 now = time.monotonic() - frozen
-                if closed_after is None and any(
-                    st != "01" for st in broker_sockets(a.pid, port).values()
-                ):
-                    closed_after = now
+                now_open = broker_sockets(a.pid, port)
+                if closed_after is None and any(now_open.get(local) != "01" for local in a_sockets):
+                    closed_after = now  # the broker's end: closed (or reset, then gone)
                 if rerun_after is None and await db.fetchval(
                     "SELECT attempts >= 2 AND started_at IS NOT NULL FROM jobs WHERE id = $1", held
                 ):
@@ -242,3 +242,54 @@ async def test_jobs_delivered_to_a_frozen_worker_start_elsewhere_within_15s(
     assert held_row is not None
     assert held_row["attempts"] == 2 and starts[str(held)] == 2, (dict(held_row), starts)
     assert a_id not in held_row["worker_id"], dict(held_row)
+
+
+BUSY_APP = "tests.faults.busy_app:router"
+BUSY_FOR = 30.0  # the price check: a busy worker keeps its connection at least this long
+
+
+@pytest.mark.timeout(180)
+async def test_a_busy_worker_keeps_its_broker_connection(
+    settings: Settings, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """With the default heartbeat: four slots computing for over 30 s (sync handlers in their
+    threads, async ones between awaits) and async handlers blocking the event loop until the
+    loop guard preempts them; the worker's one broker connection stays the same throughout."""
+    s = _defaults(settings)
+    ledger = str(tmp_path / "ledger")
+    port = _broker_port(s)
+    async with running_stack(s, None) as stack:
+        w = worker_proc(s, tmp_path, "busy", concurrency=4, app=BUSY_APP).start()
+        try:
+            await w.wait_for_log("worker_started", 60)
+            first = broker_sockets(w.pid, port)
+            ids = [await stack.submit("blocker", {"seconds": 3, "ledger": ledger}) for _ in "ab"]
+            for _ in range(22):
+                ids.append(await stack.submit("spin", {"seconds": 3, "ledger": ledger}))
+                ids.append(await stack.submit("crunch", {"seconds": 3, "ledger": ledger}))
+            t0 = time.monotonic()
+            seen: list[dict[int, str]] = []
+            while time.monotonic() - t0 < 120:
+                seen.append(broker_sockets(w.pid, port))
+                statuses = await db.fetchval(
+                    "SELECT array_agg(status::text) FROM jobs WHERE id = ANY($1::uuid[])", ids
+                )
+                if all(st in ("COMPLETED", "FAILED") for st in statuses):
+                    break
+                await asyncio.sleep(0.25)
+            busy = time.monotonic() - t0
+            assert await w.stop(30) == 0, w.log()[-3000:]
+        finally:
+            w.signal(signal.SIGCONT)
+            await w.stop(15)
+    changed = [ports for ports in seen if ports != first]
+    blocked = w.log().count('action="handler_blocked_loop"')
+    print(
+        f"\nbusy worker: {len(ids)} jobs over {busy:.1f} s, event loop preempted {blocked} times; "
+        f"its broker connection {sorted(first)}, {len(changed)} of {len(seen)} samples differ"
+        f"{': ' + str(changed[:3]) if changed else ''}"
+    )
+    assert len(first) == 1 and set(first.values()) == {"01"}, first
+    assert busy >= BUSY_FOR, f"busy only {busy:.1f} s"
+    assert not changed, changed[:5]
+    assert statuses.count("COMPLETED") == 44 and blocked >= 1, (statuses, blocked)
