@@ -134,7 +134,9 @@ async def test_a_restored_channel_keeps_delivering_and_swaps_again(
     assert await _depth(settings.amqp_url, queue) == 0
 
 
-@pytest.mark.parametrize(("heartbeat", "query", "agreed"), [(4, "", 4), (0, "", 0), (4, "?heartbeat=9", 9)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("heartbeat", "query", "agreed"), [(4, "", 4), (0, "", 0), (4, "?heartbeat=9", 9)]
+)
 async def test_the_connection_tunes_the_heartbeat_it_asks_for(
     settings: Settings, heartbeat: int, query: str, agreed: int
 ) -> None:
