@@ -144,3 +144,23 @@ def test_every_docs_page_named_in_the_repository_exists() -> None:
     assert len(seen) > 5, seen
     missing = {p: where for p, where in seen.items() if not (ROOT / "docs" / f"{p}.md").exists()}
     assert not missing, missing
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    """Each ``CONVEYOR_*`` setting has a row in docs/configuration.md; a row may name several
+    that share a prefix (`` `CONVEYOR_DB_KEEPALIVES_IDLE` / `_INTERVAL` / `_COUNT` ``)."""
+    from conveyor.core.config import Settings
+
+    documented: set[str] = set()
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    for first, rest in re.findall(r"`CONVEYOR_([A-Z_]+)`((?: / `_?[A-Z_]+`)*)", text):
+        documented.add(first)
+        for part in re.findall(r"`(_?[A-Z_]+)`", rest):
+            full = part.startswith("CONVEYOR_")
+            documented.add(
+                part.removeprefix("CONVEYOR_") if full else first.rsplit("_", 1)[0] + part
+            )
+    missing = sorted(
+        f"CONVEYOR_{n.upper()}" for n in Settings.model_fields if n.upper() not in documented
+    )
+    assert not missing, f"not in docs/configuration.md: {missing}"

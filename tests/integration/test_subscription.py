@@ -132,3 +132,21 @@ async def test_a_restored_channel_keeps_delivering_and_swaps_again(
         await d.ack()
     await asyncio.sleep(0.2)
     assert await _depth(settings.amqp_url, queue) == 0
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "query", "agreed"), [(4, "", 4), (0, "", 0), (4, "?heartbeat=9", 9)]
+)
+async def test_the_connection_tunes_the_heartbeat_it_asks_for(
+    settings: Settings, heartbeat: int, query: str, agreed: int
+) -> None:
+    """The heartbeat the broker suggests (60 s by default) gives way to the one asked for in
+    the connection's Tune-Ok, and that to one written in the URL."""
+    url = settings.amqp_url.rstrip("/") + "/" + query
+    s = Subscription(url, settings.namespace, name="hb", prefetch=1, heartbeat=heartbeat)
+    await s.open(["t"])
+    try:
+        assert s.connection is not None and s.connection.transport is not None
+        assert s.connection.transport.connection.connection_tune.heartbeat == agreed
+    finally:
+        await s.close()

@@ -8,6 +8,12 @@ so a dead node is skipped instead of retried for ever (aio-pika's robust connect
 retries the one URL it was given). Channels, queues and consumers are restored on the new node
 by the robust connection as usual; quorum queues live on every node.
 
+``heartbeat`` (seconds) is the AMQP heartbeat the connection asks for, unless the URL names
+one (``?heartbeat=``); None leaves aiormq's own default (60 s). RabbitMQ closes a connection
+from which it heard nothing (not even a heartbeat) for two to three heartbeats, and requeues
+its unacknowledged deliveries for the other consumers: that is what takes a frozen worker's
+deliveries from it (``CONVEYOR_WORKER_AMQP_HEARTBEAT``, 4 s). 0 asks for no heartbeat.
+
 A connection whose first connect fails, times out or is cancelled is closed before the error
 reaches the caller, so nothing it opened is left for the garbage collector. ``timeout`` bounds
 one handshake; a component's start passes ``attempts=START_ATTEMPTS``, so a broker too loaded to
@@ -53,6 +59,13 @@ def split_urls(url: str) -> list[str]:
     return [f"{scheme}://{userinfo}{at}{h}/{tail}" for h in hosts]
 
 
+def heartbeat_url(url: URL, heartbeat: int | None) -> URL:
+    """``url`` asking for ``heartbeat`` seconds, unless it names a heartbeat of its own."""
+    if heartbeat is None or "heartbeat" in url.query:
+        return url
+    return url.update_query(heartbeat=str(heartbeat))
+
+
 class ClusterConnection(RobustConnection):
     """A robust connection over several nodes: a failed attempt or a lost connection moves
     the next attempt to the next node."""
@@ -84,17 +97,23 @@ _CONNECT_TRANSPORT = RobustConnection._RobustConnection__connect_transport  # ty
 
 
 async def connect(
-    url: str, *, name: str, timeout: float = 5.0, attempts: int = 1
+    url: str,
+    *,
+    name: str,
+    timeout: float = 5.0,
+    attempts: int = 1,
+    heartbeat: int | None = None,
 ) -> AbstractRobustConnection:
     """A robust connection named after the component, to the first node of ``url`` that
-    answers (one node: aio-pika's own robust connection). A handshake that outlasts
-    ``timeout`` is tried again, up to ``attempts`` times in all (at most ``attempts * timeout``
-    seconds); a refused or rejected connection is not: it raises at once."""
+    answers (one node: aio-pika's own robust connection), asking for ``heartbeat`` (see the
+    module's docstring). A handshake that outlasts ``timeout`` is tried again, up to
+    ``attempts`` times in all (at most ``attempts * timeout`` seconds); a refused or rejected
+    connection is not: it raises at once."""
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
     for attempt in range(1, attempts + 1):
         try:
-            return await _connect_once(url, name=name, timeout=timeout)
+            return await _connect_once(url, name=name, timeout=timeout, heartbeat=heartbeat)
         except TimeoutError:
             event(
                 log,
@@ -110,16 +129,18 @@ async def connect(
     raise AssertionError("unreachable")
 
 
-async def _connect_once(url: str, *, name: str, timeout: float) -> AbstractRobustConnection:
-    nodes = split_urls(url)
+async def _connect_once(
+    url: str, *, name: str, timeout: float, heartbeat: int | None
+) -> AbstractRobustConnection:
+    nodes = [heartbeat_url(URL(n), heartbeat) for n in split_urls(url)]
     properties: FieldTable = {"connection_name": name}
     if len(nodes) == 1:
-        connection = RobustConnection(URL(nodes[0]), client_properties=properties)
+        connection = RobustConnection(nodes[0], client_properties=properties)
         await _opened(connection, timeout)
         return connection
     last: BaseException | None = None
     for i in range(len(nodes)):
-        order = [URL(n) for n in nodes[i:] + nodes[:i]]
+        order = nodes[i:] + nodes[:i]
         cluster = ClusterConnection(
             order[0],
             nodes=order,

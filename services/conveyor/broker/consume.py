@@ -112,7 +112,11 @@ class Subscription:
     re-create one queue's consumer (a paused type's messages stay in its queue).
 
     Classic queues share one global prefetch of ``prefetch``; quorum queues do not support a
-    global prefetch, so each consumer (each type's two bands) has its own window."""
+    global prefetch, so each consumer (each type's two bands) has its own window.
+
+    ``heartbeat``: the AMQP heartbeat the connection asks for (``cluster.connect``). A worker's
+    is short, so that the deliveries of a worker that stops answering (frozen) go back to their
+    queues within seconds instead of waiting for it."""
 
     def __init__(
         self,
@@ -123,8 +127,10 @@ class Subscription:
         prefetch: int,
         shares: dict[str, int] | None = None,
         queue_type: str = "classic",
+        heartbeat: int | None = None,
     ) -> None:
         self.amqp_url = amqp_url
+        self.heartbeat = heartbeat  # seconds, asked of the broker (``cluster.connect``)
         self.topology = Topology(namespace, queue_type)
         self.name = name
         self.prefetch = prefetch
@@ -139,7 +145,9 @@ class Subscription:
         self._stopped = False  # cancel() was called: nothing resumes after it
 
     async def open(self, types: list[str]) -> None:
-        self.connection = await connect(self.amqp_url, name=self.name, attempts=START_ATTEMPTS)
+        self.connection = await connect(
+            self.amqp_url, name=self.name, attempts=START_ATTEMPTS, heartbeat=self.heartbeat
+        )
         self.channel = await self.connection.channel(publisher_confirms=False)
         await self.channel.set_qos(prefetch_count=self.prefetch, global_=not self.topology.quorum)
         await self.topology.declare_base(self.channel)

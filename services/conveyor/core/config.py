@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     # consumer_timeout (30 min by default) would close the channel
     early_ack_after: float = Field(default=600.0, gt=0)
     worker_health_port: int | None = None
+    # the AMQP heartbeat (seconds) of a worker's broker connection: RabbitMQ closes the
+    # connection of a worker it heard nothing from for two to three of them (frozen: SIGSTOP, a
+    # VM pause) and gives its unacknowledged deliveries to the other workers (0: no heartbeat;
+    # a ``heartbeat`` in amqp_url's query wins)
+    worker_amqp_heartbeat: int = Field(default=4, ge=0, le=65535)
     # liveness (see worker/health.py): the event loop blocked longer than this (seconds) ...
     worker_loop_stall_limit: float = Field(default=10.0, gt=0)
     # ... an outcome waiting to be written longer than this, or a sync handler waiting for a

@@ -103,6 +103,7 @@ class Worker:
             prefetch=concurrency,
             shares=self.shares,
             queue_type=settings.queue_type,
+            heartbeat=settings.worker_amqp_heartbeat,
         )
         self.store = for_schema(settings.db_schema)
         defaults = {t: s.defaults() for t, s in router.handlers.items() if s.defaults()}
