@@ -14,8 +14,7 @@ import logging
 import time
 from typing import Any
 
-from conveyor import Job, JobRouter
-from conveyor.router import CallNext
+from conveyor import CallNext, Job, JobRouter
 
 router = JobRouter()
 log = logging.getLogger("examples.features")

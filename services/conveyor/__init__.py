@@ -3,15 +3,17 @@
 from .core.errors import ConveyorError, Retry
 from .core.jobs import Status
 from .enqueue import enqueue, enqueue_many
+from .jobs.router import CallNext, Job, JobRouter, Middleware
 from .jobs.spec import JobSpec
-from .router import Job, JobRouter
 from .workflows import Workflow, cancel_workflow, chain, chord, enqueue_workflow, group
 
 __all__ = [
+    "CallNext",
     "ConveyorError",
     "Job",
     "JobRouter",
     "JobSpec",
+    "Middleware",
     "Retry",
     "Status",
     "Workflow",

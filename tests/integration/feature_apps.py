@@ -7,9 +7,8 @@ import threading
 import time
 from typing import Any
 
-from conveyor import Job, JobRouter
+from conveyor import CallNext, Job, JobRouter
 from conveyor.core.errors import UnknownJobType
-from conveyor.router import CallNext
 
 router = JobRouter()
 SEEN: list[str] = []  # what the middleware saw, in order

@@ -13,9 +13,8 @@ from typing import Any
 import asyncpg
 import orjson
 
-from conveyor import enqueue
+from conveyor import Job, enqueue
 from conveyor.core.metrics import Metrics
-from conveyor.router import Job
 from conveyor.store import connect, for_schema
 from conveyor.store.connect import create_pool
 from conveyor.store.roles import grant_statements

@@ -14,12 +14,11 @@ import uuid
 import asyncpg
 import orjson
 
-from conveyor import enqueue
+from conveyor import Job, enqueue
 from conveyor.api.models import JobResource
 from conveyor.api.ui.render import job_detail
 from conveyor.core.config import Settings
 from conveyor.core.metrics import Metrics
-from conveyor.router import Job
 from conveyor.store import ProgressReport, for_schema
 from conveyor.store.connect import create_pool
 from conveyor.worker import outcomes

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from conveyor import JobRouter
 from conveyor.core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
 from conveyor.jobs.spec import JobSpec, build_job, replayed, spec_hash
-from conveyor.router import JobRouter
 
 
 def test_build_job_defaults() -> None:

@@ -1,7 +1,8 @@
-"""The code's layout, enforced: SQL only in ``services/conveyor/store/``, aio-pika (and aiormq,
-pamqp) only in ``services/conveyor/broker/``; the package root holds the public API and at most
-10 modules; no import cycle (function-local imports count: they must not dodge one) and no import
-of another module's private name.
+"""The code's layout, enforced: SQL and asyncpg only in ``services/conveyor/store/``, aio-pika
+(and aiormq, pamqp) only in ``services/conveyor/broker/``; the package root holds the public API
+and at most 10 modules; imports go one way through the layers (``LAYERS``); no import cycle
+(function-local imports count: they must not dodge one) and no import of another module's
+private name.
 
 Each rule is a function of a source tree, so the tests below also plant a violation in a copy
 and check that the rule catches it (a guard that cannot fail guards nothing)."""
@@ -34,6 +35,24 @@ SQL_TEXT = re.compile(
     r"|\b(?:LISTEN|NOTIFY|UNLISTEN)\s+\w|\bpg_notify\s*\(|\bpg_(?:try_)?advisory"
 )
 BROKER_LIBS = ("aio_pika", "aiormq", "pamqp")
+DATABASE_LIBS = ("asyncpg",)
+# Each room of the package and its layer: a module imports from its own room and from rooms of
+# lower layers only (rooms of one layer know nothing of each other). The root's modules
+# (enqueue, workflows, the package itself) are the public API, above the jobs they submit.
+LAYERS = {
+    "core": 0,
+    "store": 1,
+    "broker": 1,
+    "client": 1,
+    "jobs": 2,
+    "": 3,
+    "worker": 4,
+    "publisher": 4,
+    "maintenance": 4,
+    "api": 4,
+    "testing": 5,
+    "cli": 6,
+}
 SOURCE_SUFFIXES = (".py", ".js", ".css", ".html", ".sql", ".pyi")
 
 
@@ -95,13 +114,13 @@ def _is_dynamic_import(node: ast.AST) -> bool:
     )
 
 
-def broker_imports_outside_broker(package: Path) -> list[str]:
-    """``file:line module`` for every import of aio-pika / aiormq / pamqp (also a dynamic one,
-    ``importlib.import_module("aio_pika")``) outside ``package/broker``."""
+def imports_outside(package: Path, libraries: tuple[str, ...], room: str) -> list[str]:
+    """``file:line module`` for every import of ``libraries`` (also a dynamic one,
+    ``importlib.import_module("aio_pika")``) outside ``package/room``."""
     problems = []
-    broker = package / "broker"
+    home = package / room
     for path in _python_files(package):
-        if broker in path.parents:
+        if home in path.parents:
             continue
         tree = ast.parse(path.read_text(), str(path))
         where = path.relative_to(package.parent)
@@ -117,9 +136,13 @@ def broker_imports_outside_broker(package: Path) -> list[str]:
                 if isinstance(first, ast.Constant) and isinstance(first.value, str):
                     names = [first.value]
             for name in names:
-                if name.split(".")[0] in BROKER_LIBS:
+                if name.split(".")[0] in libraries:
                     problems.append(f"{where}:{node.lineno} imports {name}")
     return problems
+
+
+def broker_imports_outside_broker(package: Path) -> list[str]:
+    return imports_outside(package, BROKER_LIBS, "broker")
 
 
 def _module_name(package: Path, path: Path) -> str:
@@ -188,6 +211,28 @@ def import_cycles(package: Path) -> list[list[str]]:
     return sorted(cycles)
 
 
+def _room(package: Path, module: str) -> str:
+    """The room of a module: its first package under the root ("" for the root's own modules)."""
+    parts = module.split(".")[1:]
+    return parts[0] if parts and (package / parts[0]).is_dir() else ""
+
+
+def layer_violations(package: Path) -> list[str]:
+    """``a -> b`` for every import of a module of another room that is not on a lower layer
+    (a room missing from ``LAYERS`` is one too)."""
+    graph, _ = import_graph(package)
+    problems = []
+    for module, imported in sorted(graph.items()):
+        room = _room(package, module)
+        for target in sorted(imported):
+            other = _room(package, target)
+            if other == room:
+                continue
+            if room not in LAYERS or other not in LAYERS or LAYERS[other] >= LAYERS[room]:
+                problems.append(f"{module} -> {target}")
+    return problems
+
+
 def root_modules(package: Path) -> list[str]:
     return sorted(p.name for p in package.glob("*.py"))
 
@@ -198,6 +243,14 @@ def test_sql_only_in_the_store() -> None:
 
 def test_aio_pika_only_in_the_broker_module() -> None:
     assert broker_imports_outside_broker(SERVICES / "conveyor") == []
+
+
+def test_asyncpg_only_in_the_store() -> None:
+    assert imports_outside(SERVICES / "conveyor", DATABASE_LIBS, "store") == []
+
+
+def test_imports_go_down_the_layers() -> None:
+    assert layer_violations(SERVICES / "conveyor") == []
 
 
 def test_the_root_is_the_public_api() -> None:
@@ -240,6 +293,8 @@ def tree(tmp_path: Path) -> Path:
 def test_a_clean_tree_passes(tree: Path) -> None:
     assert sql_outside_store(tree) == []
     assert broker_imports_outside_broker(tree) == []
+    assert imports_outside(tree, DATABASE_LIBS, "store") == []
+    assert layer_violations(tree) == []
     assert import_cycles(tree) == []
     assert import_graph(tree)[1] == []
 
@@ -302,3 +357,31 @@ def test_the_root_modules_are_counted(tree: Path) -> None:
     for n in range(MAX_ROOT_MODULES + 1):
         (tree / f"m{n}.py").write_text("")
     assert len(root_modules(tree)) == MAX_ROOT_MODULES + 1
+
+
+def test_asyncpg_outside_the_store_is_found(tree: Path) -> None:
+    (tree / "api" / "planted.py").write_text("import asyncpg\n")
+    assert imports_outside(tree, DATABASE_LIBS, "store") == [
+        "conveyor/api/planted.py:1 imports asyncpg"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("where", "text", "found"),
+    [
+        ("store/up.py", "from ..api import routes\n", "conveyor.store.up -> conveyor.api.routes"),
+        (
+            "broker/side.py",
+            "from ..store import jobs\n",
+            "conveyor.broker.side -> conveyor.store.jobs",
+        ),
+        ("nowhere/x.py", "from ..store import jobs\n", "conveyor.nowhere.x -> conveyor.store.jobs"),
+    ],
+)
+def test_an_import_up_or_across_the_layers_is_found(
+    tree: Path, where: str, text: str, found: str
+) -> None:
+    (tree / "nowhere").mkdir()
+    (tree / "nowhere" / "__init__.py").write_text("")
+    (tree / where).write_text(text)
+    assert layer_violations(tree) == [found]

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from conveyor import Job, JobRouter, Retry
+from conveyor import CallNext, Job, JobRouter, Retry
 from conveyor.core.metrics import Metrics
-from conveyor.router import CallNext
 from conveyor.worker.executor import Executor
 from conveyor.worker.outcomes import Kind
 from conveyor.worker.running import Running

@@ -6,8 +6,7 @@ import random
 
 import pytest
 
-from conveyor import Retry
-from conveyor.router import JobRouter
+from conveyor import JobRouter, Retry
 from conveyor.worker import outcomes
 from conveyor.worker.outcomes import Kind
 

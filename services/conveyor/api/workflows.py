@@ -17,7 +17,6 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-import asyncpg
 import orjson
 from fastapi import FastAPI, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
@@ -26,6 +25,7 @@ from pydantic.config import JsonDict
 from ..core.errors import IdempotencyConflict, InvalidJob, JobNotFound
 from ..core.jobs import Status
 from ..jobs.spec import check_horizon
+from ..store.connect import is_unique_violation
 from ..store.workflows import WorkflowJob, WorkflowRow
 from ..workflows import (
     DEFAULT_MAX_JOBS,
@@ -324,8 +324,7 @@ class WorkflowApi:
                     await tx.rollback()
                 # the same key submitted at once: the first commit holds it
                 if (
-                    isinstance(exc, asyncpg.UniqueViolationError)
-                    and exc.constraint_name == KEY_INDEX
+                    is_unique_violation(exc, KEY_INDEX)
                     and key is not None
                     and (seen := await self.replay(conn, key, digest)) is not None
                 ):

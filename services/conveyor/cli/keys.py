@@ -9,15 +9,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import asyncpg
-
 from ..broker.permissions import rabbitmqctl_commands
 from ..core.apikeys import new_key, parse_scopes
 from ..core.config import Settings
 from ..core.secrets import mask_url
 from ..store import ApiKeyRow
 from ..store.bounds import component_bounds
-from ..store.connect import connect_options
+from ..store.connect import connect, connect_options
 from ..store.roles import COMPONENTS, ensure_login_roles, grant_existing, roles_sql
 from .support import database, guarded, listing, run, when
 
@@ -97,7 +95,7 @@ def role_passwords(environ: Mapping[str, str]) -> dict[str, str]:
 async def grant_roles(settings: Settings, passwords: Mapping[str, str] | None = None) -> list[str]:
     """``conveyor migrate --grant-roles``: the grants to the default roles that exist; with
     ``passwords`` (``--create-roles``), first create those roles or set their passwords."""
-    conn = await asyncpg.connect(settings.database_url, **connect_options(settings.db_pooler))
+    conn = await connect(settings.database_url, **connect_options(settings.db_pooler))
     try:
         if passwords:
             bounds = {c: b.server_settings() for c, b in component_bounds(settings).items()}

@@ -22,7 +22,7 @@ from ..core.logging import configure, event
 from ..core.metrics import Metrics
 from ..core.probes import serve_probes
 from ..core.secrets import MaskedStream, mask_url
-from ..router import JobRouter
+from ..jobs.router import JobRouter
 from ..store.connect import check_server
 from .lifecycle import install_signals, start_with_retry
 from .support import CliError

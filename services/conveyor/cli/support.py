@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from datetime import UTC
 from typing import Any, TextIO, TypeVar
 
-import asyncpg
 import orjson
 
 from ..api.resource import R, decode_cursor, keyset_page
@@ -26,7 +25,14 @@ from ..core.logging import say
 from ..core.secrets import mask_url
 from ..store import Store, for_schema
 from ..store.bounds import API_STATEMENT_FLOOR, SessionBounds
-from ..store.connect import create_pool, database_name, is_unavailable, is_unmigrated
+from ..store.connect import (
+    create_pool,
+    database_name,
+    is_missing_database,
+    is_refused_login,
+    is_unavailable,
+    is_unmigrated,
+)
 
 EXIT_PIPE = 141  # 128 + SIGPIPE, as a process killed by it (`set -o pipefail` sees this)
 T = TypeVar("T")
@@ -68,7 +74,7 @@ def shown(value: Any) -> str:
 def database_error(exc: BaseException, settings: Settings) -> CliError | None:
     """The one line for an error that means the database cannot be used (None: another error)."""
     url = mask_url(settings.database_url)
-    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+    if is_missing_database(exc):
         name = database_name(settings.database_url)
         return CliError(f"database {name!r} does not exist ({url}): run `conveyor migrate`")
     if is_unmigrated(exc):
@@ -76,9 +82,7 @@ def database_error(exc: BaseException, settings: Settings) -> CliError | None:
             f"database schema {settings.db_schema!r} is not migrated ({url}): "
             "run `conveyor migrate`"
         )
-    if is_unavailable(exc) or isinstance(
-        exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError
-    ):
+    if is_unavailable(exc) or is_refused_login(exc):
         return CliError(f"cannot use PostgreSQL at {url}: {type(exc).__name__}: {exc}"[:400])
     return None
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core.errors import UnknownJobType
-from ..router import JobRouter
 from ..store import Connection, JobTypeDefaults, Store
 from .connection import schema_store
+from .router import JobRouter
 from .schedules import build_schedule
 
 

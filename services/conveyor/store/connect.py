@@ -64,6 +64,28 @@ def is_unmigrated(exc: BaseException) -> bool:
     return isinstance(exc, UNMIGRATED)
 
 
+def is_missing_database(exc: BaseException) -> bool:
+    return isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError)
+
+
+def is_refused_login(exc: BaseException) -> bool:
+    """The server refused the role: no such role, a wrong password, no pg_hba entry."""
+    return isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError)
+
+
+def is_unique_violation(exc: BaseException, constraint: str) -> bool:
+    """A unique index or constraint named ``constraint`` refused a row."""
+    return (
+        isinstance(exc, asyncpg.UniqueViolationError)
+        and getattr(exc, "constraint_name", None) == constraint
+    )
+
+
+async def connect(url: str, **options: Any) -> Any:
+    """One connection of its own (an asyncpg connection; ``options`` as ``asyncpg.connect``)."""
+    return await asyncpg.connect(url, **options)
+
+
 POOLERS = ("none", "transaction")
 
 

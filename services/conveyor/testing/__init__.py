@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..jobs.connection import asyncpg_connection
+from ..jobs.router import JobRouter
 from ..jobs.types import register_router_types
-from ..router import JobRouter
 from .asserts import Enqueued, JobCall, all_enqueued, assert_enqueued, refute_enqueued, run_job
 from .drain import DrainedAttempt, DrainResult, drain
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..jobs.connection import asyncpg_connection, schema_store
-from ..router import Job, JobRouter
+from ..jobs.router import Job, JobRouter
 from ..store import JobRow
 from ..worker.followups import build_followup
 from ..worker.middleware import chain

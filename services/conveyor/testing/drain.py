@@ -17,7 +17,7 @@ from ..core.config import Settings
 from ..core.jobs import Status
 from ..core.metrics import Metrics
 from ..jobs.connection import asyncpg_connection, schema_store
-from ..router import Job, JobRouter
+from ..jobs.router import Job, JobRouter
 from ..store import Store
 from ..worker.completer import Completer, Pending
 from ..worker.executor import Executor

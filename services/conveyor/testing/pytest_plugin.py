@@ -21,13 +21,14 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
-import asyncpg
 import pytest
 import pytest_asyncio
 
-from ..router import JobRouter
+from ..jobs.router import JobRouter
 from ..store import for_schema
+from ..store.connect import connect
 from ..store.migrate import migrate
 from . import register_types
 
@@ -61,7 +62,7 @@ def conveyor_schema(conveyor_database_url: str) -> Iterator[str]:
 
 
 async def _drop(url: str, schema: str) -> None:
-    conn = await asyncpg.connect(url)
+    conn = await connect(url)
     try:
         await for_schema(schema).testing_drop_schema(conn)
     finally:
@@ -77,8 +78,8 @@ def conveyor_router() -> JobRouter | None:
 @pytest_asyncio.fixture
 async def conveyor_conn(
     conveyor_database_url: str, conveyor_schema: str, conveyor_router: JobRouter | None
-) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(conveyor_database_url)
+) -> AsyncIterator[Any]:
+    conn = await connect(conveyor_database_url)
     tx = conn.transaction()
     await tx.start()
     try:

@@ -32,7 +32,7 @@ from ..core import tracing
 from ..core.errors import Retry
 from ..core.logging import event
 from ..core.metrics import Metrics
-from ..router import Middleware
+from ..jobs.router import Middleware
 from . import outcomes
 from .guard import BlockPenalty, LoopBlocked
 from .middleware import chain, sync_call

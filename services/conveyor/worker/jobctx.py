@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core.errors import UnknownJobType
-from ..router import Job
+from ..jobs.router import Job
 from .followups import build_followup
 from .progress import ProgressWriter, report
 from .running import Running

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..router import CallNext, Job, Middleware
+from ..jobs.router import CallNext, Job, Middleware
 
 
 def chain(middlewares: Sequence[Middleware], handler: CallNext) -> CallNext:

@@ -21,7 +21,7 @@ import orjson
 from ..core import finite
 from ..core.errors import Retry
 from ..core.jobs import backoff_delay, snap_to_pen
-from ..router import HandlerSpec
+from ..jobs.router import HandlerSpec
 
 MAX_ERROR_CHARS = 4000
 CUT = "\n[...]\n"  # marks the middle of an error text cut to MAX_ERROR_CHARS

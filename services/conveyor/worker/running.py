@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..broker.consume import Delivery
-from ..router import HandlerSpec, Job
+from ..jobs.router import HandlerSpec, Job
 from ..store import NewJob, ProgressReport
 
 

@@ -30,8 +30,8 @@ from ..core.config import Settings
 from ..core.limits import shares
 from ..core.logging import event
 from ..core.metrics import Metrics, observe_many
+from ..jobs.router import Job, JobRouter
 from ..jobs.types import register_router_schedules, router_types
-from ..router import Job, JobRouter
 from ..store import ClaimedJob, for_schema
 from ..store.bounds import SessionBounds
 from ..store.connect import create_pool

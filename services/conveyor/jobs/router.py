@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, Unpack
 
-from .core.jobs import JobOptions, check_type
-from .core.limits import Rate, check_concurrency, parse_rate
-from .jobs.schedules import CodeSchedule, code_schedule
+from ..core.jobs import JobOptions, check_type
+from ..core.limits import Rate, check_concurrency, parse_rate
+from .schedules import CodeSchedule, code_schedule
 
 Handler = Callable[["Job"], Any]
 F = TypeVar("F", bound=Handler)
