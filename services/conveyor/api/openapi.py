@@ -118,11 +118,12 @@ def submit_headers() -> list[dict[str, Any]]:
             "name": "Idempotency-Key",
             "in": "header",
             "required": False,
+            # no "example": Swagger UI would pre-fill it, and a second try with another body
+            # would reuse the key (a 409)
             "description": "Makes a retry safe: the same key with the same body returns the "
             "first answer's jobs (200) without creating new ones; a different body with it is "
-            "a 409.",
+            "a 409. Use one key per operation of yours, e.g. `order-42-confirmation`.",
             "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-            "example": "order-42-confirmation",
         },
         {
             "name": "traceparent",
