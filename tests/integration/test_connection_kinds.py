@@ -148,3 +148,19 @@ async def test_enqueue_sync(url: str, db: asyncpg.Connection, kind: str, commit:
 
         await asyncio.to_thread(go)
     assert await _counts(db) == ((3, 2, 1) if commit else (0, 0, 0))
+
+
+async def test_testing_helpers_on_a_pool(url: str, db: asyncpg.Connection) -> None:
+    """``docs/testing.md``: the helpers take an asyncpg pool as well (each call on a
+    connection of its own, committed)."""
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+    try:
+        await register_types(pool, router)
+        await refute_enqueued(pool, "kinds_ok")
+        await enqueue(db, "kinds_ok", {"n": 1})
+        await assert_enqueued(pool, "kinds_ok", payload={"n": 1}, count=1)
+        result = await drain(pool, router)
+        assert [a.status.value for a in result.attempts] == ["COMPLETED"]
+        assert await all_enqueued(pool) == []
+    finally:
+        await pool.close()
