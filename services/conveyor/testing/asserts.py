@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..jobs.connection import asyncpg_connection, schema_store
+from ..jobs.connection import connection_or_pool, schema_store
 from ..router import Job, JobRouter
 from ..store import JobRow
 from ..worker.followups import build_followup
@@ -27,10 +27,10 @@ async def all_enqueued(
 ) -> list[JobRow]:
     """The waiting jobs (of ``type``, or of every type), oldest first. ``payload`` and ``meta``
     match the jobs holding at least those keys with those values (JSON containment)."""
-    raw = await asyncpg_connection(conn)
-    return await schema_store(schema).testing_waiting(
-        raw, type, payload=payload, meta=meta, unique_key=unique_key
-    )
+    async with connection_or_pool(conn) as raw:
+        return await schema_store(schema).testing_waiting(
+            raw, type, payload=payload, meta=meta, unique_key=unique_key
+        )
 
 
 def _wanted(type: str, payload: Any, meta: Any, unique_key: str | None) -> str:
