@@ -38,7 +38,9 @@ def add_parser(sub: Any) -> None:
             )
     j = jobs.add_parser("list", help="list jobs, newest first, a page at a time")
     j.add_argument("--type")
-    j.add_argument("--status", choices=STATUSES)
+    j.add_argument(
+        "--status", type=str.upper, choices=STATUSES, help="only jobs in this status (any case)"
+    )
     j.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
     j.add_argument("--cursor", help="the page after this cursor (printed after each page)")
     j.add_argument("--all", action="store_true", help="follow every page")

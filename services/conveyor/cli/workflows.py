@@ -36,7 +36,12 @@ def add_parser(sub: Any) -> None:
         w.add_argument("id")
         w.add_argument("--json", action="store_true", help="the workflow as one JSON line")
     w = wf.add_parser("list", help="list workflows, newest first, a page at a time")
-    w.add_argument("--status", choices=WORKFLOW_STATUSES)
+    w.add_argument(
+        "--status",
+        type=str.upper,
+        choices=WORKFLOW_STATUSES,
+        help="only workflows in this status (any case)",
+    )
     w.add_argument("--name")
     w.add_argument("--limit", type=int, default=50, help="workflows per page (default 50)")
     w.add_argument("--cursor", help="the page after this cursor (printed after each page)")

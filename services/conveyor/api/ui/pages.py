@@ -96,7 +96,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
                 return page(request, "Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>', 400)
         try:
             _nul(type)
-            st = Status(status).value if status else None
+            st = Status(status.upper()).value if status else None
             cursor = uuid.UUID(before) if before else None
             floor = datetime.fromisoformat(since).replace(tzinfo=UTC) if since else None
         except ValueError as exc:
