@@ -16,7 +16,7 @@ from ..api.resource import resource as job_resource
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..store import JobRow, Store
-from .support import database, json_doc, json_line, pages, run, when
+from .support import database, json_doc, json_line, list_by_default, pages, run, when
 from .support import job_id as parse_job_id
 
 STATUSES = [s.value for s in Status]
@@ -46,6 +46,7 @@ def add_parser(sub: Any) -> None:
     j.add_argument("--all", action="store_true", help="follow every page")
     j.add_argument("--json", action="store_true", help="one JSON object per job (JSON Lines)")
     s.set_defaults(func=cmd_jobs)
+    list_by_default(s, jobs, j)
 
 
 def _text(row: Any, attempts: list[dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ from ..store import ApiKeyRow
 from ..store.bounds import component_bounds
 from ..store.connect import connect_options
 from ..store.roles import COMPONENTS, ensure_login_roles, grant_existing, roles_sql
-from .support import database, guarded, listing, run, when
+from .support import database, guarded, list_by_default, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -38,6 +38,7 @@ def add_parser(sub: Any) -> None:
     r = actions.add_parser("revoke", help=revoke, description=revoke)
     r.add_argument("name")
     s.set_defaults(func=cmd_keys)
+    list_by_default(s, actions, ls)
 
     s = sub.add_parser("roles", help="least-privilege PostgreSQL grants per component")
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -167,6 +167,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("conveyor")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="conveyor",
@@ -174,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from CONVEYOR_* environment variables (CONVEYOR_DATABASE_URL, CONVEYOR_AMQP_URL, "
         "CONVEYOR_NAMESPACE, CONVEYOR_VISIBILITY_TIMEOUT, ...).",
     )
+    p.add_argument("--version", action="version", version=f"conveyor {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("migrate", help="create the database if missing, then alembic upgrade head")

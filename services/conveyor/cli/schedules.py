@@ -12,7 +12,7 @@ import orjson
 from ..core.config import Settings
 from ..jobs.schedules import build_schedule, resume_at
 from ..jobs.types import KnownTypes
-from .support import database, listing, run, when
+from .support import database, list_by_default, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -38,6 +38,7 @@ def add_parser(sub: Any) -> None:
     ):
         acts.add_parser(name, help=help_).add_argument("name")
     s.set_defaults(func=cmd_schedules)
+    list_by_default(s, acts, ls)
 
 
 def _line(row: Any) -> str:

@@ -51,6 +51,16 @@ def job_id(text: str) -> uuid.UUID:
         ) from None
 
 
+def list_by_default(
+    group: argparse.ArgumentParser, actions: Any, listing: argparse.ArgumentParser
+) -> None:
+    """``conveyor <group>`` alone runs ``<group> list`` (``listing``) with its defaults. Call it
+    after ``group.add_subparsers`` (``actions``)."""
+    actions.required = False
+    group.epilog = "Without an ACTION: list."
+    group.set_defaults(action="list", **vars(listing.parse_args([])))
+
+
 def when(value: Any) -> str:
     """A time for human output: UTC, with its zone."""
     return "-" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"

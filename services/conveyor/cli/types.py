@@ -11,7 +11,7 @@ from ..core.config import Settings
 from ..core.limits import check_concurrency, parse_rate
 from ..jobs.types import register_router_schedules, router_types
 from ..store import Store
-from .support import database, listing, run, shown, when
+from .support import database, list_by_default, listing, run, shown, when
 
 
 def add_parser(sub: Any) -> None:
@@ -36,6 +36,7 @@ def add_parser(sub: Any) -> None:
     lim.add_argument("--concurrency", help="at most N IN_PROGRESS across all workers; 'none'")
     lim.add_argument("--rate-limit", help="at most N starts per window, e.g. 100/m; 'none'")
     s.set_defaults(func=cmd_types)
+    list_by_default(s, actions, ls)
 
 
 def _limit_value(text: str | None, parse: Any) -> Any:

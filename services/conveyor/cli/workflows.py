@@ -13,7 +13,7 @@ from ..core.config import Settings
 from ..store import Store
 from ..store.schema_workflows import WORKFLOW_STATUSES
 from ..store.workflows import WorkflowRow
-from .support import CliError, database, json_line, pages, run, when
+from .support import CliError, database, json_line, list_by_default, pages, run, when
 
 
 def parse_id(text: str) -> uuid.UUID:
@@ -48,6 +48,7 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--all", action="store_true", help="follow every page")
     w.add_argument("--json", action="store_true", help="one JSON object per workflow")
     s.set_defaults(func=cmd_workflows)
+    list_by_default(s, wf, w)
 
 
 def _counts(c: dict[str, int]) -> str:
