@@ -31,13 +31,13 @@ def add_parser(sub: Any) -> None:
         ("retry", "re-queue a FAILED or CANCELLED job"),
     ):
         j = jobs.add_parser(name, help=help_)
-        j.add_argument("id")
+        j.add_argument("id", help="the job's id (a UUID, as `conveyor jobs list` prints it)")
         if name == "show":
             j.add_argument(
                 "--json", action="store_true", help="the job and its attempts as one JSON line"
             )
     j = jobs.add_parser("list", help="list jobs, newest first, a page at a time")
-    j.add_argument("--type")
+    j.add_argument("--type", help="only jobs of this type")
     j.add_argument(
         "--status", type=str.upper, choices=STATUSES, help="only jobs in this status (any case)"
     )

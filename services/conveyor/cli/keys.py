@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
         "CONVEYOR_AUTH_CACHE_SECONDS)"
     )
     r = actions.add_parser("revoke", help=revoke, description=revoke)
-    r.add_argument("name")
+    r.add_argument("name", help="the key's name (as `conveyor keys list` prints it)")
     s.set_defaults(func=cmd_keys)
     list_by_default(s, actions, ls)
 
@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> None:
             help=f"the {component}'s role (default conveyor_{component})",
         )
     q = actions.add_parser("amqp", help="print rabbitmqctl commands for the broker users")
-    q.add_argument("--vhost", default="/")
+    q.add_argument("--vhost", default="/", help="the RabbitMQ virtual host (default /)")
     q.add_argument("--types", help="comma-separated job types the worker may consume")
     s.set_defaults(func=cmd_roles)
 

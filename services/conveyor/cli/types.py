@@ -30,9 +30,9 @@ def add_parser(sub: Any) -> None:
         ("pause", "pause a type fleet-wide: its jobs are accepted and wait"),
         ("resume", "resume a paused type"),
     ):
-        actions.add_parser(name, help=help_).add_argument("type")
+        actions.add_parser(name, help=help_).add_argument("type", help="the job type")
     lim = actions.add_parser("limit", help="change a type's fleet-wide limits at run time")
-    lim.add_argument("type")
+    lim.add_argument("type", help="the job type")
     lim.add_argument("--concurrency", help="at most N IN_PROGRESS across all workers; 'none'")
     lim.add_argument("--rate-limit", help="at most N starts per window, e.g. 100/m; 'none'")
     s.set_defaults(func=cmd_types)

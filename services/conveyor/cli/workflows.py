@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
         ("cancel", "cancel every unfinished job of a workflow"),
     ):
         w = wf.add_parser(name, help=help_)
-        w.add_argument("id")
+        w.add_argument("id", help="the workflow's id (as `conveyor workflows list` prints it)")
         w.add_argument("--json", action="store_true", help="the workflow as one JSON line")
     w = wf.add_parser("list", help="list workflows, newest first, a page at a time")
     w.add_argument(
@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
         choices=WORKFLOW_STATUSES,
         help="only workflows in this status (any case)",
     )
-    w.add_argument("--name")
+    w.add_argument("--name", help="only workflows of this name")
     w.add_argument("--limit", type=int, default=50, help="workflows per page (default 50)")
     w.add_argument("--cursor", help="the page after this cursor (printed after each page)")
     w.add_argument("--all", action="store_true", help="follow every page")
