@@ -10,9 +10,14 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/$$(PORT)/$(PORT)/g' \
 	  | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml services/conveyor_cli.py  # the script module is copied in at install
+# what running needs (make dev), then the test tools on top (make install, make test)
+$(VENV)/.installed-run: pyproject.toml services/conveyor_cli.py  # the script module is copied in at install
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-run
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
@@ -25,7 +30,7 @@ system-packages: ## install the system packages the tests need (as root, with ap
 
 PORT ?= 8000
 
-dev: install ## run API + publisher + worker + maintenance on http://127.0.0.1:$(PORT) (example app; PORT=8001 to move it)
+dev: $(VENV)/.installed-run ## run API + publisher + worker + maintenance on http://127.0.0.1:$(PORT) (example app; PORT=8001 to move it)
 	$(VENV)/bin/conveyor dev --app examples.app:router --port $(PORT)
 
 # pytest-xdist: worker processes, and every test of a module with a module-scoped fixture (a

@@ -10,9 +10,9 @@ from typing import Any, Unpack
 
 from .core import tracing
 from .core.jobs import JobOptions
-from .jobs.connection import asyncpg_connection, schema_store
 from .jobs.spec import JobSpec, build_job, replayed
 from .jobs.types import check_for_enqueue
+from .store.caller import asyncpg_connection, schema_store
 
 __all__ = ["JobSpec", "enqueue", "enqueue_many"]
 

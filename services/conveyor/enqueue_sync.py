@@ -19,12 +19,19 @@ from .workflows import enqueue_workflow as enqueue_workflow_async
 
 
 def _psycopg_connection(conn: Any) -> Any:
-    """The psycopg connection behind ``conn`` (psycopg, SQLAlchemy Session or Connection)."""
+    """The psycopg connection behind ``conn`` (psycopg, SQLAlchemy Session or Connection),
+    with a SQLAlchemy transaction begun: statements on the driver's connection bypass
+    SQLAlchemy's autobegin, and a ``Connection.commit()`` with none begun commits nothing (the
+    pool's reset on return then rolled the job back)."""
     import psycopg
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session
 
     if isinstance(conn, psycopg.Connection):
         return conn
-    sa_conn = conn.connection() if callable(getattr(conn, "connection", None)) else conn
+    sa_conn = conn.connection() if isinstance(conn, Session) else conn  # begins the session's
+    if isinstance(sa_conn, Connection) and not sa_conn.in_transaction():
+        sa_conn.begin()  # what autobegin would do at the caller's next statement
     fairy = getattr(sa_conn, "connection", None)  # the pooled DBAPI connection
     driver = getattr(fairy, "driver_connection", None)
     if not isinstance(driver, psycopg.Connection):

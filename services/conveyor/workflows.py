@@ -25,10 +25,10 @@ from typing import Any, Unpack
 from .core import tracing
 from .core.errors import InvalidJob
 from .core.jobs import JobOptions, new_job_id
-from .jobs.connection import asyncpg_connection, schema_store
 from .jobs.spec import DEFAULT_MAX_PAYLOAD, JobSpec, build_job
 from .jobs.types import check_for_enqueue
 from .store import NewJob
+from .store.caller import asyncpg_connection, schema_store
 from .store.schema import ON_FAILURE
 from .store.workflows import PARKED, WorkflowJob, WorkflowRow
 

@@ -26,6 +26,7 @@ _NAME = re.compile(r"\bconveyor_[a-z0-9_]+\b")
 def exposed() -> set[str]:
     """Every sample name a Conveyor process can expose."""
     metrics = Metrics()
+    metrics.maintenance_gauges()  # registered where maintenance computes them
     LoopMonitor(metrics.registry)  # the worker's conveyor_worker_loop_* gauges
     names: set[str] = set()
     for family in metrics.registry.collect():

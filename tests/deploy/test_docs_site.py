@@ -96,6 +96,15 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
     pages = {p.stem for p in (ROOT / "docs").glob("*.md")} - {"index"}
     assert pages <= built, pages - built
     assert (site / "index.html").exists()
+    # it loads nothing from the internet (Material's default: Google Fonts on every page)
+    loads = re.compile(r"<(?:link|script)\b[^>]*\b(?:href|src)=[\"']?((?:https?:)?//[^\"' >]+)")
+    remote = {u for p in site.rglob("*.html") for u in loads.findall(p.read_text())}
+    remote |= {
+        u
+        for p in site.rglob("*.css")
+        for u in re.findall(r"url\(['\"]?(https?://[^)'\"]+)", p.read_text())
+    }
+    assert remote == set(), sorted(remote)[:10]
 
 
 UI_PATH = re.compile(r"(?<![\w.])/ui(?:/[a-z][a-z-]*)*(?![\w-])")

@@ -48,11 +48,15 @@ def test_nothing_missing_is_silent() -> None:
 def test_missing_packages_without_root_are_one_line() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # not under pytest's 0700 base: another user runs it
         Path(tmp).chmod(0o755)
-        _missing_packages_are_one_line(_bin(Path(tmp), "kubectl", "apt-get"))
+        # a copy the other user can read: the clone may be private (0700, /root)
+        script = Path(tmp) / "system-packages"
+        shutil.copyfile(SCRIPT, script)
+        script.chmod(0o755)
+        _missing_packages_are_one_line(_bin(Path(tmp), "kubectl", "apt-get"), script)
 
 
-def _missing_packages_are_one_line(path: Path) -> None:
-    command = [str(path / "bash"), str(SCRIPT)]
+def _missing_packages_are_one_line(path: Path, script: Path) -> None:
+    command = [str(path / "bash"), str(script)]
     if os.geteuid() == 0:  # as a user who cannot install
         command = [
             str(shutil.which("setpriv")),

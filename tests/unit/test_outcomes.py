@@ -144,3 +144,26 @@ def test_an_exception_whose_str_raises_is_described() -> None:
 
     o = outcomes.failed(Unprintable(), retry_count=0, max_retries=0, spec=None)
     assert o.error is not None and "Unprintable" in o.error
+
+
+def test_raised_at_names_the_innermost_frame_of_the_last_exception() -> None:
+    """A worker's ``job_attempt_failed`` line says where the error was raised (``at``): the
+    innermost frame of the exception that ended the attempt, not of one it was raised from."""
+
+    def inner() -> None:
+        raise KeyError("k")
+
+    def outer() -> None:
+        try:
+            inner()
+        except KeyError as exc:
+            raise ValueError("wrapped") from exc
+
+    try:
+        outer()
+    except ValueError as exc:
+        text = outcomes.describe(exc)
+    where = outcomes.raised_at(text)
+    assert where is not None and where.endswith(" in outer"), where
+    assert where.startswith(f"{__file__}:"), where
+    assert outcomes.raised_at("Retry: not yet") is None

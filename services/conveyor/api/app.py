@@ -23,7 +23,7 @@ from .schedules import add_schedule_routes
 from .service import Api
 from .types_routes import add_type_routes
 from .ui import add_ui
-from .ui.session import refused_page
+from .ui.session import error_page, refused_page
 from .workflows import SubmitWorkflow, add_workflow_routes
 
 log = logging.getLogger("conveyor.api")
@@ -63,7 +63,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     add_workflow_routes(app, api)
     add_ui(app, api)
     install_docs(app)
-    errors.install(app, metrics)
+    errors.install(app, metrics, ui_page=error_page)
     openapi.install(app, bodies=[SubmitJob, SubmitBatch, SubmitWorkflow])
 
     def limit_for(path: str) -> int:

@@ -1,4 +1,5 @@
-"""One error shape for every non-2xx answer: ``{"error": <short code>, "detail": <str|object>}``.
+"""One error shape for every non-2xx answer: ``{"error": <short code>, "detail": <str|object>}``
+(under ``/ui``, the dashboard's, the same error as a page).
 
 Every exception that can reach a client is mapped here; ``install`` registers the handlers, and
 ``ErrorRoutes`` answers unknown paths (404), wrong methods (405 with the true ``Allow`` header)
@@ -86,38 +87,57 @@ PLAIN: dict[type[Exception], tuple[int, str]] = {
 }
 
 
-def install(app: FastAPI, metrics: Metrics) -> None:
+def install(
+    app: FastAPI,
+    metrics: Metrics,
+    *,
+    ui_page: Callable[[Request, int, str], Response] | None = None,
+) -> None:
+    """The handlers. Under ``/ui`` an error is ``ui_page(request, status, message)``, a page of
+    the dashboard (a browser showed the JSON), and JSON everywhere else."""
+
     def failure(
-        status: int, error: str, detail: Any = None, headers: dict[str, str] | None = None
+        request: Request,
+        status: int,
+        error: str,
+        detail: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> Response:
         metrics.api_errors.labels(str(status)).inc()
+        path = request.url.path
+        if ui_page is not None and (path == "/ui" or path.startswith("/ui/")):
+            page = ui_page(request, status, _sentence(detail) or error.replace("_", " "))
+            page.headers.update(headers or {})
+            return page
         return error_response(status, error, detail, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
-        return failure(422, "invalid_request", validation_detail(exc.errors()))
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return failure(request, 422, "invalid_request", validation_detail(exc.errors()))
 
     @app.exception_handler(ValidationError)
-    async def _invalid_body(_: Request, exc: ValidationError) -> Response:
-        return failure(422, "invalid_request", validation_detail(exc.errors(), ("body",)))
+    async def _invalid_body(request: Request, exc: ValidationError) -> Response:
+        detail = validation_detail(exc.errors(), ("body",))
+        return failure(request, 422, "invalid_request", detail)
 
     @app.exception_handler(BodyError)
-    async def _bad_body(_: Request, exc: BodyError) -> Response:
-        return failure(exc.status, exc.error, exc.detail)
+    async def _bad_body(request: Request, exc: BodyError) -> Response:
+        return failure(request, exc.status, exc.error, exc.detail)
 
     @app.exception_handler(UnknownJobType)
-    async def _unknown_type(_: Request, exc: UnknownJobType) -> Response:
+    async def _unknown_type(request: Request, exc: UnknownJobType) -> Response:
         detail = {"type": exc.job_type, "known": exc.known, "message": str(exc)}
-        return failure(422, "unknown_job_type", detail)
+        return failure(request, 422, "unknown_job_type", detail)
 
     @app.exception_handler(InvalidTransition)
-    async def _transition(_: Request, exc: InvalidTransition) -> Response:
-        return failure(409, "invalid_transition", {"message": str(exc), "status": exc.status})
+    async def _transition(request: Request, exc: InvalidTransition) -> Response:
+        detail = {"message": str(exc), "status": exc.status}
+        return failure(request, 409, "invalid_transition", detail)
 
-    async def _plain(_: Request, exc: Exception) -> Response:
+    async def _plain(request: Request, exc: Exception) -> Response:
         # the nearest class of PLAIN in the exception's MRO: the one Starlette matched it by
         status, error = next(PLAIN[c] for c in type(exc).__mro__ if c in PLAIN)
-        return failure(status, error, str(exc))
+        return failure(request, status, error, str(exc))
 
     for exc_type in PLAIN:
         app.add_exception_handler(exc_type, _plain)
@@ -125,20 +145,32 @@ def install(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return failure(404, "not_found", f"no route {request.url.path}")
+            return failure(request, 404, "not_found", f"no route {request.url.path}")
         if exc.status_code == 405:
             allow = allowed_methods(request.app, request.scope)
             detail = f"{request.method} is not allowed here; allowed: {', '.join(allow)}"
-            return failure(405, "method_not_allowed", detail, {"Allow": ", ".join(allow)})
+            return failure(request, 405, "method_not_allowed", detail, {"Allow": ", ".join(allow)})
         code = re.sub(r"[^a-z]+", "_", str(exc.detail).lower()).strip("_") or "error"
-        return failure(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+        return failure(request, exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> Response:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         if is_unavailable(exc):
-            return failure(503, "service_unavailable", str(unavailable(type(exc).__name__, exc)))
+            detail = str(unavailable(type(exc).__name__, exc))
+            return failure(request, 503, "service_unavailable", detail)
         event(log, "api_unexpected_error", logging.ERROR, error=repr(exc)[:1000])
-        return failure(500, "internal_error", "an unexpected error; it has been logged")
+        return failure(request, 500, "internal_error", "an unexpected error; it has been logged")
+
+
+def _sentence(detail: Any) -> str:
+    """An error's ``detail`` as one line of text for a page."""
+    if isinstance(detail, list):
+        return "; ".join(
+            f"{'.'.join(map(str, d.get('loc', ())))}: {d.get('msg', '')}" for d in detail
+        )
+    if isinstance(detail, dict):
+        return str(detail.get("message", detail))
+    return "" if detail is None else str(detail)
 
 
 def allowed_methods(app: Any, scope: Scope) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 from pydantic.json_schema import models_json_schema
 
 from .auth import OPEN, SUBMITS
@@ -19,6 +19,8 @@ REF = "#/components/schemas/{model}"
 
 # The keyset page parameters of every list route (``GET /jobs``, ``GET /workflows``)
 PageLimit = Annotated[int, Query(ge=1, le=500, description="Page size.")]
+# a status filter in any case (`?status=failed`); the schema lists the statuses as stored
+AnyCase = BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)
 PageCursor = Annotated[
     str | None, Query(pattern=r"^[A-Za-z0-9_-]{22}$", description="`next_cursor` of the last page.")
 ]
@@ -118,11 +120,12 @@ def submit_headers() -> list[dict[str, Any]]:
             "name": "Idempotency-Key",
             "in": "header",
             "required": False,
+            # no "example": Swagger UI would pre-fill it, and a second try with another body
+            # would reuse the key (a 409)
             "description": "Makes a retry safe: the same key with the same body returns the "
             "first answer's jobs (200) without creating new ones; a different body with it is "
-            "a 409.",
+            "a 409. Use one key per operation of yours, e.g. `order-42-confirmation`.",
             "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-            "example": "order-42-confirmation",
         },
         {
             "name": "traceparent",

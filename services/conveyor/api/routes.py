@@ -15,7 +15,7 @@ from ..core.jobs import TYPE_PATTERN, Status
 from ..core.metrics import Metrics
 from .errors import error_response, json_response
 from .models import BatchResource, JobPage, JobResource, SubmitBatch, SubmitJob
-from .openapi import PageCursor, PageLimit, errors, json_body, submit_headers
+from .openapi import AnyCase, PageCursor, PageLimit, errors, json_body, submit_headers
 from .service import Api
 
 # The submit routes read their headers themselves (a FastAPI ``Header`` parameter costs a
@@ -113,7 +113,9 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         type: Annotated[
             str | None, Query(pattern=TYPE_PATTERN, description="Only jobs of this type.")
         ] = None,
-        status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
+        status: Annotated[
+            Status | None, AnyCase, Query(description="Only jobs in this status (any case).")
+        ] = None,
         limit: PageLimit = 50,
         cursor: PageCursor = None,
     ) -> Response:

@@ -39,7 +39,7 @@ from ..workflows import (
 from .body import parse_json
 from .errors import error_response
 from .models import NO_NUL, SubmitJob
-from .openapi import PageCursor, PageLimit, errors, json_body, submit_headers
+from .openapi import AnyCase, PageCursor, PageLimit, errors, json_body, submit_headers
 from .resource import decode_cursor, error_summary, keyset_page
 from .routes import idempotency_key
 from .service import INLINE_PARSE_BYTES, Api
@@ -415,7 +415,9 @@ def add_workflow_routes(app: FastAPI, api: Api) -> None:
     )
     async def list_workflows(
         status: Annotated[
-            WorkflowStatus | None, Query(description="Only workflows in this status.")
+            WorkflowStatus | None,
+            AnyCase,
+            Query(description="Only workflows in this status (any case)."),
         ] = None,
         name: Annotated[Key | None, Query(description="Only workflows of this name.")] = None,
         limit: PageLimit = 50,

@@ -18,7 +18,9 @@ A connection whose first connect fails, times out or is cancelled is closed befo
 reaches the caller, so nothing it opened is left for the garbage collector. ``timeout`` bounds
 one handshake; a component's start passes ``attempts=START_ATTEMPTS``, so a broker too loaded to
 answer one handshake in time gets a few, each logged (``broker_connect_timed_out``), before the
-start fails (a process's start then retries with backoff: ``cli/lifecycle.py``).
+start fails (a process's start then retries with backoff: ``cli/lifecycle.py``). A failure says
+which node and which user (``BrokerRefused``; a handshake that never came, a ``TimeoutError``
+naming the nodes), never the password.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 from typing import Any
 
 import aio_pika
+import aiormq.exceptions
 from aio_pika.abc import AbstractRobustConnection
 from aio_pika.robust_connection import RobustConnection
 from pamqp.common import FieldTable
@@ -41,6 +44,34 @@ log = logging.getLogger("conveyor.broker")
 RECONNECT_INTERVAL = 2.0
 # handshakes a component's start tries, each within the connect timeout, before it fails
 START_ATTEMPTS = 3
+
+
+class BrokerRefused(ConnectionError):
+    """A node of ``CONVEYOR_AMQP_URL`` refused the connection or the login, or did not answer:
+    the message names the node's host and port and the user (never the password), so a process
+    retrying its start says what it tries. ``authentication``: the login was refused."""
+
+    def __init__(self, message: str, *, authentication: bool = False) -> None:
+        super().__init__(message)
+        self.authentication = authentication
+
+
+def _where(node: URL) -> str:
+    return f"{node.host}:{node.explicit_port or (5671 if node.scheme == 'amqps' else 5672)}"
+
+
+def refused(node: URL, exc: BaseException) -> BrokerRefused:
+    """``exc``, raised connecting to ``node``, as a ``BrokerRefused`` naming where and who."""
+    user = node.user or "guest"
+    if isinstance(
+        exc, aiormq.exceptions.AuthenticationError | aiormq.exceptions.ProbableAuthenticationError
+    ):
+        return BrokerRefused(
+            f"RabbitMQ at {_where(node)} refused user {user!r}: authentication failed (a wrong "
+            "password, or no such user)",
+            authentication=True,
+        )
+    return BrokerRefused(f"RabbitMQ at {_where(node)} (user {user!r}): {type(exc).__name__}: {exc}")
 
 
 def split_urls(url: str) -> list[str]:
@@ -114,18 +145,23 @@ async def connect(
     for attempt in range(1, attempts + 1):
         try:
             return await _connect_once(url, name=name, timeout=timeout, heartbeat=heartbeat)
-        except TimeoutError:
+        except TimeoutError as exc:
+            hosts = ", ".join(_where(URL(n)) for n in split_urls(url))
             event(
                 log,
                 "broker_connect_timed_out",
                 logging.WARNING,
                 connection=name,
+                broker=hosts,
                 attempt=attempt,
                 attempts=attempts,
                 timeout=timeout,
             )
             if attempt == attempts:
-                raise
+                raise TimeoutError(
+                    f"RabbitMQ at {hosts} did not complete a handshake within {timeout:g} s "
+                    f"({attempts} tries)"
+                ) from exc
     raise AssertionError("unreachable")
 
 
@@ -162,9 +198,11 @@ async def _opened(connection: aio_pika.Connection, timeout: float) -> None:
     close on whatever event loop runs when it is collected."""
     try:
         await connection.connect(timeout=timeout)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(Exception):
             await connection.close()
+        if isinstance(exc, Exception) and not isinstance(exc, TimeoutError):
+            raise refused(connection.url, exc) from exc
         raise
 
 

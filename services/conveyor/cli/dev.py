@@ -1,5 +1,6 @@
 """``conveyor dev``: API, publisher (with the maintenance duties) and a worker in one process,
-on one metrics registry, migrating first; without keys on loopback only (``dev_auth``)."""
+on one metrics registry, migrating first; without keys on loopback only, whole tracebacks
+shown (``dev_auth``)."""
 
 from __future__ import annotations
 
@@ -76,13 +77,21 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unset(settings: Settings, **defaults: object) -> Settings:
+    """``settings`` with ``defaults`` where no CONVEYOR_* variable sets them."""
+    unset = {k: v for k, v in defaults.items() if f"CONVEYOR_{k.upper()}" not in os.environ}
+    return settings.model_copy(update=unset)
+
+
 def dev_auth(settings: Settings, host: str) -> tuple[Settings, str | None]:
-    """``conveyor dev``: auth disabled unless CONVEYOR_AUTH says otherwise, and then loopback
-    only. Returns the settings, or a refusal."""
+    """``conveyor dev``'s laptop defaults, each unless its variable is set: auth disabled (and
+    then loopback only), a failed attempt's whole traceback in the log, and with auth disabled
+    in the API's answers and on the job page too. Returns the settings, or a refusal."""
     from .processes import loopback  # uvicorn: imported when the command runs
 
-    if "CONVEYOR_AUTH" not in os.environ:  # a laptop default; `conveyor api` requires keys
-        settings = settings.model_copy(update={"auth": "disabled"})
+    settings = _unset(settings, auth="disabled", log_tracebacks=True)  # `conveyor api`: keys
+    if settings.auth == "disabled":  # loopback: only this machine reads them
+        settings = _unset(settings, api_expose_tracebacks=True)
     if settings.auth == "disabled" and not loopback(host):
         return settings, (
             f"refusing --host {host} with auth disabled: bind 127.0.0.1 (the default), or set "

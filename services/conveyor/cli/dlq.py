@@ -14,20 +14,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..core.config import Settings
-from .support import CliError, check_broker, confirm, database, json_doc, listing
+from .support import CliError, check_broker, confirm, database, json_doc, list_by_default, listing
 
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("dlq", help="list, redrive or purge the dead-letter queue")
     dlq = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    d = dlq.add_parser(
+    ls = dlq.add_parser(
         "list",
         help="print the dead letters whose job is still FAILED at the "
         "attempt they recorded, oldest first (they stay in the queue); drops the "
         "stale ones (redriven, purged or failed again since, from anywhere)",
     )
-    d.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    d.add_argument("--json", action="store_true", help="one JSON object per letter (JSON Lines)")
+    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    ls.add_argument("--json", action="store_true", help="one JSON object per letter (JSON Lines)")
     for name, help_ in (
         ("redrive", "re-queue the jobs of matching dead letters"),
         ("purge", "delete matching dead letters (jobs stay FAILED)"),
@@ -41,6 +41,7 @@ def add_parser(sub: Any) -> None:
                 "--yes", action="store_true", help="purge by --type or --all without asking"
             )
     s.set_defaults(func=cmd_dlq)
+    list_by_default(s, dlq, ls)
 
 
 def _line(d: dict[str, Any]) -> str:

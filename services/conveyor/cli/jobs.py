@@ -16,7 +16,7 @@ from ..api.resource import resource as job_resource
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..store import JobRow, Store
-from .support import database, json_doc, json_line, pages, run, when
+from .support import database, json_doc, json_line, list_by_default, pages, run, when
 from .support import job_id as parse_job_id
 
 STATUSES = [s.value for s in Status]
@@ -31,19 +31,22 @@ def add_parser(sub: Any) -> None:
         ("retry", "re-queue a FAILED or CANCELLED job"),
     ):
         j = jobs.add_parser(name, help=help_)
-        j.add_argument("id")
+        j.add_argument("id", help="the job's id (a UUID, as `conveyor jobs list` prints it)")
         if name == "show":
             j.add_argument(
                 "--json", action="store_true", help="the job and its attempts as one JSON line"
             )
     j = jobs.add_parser("list", help="list jobs, newest first, a page at a time")
-    j.add_argument("--type")
-    j.add_argument("--status", choices=STATUSES)
+    j.add_argument("--type", help="only jobs of this type")
+    j.add_argument(
+        "--status", type=str.upper, choices=STATUSES, help="only jobs in this status (any case)"
+    )
     j.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
     j.add_argument("--cursor", help="the page after this cursor (printed after each page)")
     j.add_argument("--all", action="store_true", help="follow every page")
     j.add_argument("--json", action="store_true", help="one JSON object per job (JSON Lines)")
     s.set_defaults(func=cmd_jobs)
+    list_by_default(s, jobs, j)
 
 
 def _text(row: Any, attempts: list[dict[str, Any]]) -> str:

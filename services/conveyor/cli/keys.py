@@ -17,7 +17,7 @@ from ..store import ApiKeyRow
 from ..store.bounds import component_bounds
 from ..store.connect import connect, connect_options
 from ..store.roles import COMPONENTS, ensure_login_roles, grant_existing, roles_sql
-from .support import database, guarded, listing, run, when
+from .support import database, guarded, list_by_default, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -34,8 +34,9 @@ def add_parser(sub: Any) -> None:
         "CONVEYOR_AUTH_CACHE_SECONDS)"
     )
     r = actions.add_parser("revoke", help=revoke, description=revoke)
-    r.add_argument("name")
+    r.add_argument("name", help="the key's name (as `conveyor keys list` prints it)")
     s.set_defaults(func=cmd_keys)
+    list_by_default(s, actions, ls)
 
     s = sub.add_parser("roles", help="least-privilege PostgreSQL grants per component")
     actions = s.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -47,7 +48,7 @@ def add_parser(sub: Any) -> None:
             help=f"the {component}'s role (default conveyor_{component})",
         )
     q = actions.add_parser("amqp", help="print rabbitmqctl commands for the broker users")
-    q.add_argument("--vhost", default="/")
+    q.add_argument("--vhost", default="/", help="the RabbitMQ virtual host (default /)")
     q.add_argument("--types", help="comma-separated job types the worker may consume")
     s.set_defaults(func=cmd_roles)
 

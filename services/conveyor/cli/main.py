@@ -26,6 +26,7 @@ from .support import CliError, guarded
 
 SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
 HEALTH_PORT = "serve /healthz, /readyz and /metrics on this port"
+HOST = "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"
 
 # Function-local imports below are the services' heavy modules (uvicorn, aio-pika, Alembic, the
 # worker): `conveyor --help` and the operator commands do not load them.
@@ -167,6 +168,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("conveyor")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="conveyor",
@@ -174,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from CONVEYOR_* environment variables (CONVEYOR_DATABASE_URL, CONVEYOR_AMQP_URL, "
         "CONVEYOR_NAMESPACE, CONVEYOR_VISIBILITY_TIMEOUT, ...).",
     )
+    p.add_argument("--version", action="version", version=f"conveyor {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("migrate", help="create the database if missing, then alembic upgrade head")
@@ -194,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_migrate)
 
     s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help=HOST)
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument(
         "--workers", type=int, default=1, help="API processes sharing the port (default 1)"
     )
@@ -249,9 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("dev", help="API + publisher + maintenance + worker in one process")
     s.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--concurrency", type=int, default=16)
+    s.add_argument("--host", default="127.0.0.1", help=HOST + "; with auth disabled, loopback only")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    s.add_argument(
+        "--concurrency", type=int, default=16, help="the worker's jobs run at once (default 16)"
+    )
     s.set_defaults(func=cmd_dev)
     for group in (jobs, dlq, types, keys, schedules, workflows):
         group.add_parser(sub)

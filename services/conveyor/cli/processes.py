@@ -219,7 +219,7 @@ def _both(
 
 async def preflight(settings: Settings) -> str | None:
     """One clear line when PostgreSQL or RabbitMQ cannot be reached, else None."""
-    from ..broker.cluster import reachable  # aio-pika: `conveyor api` never loads it
+    from ..broker.cluster import BrokerRefused, reachable  # aio-pika: not in `conveyor api`
 
     try:  # the server, not the database: `conveyor migrate` creates that
         await check_server(settings.database_url, timeout=3)
@@ -232,8 +232,11 @@ async def preflight(settings: Settings) -> str | None:
     try:
         await reachable(settings.amqp_url, timeout=3)
     except Exception as exc:
+        if isinstance(exc, BrokerRefused) and exc.authentication:  # starting it would not help
+            return f"{exc}. Check the user and password in CONVEYOR_AMQP_URL."
+        cause = exc.__cause__ if isinstance(exc, BrokerRefused) else exc
         return (
-            f"Cannot reach RabbitMQ at {mask_url(settings.amqp_url)} ({type(exc).__name__}). "
+            f"Cannot reach RabbitMQ at {mask_url(settings.amqp_url)} ({type(cause).__name__}). "
             "Start it: `rabbitmq-server -detached` or `docker compose up -d postgres rabbitmq` "
             "(URLs in .env.example)."
         )

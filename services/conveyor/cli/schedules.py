@@ -12,7 +12,7 @@ import orjson
 from ..core.config import Settings
 from ..jobs.schedules import build_schedule, resume_at
 from ..jobs.types import KnownTypes
-from .support import database, listing, run, when
+from .support import database, list_by_default, listing, run, when
 
 
 def add_parser(sub: Any) -> None:
@@ -21,23 +21,31 @@ def add_parser(sub: Any) -> None:
     ls = acts.add_parser("list", help="every schedule with its next tick")
     ls.add_argument("--json", action="store_true", help="one JSON object per schedule (JSON Lines)")
     a = acts.add_parser("add", help="create or replace a schedule")
-    a.add_argument("name")
+    a.add_argument("name", help="the schedule's name (an existing one is replaced)")
     a.add_argument("--type", required=True, help="the job type each tick enqueues")
     rule = a.add_mutually_exclusive_group(required=True)
     rule.add_argument("--cron", help='5 fields, e.g. "*/5 * * * *"')
     rule.add_argument("--every", type=float, help="seconds between ticks (>= 1)")
     a.add_argument("--timezone", default="UTC", help="IANA zone of --cron (default UTC)")
     a.add_argument("--payload", default="{}", help="JSON object given to every job")
-    a.add_argument("--priority", default="normal")
-    a.add_argument("--catch-up", choices=["skip", "last"], default="skip")
+    a.add_argument(
+        "--priority", default="normal", help="high, normal (default), low, or 0-9, of each job"
+    )
+    a.add_argument(
+        "--catch-up",
+        choices=["skip", "last"],
+        default="skip",
+        help="ticks missed while no sweeper ran: skip them (default), or run the last one once",
+    )
     a.add_argument("--paused", action="store_true", help="create it paused")
     for name, help_ in (
         ("pause", "stop enqueueing until resumed"),
         ("resume", "enqueue again from the next tick"),
         ("delete", "remove the schedule (its jobs stay)"),
     ):
-        acts.add_parser(name, help=help_).add_argument("name")
+        acts.add_parser(name, help=help_).add_argument("name", help="the schedule's name")
     s.set_defaults(func=cmd_schedules)
+    list_by_default(s, acts, ls)
 
 
 def _line(row: Any) -> str:

@@ -57,6 +57,16 @@ def job_id(text: str) -> uuid.UUID:
         ) from None
 
 
+def list_by_default(
+    group: argparse.ArgumentParser, actions: Any, listing: argparse.ArgumentParser
+) -> None:
+    """``conveyor <group>`` alone runs ``<group> list`` (``listing``) with its defaults. Call it
+    after ``group.add_subparsers`` (``actions``)."""
+    actions.required = False
+    group.epilog = "Without an ACTION: list."
+    group.set_defaults(action="list", **vars(listing.parse_args([])))
+
+
 def when(value: Any) -> str:
     """A time for human output: UTC, with its zone."""
     return "-" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
@@ -147,7 +157,7 @@ def run(
 
 async def check_broker(settings: Settings) -> None:
     """``CliError`` when RabbitMQ cannot be reached."""
-    from ..broker.cluster import reachable  # aio-pika: only the commands that use RabbitMQ
+    from ..broker.cluster import BrokerRefused, reachable  # aio-pika: only where it is used
 
     loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
     levels = [lg.level for lg in loggers]
@@ -157,7 +167,12 @@ async def check_broker(settings: Settings) -> None:
         await reachable(settings.amqp_url, timeout=5)
     except Exception as exc:
         url = mask_url(settings.amqp_url)
-        text = f"cannot reach RabbitMQ at {url}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, BrokerRefused) and exc.authentication:
+            text = f"{exc}. Check the user and password in CONVEYOR_AMQP_URL ({url})."
+        elif isinstance(exc, BrokerRefused):  # it names the node, the user and the cause
+            text = f"cannot reach RabbitMQ at {url}: {exc}"
+        else:
+            text = f"cannot reach RabbitMQ at {url}: {type(exc).__name__}: {exc}"
         raise CliError(text[:400]) from exc
     finally:
         for lg, level in zip(loggers, levels, strict=True):

@@ -11,7 +11,7 @@ from ..core.config import Settings
 from ..core.limits import check_concurrency, parse_rate
 from ..jobs.types import register_router_schedules, router_types
 from ..store import Store
-from .support import database, listing, run, shown, when
+from .support import database, list_by_default, listing, run, shown, when
 
 
 def add_parser(sub: Any) -> None:
@@ -30,12 +30,13 @@ def add_parser(sub: Any) -> None:
         ("pause", "pause a type fleet-wide: its jobs are accepted and wait"),
         ("resume", "resume a paused type"),
     ):
-        actions.add_parser(name, help=help_).add_argument("type")
+        actions.add_parser(name, help=help_).add_argument("type", help="the job type")
     lim = actions.add_parser("limit", help="change a type's fleet-wide limits at run time")
-    lim.add_argument("type")
+    lim.add_argument("type", help="the job type")
     lim.add_argument("--concurrency", help="at most N IN_PROGRESS across all workers; 'none'")
     lim.add_argument("--rate-limit", help="at most N starts per window, e.g. 100/m; 'none'")
     s.set_defaults(func=cmd_types)
+    list_by_default(s, actions, ls)
 
 
 def _limit_value(text: str | None, parse: Any) -> Any:

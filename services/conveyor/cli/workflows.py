@@ -13,7 +13,7 @@ from ..core.config import Settings
 from ..store import Store
 from ..store.schema import WORKFLOW_STATUSES
 from ..store.workflows import WorkflowRow
-from .support import CliError, database, json_line, pages, run, when
+from .support import CliError, database, json_line, list_by_default, pages, run, when
 
 
 def parse_id(text: str) -> uuid.UUID:
@@ -33,16 +33,22 @@ def add_parser(sub: Any) -> None:
         ("cancel", "cancel every unfinished job of a workflow"),
     ):
         w = wf.add_parser(name, help=help_)
-        w.add_argument("id")
+        w.add_argument("id", help="the workflow's id (as `conveyor workflows list` prints it)")
         w.add_argument("--json", action="store_true", help="the workflow as one JSON line")
     w = wf.add_parser("list", help="list workflows, newest first, a page at a time")
-    w.add_argument("--status", choices=WORKFLOW_STATUSES)
-    w.add_argument("--name")
+    w.add_argument(
+        "--status",
+        type=str.upper,
+        choices=WORKFLOW_STATUSES,
+        help="only workflows in this status (any case)",
+    )
+    w.add_argument("--name", help="only workflows of this name")
     w.add_argument("--limit", type=int, default=50, help="workflows per page (default 50)")
     w.add_argument("--cursor", help="the page after this cursor (printed after each page)")
     w.add_argument("--all", action="store_true", help="follow every page")
     w.add_argument("--json", action="store_true", help="one JSON object per workflow")
     s.set_defaults(func=cmd_workflows)
+    list_by_default(s, wf, w)
 
 
 def _counts(c: dict[str, int]) -> str:

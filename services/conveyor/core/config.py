@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = (
         "INFO"
     )
+    # a failed attempt's whole traceback below its job_attempt_failed line (`conveyor dev`
+    # turns it on); otherwise the line names the error and where it was raised
+    log_tracebacks: bool = False
 
     # API limits
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)

@@ -29,8 +29,11 @@ class _KeyValueFormatter(logging.Formatter):
             record.getMessage(),
         ]
         for k, v in fields.items():
-            parts.append(f"{k}={orjson.dumps(v, default=str).decode()}")
+            if k != "traceback":
+                parts.append(f"{k}={orjson.dumps(v, default=str).decode()}")
         line = " ".join(parts)
+        if fields.get("traceback"):  # a traceback as text (a failed attempt's), below its line
+            line += "\n" + str(fields["traceback"]).rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return mask(line)

@@ -123,7 +123,8 @@ class Metrics:
         self.job_wait_of = Children(self.job_wait)
         self.jobs_finished_of = Children(self.jobs_finished)
         # Gauges refreshed from the database and the broker every few seconds
-        # (``maintenance.gauges``), never by a query per scrape.
+        # (``maintenance.gauges``), never by a query per scrape; a labelled one has no sample
+        # until a refresh sets one, and those without labels are in ``maintenance_gauges``.
         self.jobs = gauge(
             "conveyor_jobs",
             "Jobs by type and status (COMPLETED and CANCELLED are not counted: "
@@ -141,10 +142,6 @@ class Metrics:
             "Messages in a queue: ready (from the broker) and unacked (held by this worker)",
             ["queue", "state"],
         )
-        self.outbox_rows = gauge("conveyor_outbox_rows", "Outbox rows waiting to be published")
-        self.outbox_lag = gauge(
-            "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row"
-        )
         self.workflows = gauge(
             "conveyor_workflows",
             "Workflows by status (finished ones until retention deletes them; above the "
@@ -156,6 +153,25 @@ class Metrics:
             "1 where conveyor_workflows{status} is the planner's estimate (above the "
             "exact-count cap), 0 where it is an exact count",
             ["status"],
+        )
+        self._maintenance: MaintenanceGauges | None = None
+
+    def maintenance_gauges(self) -> MaintenanceGauges:
+        """The gauges without labels that only maintenance computes, registered at the first
+        call: by ``maintenance.gauges`` once it has read their values. A process that never
+        computes them exports none (a Gauge exports 0 from its creation, and the API's and the
+        workers' 0 had hidden the outbox's lag and kept ``absent()`` alerts quiet)."""
+        if self._maintenance is None:
+            self._maintenance = MaintenanceGauges(self.registry)
+        return self._maintenance
+
+
+class MaintenanceGauges:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        gauge = partial(Gauge, registry=registry)
+        self.outbox_rows = gauge("conveyor_outbox_rows", "Outbox rows waiting to be published")
+        self.outbox_lag = gauge(
+            "conveyor_outbox_lag_seconds", "Age of the oldest unpublished outbox row"
         )
         self.leases_expired = gauge(
             "conveyor_leases_expired",

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core.errors import UnknownJobType
 from ..store import Connection, JobTypeDefaults, Store
-from .connection import schema_store
+from ..store.caller import schema_store
 from .router import JobRouter
 from .schedules import build_schedule
 

@@ -78,9 +78,10 @@ class Gauges:
             self.metrics.jobs.labels(*key).set(n)
             self.metrics.jobs_estimated.labels(*key).set(1 if key in estimated else 0)
         self._seen |= now.keys()
-        self.metrics.outbox_rows.set(rows)
-        self.metrics.outbox_lag.set(lag)
-        self.metrics.leases_expired.set(stuck)
+        computed = self.metrics.maintenance_gauges()  # registered now: never a 0 unread
+        computed.outbox_rows.set(rows)
+        computed.outbox_lag.set(lag)
+        computed.leases_expired.set(stuck)
         for status in WORKFLOW_STATUSES:
             self.metrics.workflows.labels(status).set(workflows.get(status, 0))
             self.metrics.workflows_estimated.labels(status).set(

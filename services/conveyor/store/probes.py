@@ -43,6 +43,12 @@ class ProbeStatements(Statements):
     async def db_ping(self, conn: Connection, *, timeout: float | None = None) -> None:
         await conn.fetchval(self.sql[DB_PING], timeout=timeout)
 
+    async def db_ping_through(self, sa_conn: Any) -> None:
+        """``SELECT 1`` through a SQLAlchemy ``AsyncConnection`` rather than on its driver's
+        connection: SQLAlchemy's asyncpg adapter begins the driver's transaction at its own
+        first statement, and what runs on the driver before that would commit on its own."""
+        await sa_conn.exec_driver_sql(self.sql[DB_PING])
+
     async def schema_version(self, conn: Connection, *, timeout: float | None = None) -> str | None:
         """The migration revision of this schema, or None when it was never migrated (call it
         outside a transaction: the missing table aborts one)."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..jobs.connection import asyncpg_connection
 from ..jobs.router import JobRouter
 from ..jobs.types import register_router_types
+from ..store.caller import connection_or_pool
 from .asserts import Enqueued, JobCall, all_enqueued, assert_enqueued, refute_enqueued, run_job
 from .drain import DrainedAttempt, DrainResult, drain
 
@@ -17,8 +17,8 @@ from .drain import DrainedAttempt, DrainResult, drain
 async def register_types(conn: Any, router: JobRouter, *, schema: str | None = None) -> None:
     """Register ``router``'s job types (as a worker does when it starts), so ``enqueue`` accepts
     them before any worker ran."""
-    raw = await asyncpg_connection(conn)
-    await register_router_types(raw, router, schema=schema)
+    async with connection_or_pool(conn) as raw:
+        await register_router_types(raw, router, schema=schema)
 
 
 __all__ = [

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..jobs.connection import asyncpg_connection, schema_store
 from ..jobs.router import Job, JobRouter
 from ..store import JobRow
+from ..store.caller import connection_or_pool, schema_store
 from ..worker.followups import build_followup
 from ..worker.middleware import chain
 
@@ -27,10 +27,10 @@ async def all_enqueued(
 ) -> list[JobRow]:
     """The waiting jobs (of ``type``, or of every type), oldest first. ``payload`` and ``meta``
     match the jobs holding at least those keys with those values (JSON containment)."""
-    raw = await asyncpg_connection(conn)
-    return await schema_store(schema).testing_waiting(
-        raw, type, payload=payload, meta=meta, unique_key=unique_key
-    )
+    async with connection_or_pool(conn) as raw:
+        return await schema_store(schema).testing_waiting(
+            raw, type, payload=payload, meta=meta, unique_key=unique_key
+        )
 
 
 def _wanted(type: str, payload: Any, meta: Any, unique_key: str | None) -> str:

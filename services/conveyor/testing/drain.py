@@ -16,9 +16,9 @@ from typing import Any
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..core.metrics import Metrics
-from ..jobs.connection import asyncpg_connection, schema_store
 from ..jobs.router import Job, JobRouter
 from ..store import Store
+from ..store.caller import asyncpg_connection, schema_store
 from ..worker.completer import Completer, Pending
 from ..worker.executor import Executor
 from ..worker.jobctx import AttemptHooks

@@ -71,7 +71,7 @@ from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Attempt, ClaimedJob, Completion, Failure, Store
 from . import followups, outcomes, progress
-from .outcomes import Kind, Outcome
+from .outcomes import Kind, Outcome, raised_at
 from .running import Running
 
 log = logging.getLogger("conveyor.worker")
@@ -197,8 +197,10 @@ class Completer:
         max_batch: int = 1000,
         apart: int = 2,
         lease_seconds: float | None = None,
+        log_tracebacks: bool = False,
     ) -> None:
         self.pool = pool
+        self.log_tracebacks = log_tracebacks  # a failure's whole traceback below its log line
         self.lease_seconds = lease_seconds  # what a try held by a key extends its leases to
         self.store = store
         self.metrics = metrics
@@ -561,6 +563,7 @@ class Completer:
                 self._c.written += 1
                 self.metrics.jobs_finished_of(job.type, outcome.label).inc()
                 if outcome.kind is Kind.FAIL:
+                    error, _, below = (outcome.error or "").partition("\n")
                     event(
                         log,
                         "job_attempt_failed",
@@ -570,7 +573,9 @@ class Completer:
                         attempt=job.attempt,
                         outcome=outcome.label,
                         delay=outcome.delay,
-                        error=(outcome.error or "")[:300],
+                        error=error[:300],  # describe() puts "Type: message" first
+                        at=raised_at(below),
+                        **({"traceback": below} if self.log_tracebacks else {}),
                     )
             else:
                 self.metrics.fenced_writes.inc()

@@ -11,6 +11,7 @@ way: a dead worker's job comes back when its lease expires (the sweeper re-publi
 from __future__ import annotations
 
 import random
+import re
 import traceback
 from dataclasses import dataclass
 from enum import Enum
@@ -107,6 +108,19 @@ def describe(exc: BaseException) -> str:
         text = ""
     head = f"{type(exc).__name__}: {_safe_str(exc)}"
     return head + "\n" + text if head not in text[:200] else text
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$', re.M)
+
+
+def raised_at(error: str) -> str | None:
+    """Where a stored error (``describe``'s text) was raised: its innermost frame as
+    ``file:line in function``; None for an error without a traceback."""
+    frames = _FRAME.findall(error)
+    if not frames:
+        return None
+    file, line, function = frames[-1]
+    return f"{file}:{line} in {function}"
 
 
 def failed(

@@ -168,6 +168,7 @@ class Worker:
             clock=clock,
             apart=POOL_SIZE // 2,  # the other half: the batch, the claims, the heartbeats
             lease_seconds=settings.visibility_timeout,
+            log_tracebacks=settings.log_tracebacks,
         )
         self.heartbeater = Heartbeater(
             None,

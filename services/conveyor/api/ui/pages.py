@@ -96,7 +96,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
                 return page(request, "Jobs", f'<p class="notice">Not a job id: {r.e(id)}</p>', 400)
         try:
             _nul(type)
-            st = Status(status).value if status else None
+            st = Status(status.upper()).value if status else None
             cursor = uuid.UUID(before) if before else None
             floor = datetime.fromisoformat(since).replace(tzinfo=UTC) if since else None
         except ValueError as exc:
@@ -133,7 +133,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         body = filters + (r.jobs_table(rows) if rows else "<p>No jobs match.</p>") + nxt
         return page(request, "Jobs", body)
 
-    @app.get("/ui/jobs/{job_id}", include_in_schema=False)
+    @app.get("/ui/jobs/{job_id:uuid}", include_in_schema=False)
     async def ui_job(job_id: uuid.UUID, request: Request) -> Response:
         async with api.connection() as conn:
             row = await api.store.job_get(conn, job_id)
@@ -165,7 +165,7 @@ def add_ui(app: FastAPI, api: HasConnection) -> None:
         return act
 
     for action in ("cancel", "retry"):
-        app.post(f"/ui/jobs/{{job_id}}/{action}", include_in_schema=False)(job_action(action))
+        app.post(f"/ui/jobs/{{job_id:uuid}}/{action}", include_in_schema=False)(job_action(action))
 
     @app.get("/ui/dead", include_in_schema=False)
     async def ui_dead(request: Request, done: str | None = None) -> Response:

@@ -81,6 +81,13 @@ def page(request: Request, title: str, body: str, status: int = 200) -> Response
     return html(request, r.page(title, body, user=user), status)
 
 
+def error_page(request: Request, status: int, message: str) -> Response:
+    """An error under ``/ui`` (an unknown page, a malformed id, a database down) as a page."""
+    title = {404: "Not found", 503: "Unavailable"}.get(status, "Error")
+    body = f'<p class="notice" id="error">{r.e(message)}</p><p>{r.link("/ui", "Overview")}</p>'
+    return page(request, title, body, status)
+
+
 def allows(scope: str) -> bool:
     """May the current caller use ``scope`` (everyone may with auth disabled)?"""
     p = CURRENT.get()

@@ -91,7 +91,7 @@ def add_workflows_page(app: FastAPI, api: HasConnection) -> None:
     async def ui_workflows(
         request: Request, status: str | None = None, before: uuid.UUID | None = None
     ) -> Response:
-        status = status if status in STATUSES else None
+        status = status.upper() if status and status.upper() in STATUSES else None
         async with api.connection() as conn:
             rows = await api.store.workflow_page(
                 conn, status=status, name=None, before=before, limit=PAGE + 1

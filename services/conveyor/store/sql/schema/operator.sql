@@ -98,11 +98,20 @@ SELECT id, job_type AS type, worker_id, attempts AS attempt, started_at, lease_e
 FROM __schema__.jobs
 WHERE status = 'IN_PROGRESS' AND (lease_expires_at < now() OR lease_expires_at IS NULL);
 
+-- The last hour's failures by cause: type, error class and the error's first line (an error is
+-- "Type: message" then the traceback, so the whole text would split one cause raised from two
+-- places into rows of one each), with one recent attempt's job to look at. A Retry snooze (an
+-- attempt that asked to run later without using up a retry: its error is the one line
+-- "Retry: <reason>") is not a failure.
 CREATE VIEW __schema__.recent_failures AS
-SELECT job_type AS type, error, count(*) AS count, max(finished_at) AS last_seen
+SELECT job_type AS type, split_part(error, E'\n', 1) AS error, count(*) AS count,
+       max(finished_at) AS last_seen,
+       substring(split_part(error, E'\n', 1) FROM '^([A-Za-z_][A-Za-z0-9_.]*): ') AS error_class,
+       (array_agg(job_id ORDER BY finished_at DESC))[1] AS last_job_id
 FROM __schema__.job_attempts
 WHERE finished_at > now() - interval '1 hour' AND outcome IN ('retry', 'failed', 'lease_expired')
-GROUP BY job_type, error;
+  AND NOT (outcome = 'retry' AND error LIKE 'Retry: %' AND strpos(error, E'\n') = 0)
+GROUP BY 1, 2;
 
 CREATE VIEW __schema__.throughput AS
 SELECT date_trunc('minute', finished_at) AS minute, job_type AS type,
