@@ -17,11 +17,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from conveyor import JobSpec, enqueue_many
+from conveyor import Job, JobSpec, enqueue_many
 from conveyor.core.config import Settings
 from conveyor.core.metrics import Metrics
 from conveyor.maintenance.sweeper import Sweeper
-from conveyor.router import Job
 from conveyor.store import for_schema
 from conveyor.store.bounds import SessionBounds
 from conveyor.store.connect import create_pool, database_name

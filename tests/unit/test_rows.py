@@ -13,7 +13,7 @@ import pytest
 from conveyor import JobSpec
 from conveyor.api.models import SubmitJob
 from conveyor.core.jobs import Status
-from conveyor.store.rows import ClaimedJob, JobRow, NewJob, OutboxRow
+from conveyor.store.rows import ClaimedJob, JobRow, OutboxRow
 
 
 def _distinct_record(
@@ -68,15 +68,6 @@ def test_job_row_nulls_and_optional_columns() -> None:
     record["status"] = "NOT_A_STATUS"
     with pytest.raises(ValueError):
         JobRow.from_record(record)
-
-
-def test_new_job_of_takes_the_fields_in_order() -> None:
-    values = [uuid.uuid4(), "t", "{}", 3, 4, 5.0, datetime(2026, 1, 1, tzinfo=UTC), 6.0, "k",
-              "h", '{"m": 1}', "u", 7.0]  # fmt: skip
-    names = [f.name for f in dataclasses.fields(NewJob)]
-    assert NewJob.of(*values) == NewJob(**dict(zip(names, values, strict=True)))
-    with pytest.raises(ValueError):
-        NewJob.of(*values[:-1])
 
 
 def test_submit_to_spec_sets_exactly_the_job_spec_fields() -> None:

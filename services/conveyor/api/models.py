@@ -246,11 +246,7 @@ class SubmitJob(SubmitOptions):
         return self
 
     def to_spec(self, idempotency_key: str | None = None) -> JobSpec:
-        # once per submitted job: every field set at once in the frozen dataclass's __dict__
-        # (its __init__ calls object.__setattr__ per field: 2.4 -> 0.6 us; a unit test checks
-        # this sets exactly JobSpec's fields)
-        spec = object.__new__(JobSpec)
-        spec.__dict__.update(
+        return JobSpec(
             type=self.type,
             payload=self.payload,
             priority=self.priority,
@@ -263,7 +259,6 @@ class SubmitJob(SubmitOptions):
             unique_for=self.unique_for,
             unique_key=self.unique_key,
         )
-        return spec
 
 
 class SubmitBatch(BaseModel):

@@ -120,6 +120,8 @@ async def start_with_retry(
                 # robust connection) leave tasks that keep the loop from ever closing, and
                 # nothing has started yet that would need a drain
                 _exit_now(0, f"{name}_stopped_while_starting")
+            if not trying.cancelled():
+                trying.exception()  # retrieved: an attempt that failed as the signal came
             raise SystemExit(0)
         exc = trying.exception()
         if exc is None:

@@ -188,20 +188,20 @@ def build_job(
     unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
     meta = spec.meta
     meta_json = None if meta is None else encode_object(meta, "meta", MAX_META_BYTES).decode()
-    return NewJob.of(  # positional, in NewJob's field order
-        new_job_id(),  # id
-        spec.type,  # job_type
-        payload_json.decode(),  # payload_json
-        parse_priority(spec.priority),  # priority
-        spec.max_retries,  # max_retries
-        spec.timeout_seconds,  # timeout_seconds
-        spec.run_at,  # run_at
-        spec.delay_seconds,  # delay_seconds
-        spec.idempotency_key,  # idempotency_key
-        request_hash,  # request_hash
-        meta_json,  # meta_json
-        unique,  # unique_key
-        spec.unique_for if unique is not None else None,  # unique_for
+    return NewJob(
+        id=new_job_id(),
+        job_type=spec.type,
+        payload_json=payload_json.decode(),
+        priority=parse_priority(spec.priority),
+        max_retries=spec.max_retries,
+        timeout_seconds=spec.timeout_seconds,
+        run_at=spec.run_at,
+        delay_seconds=spec.delay_seconds,
+        idempotency_key=spec.idempotency_key,
+        request_hash=request_hash,
+        meta_json=meta_json,
+        unique_key=unique,
+        unique_for=spec.unique_for if unique is not None else None,
     )
 
 

@@ -16,12 +16,12 @@ from typing import Any
 from ..core.config import Settings
 from ..core.jobs import Status
 from ..core.metrics import Metrics
-from ..jobs.router import Job, JobRouter
+from ..jobs.router import JobRouter
 from ..store import Store
 from ..store.caller import asyncpg_connection, schema_store
 from ..worker.completer import Completer, Pending
 from ..worker.executor import Executor
-from ..worker.jobctx import AttemptHooks
+from ..worker.jobctx import attempt_of
 from ..worker.outcomes import Outcome
 from ..worker.progress import ProgressWriter
 from ..worker.running import Running
@@ -183,25 +183,15 @@ class _Drain:
             known = await self.store.job_type_names(conn)
         if not rows:
             return None
-        row = rows[0]
-        job = Job(
-            id=row.id,
-            type=row.job_type,
-            payload=row.payload,
-            attempt=row.attempts,
-            priority=row.priority,
-            retry_count=row.retry_count,
-            max_retries=row.max_retries,
-            meta=row.meta or {},
-            workflow_id=row.workflow_id,
-            dependencies=row.parents or {},
+        running = attempt_of(
+            rows[0],
+            self.router,
+            self.executor.clock(),
+            self.progress,
+            known_types=lambda: known,
+            max_payload_bytes=MAX_PAYLOAD,
         )
-        running = Running(
-            job, self.router.handlers.get(job.type), row.timeout_seconds, self.executor.clock()
-        )
-        job._hooks = AttemptHooks(
-            running, self.progress, known_types=lambda: known, max_payload_bytes=MAX_PAYLOAD
-        )
+        job = running.job
         self.written.clear()
         outcome = await self.executor.run_one(running)
         while not self.completer.idle:  # a keyed follow-up is written by a task of its own

@@ -30,7 +30,7 @@ from ..core.config import Settings
 from ..core.limits import shares
 from ..core.logging import event
 from ..core.metrics import Metrics, observe_many
-from ..jobs.router import Job, JobRouter
+from ..jobs.router import JobRouter
 from ..jobs.types import register_router_schedules, router_types
 from ..store import ClaimedJob, for_schema
 from ..store.bounds import SessionBounds
@@ -44,7 +44,7 @@ from .executor import Executor
 from .follow import Follower
 from .guard import BlockPenalty, LoopGuard
 from .heartbeater import Heartbeater, take_deliveries
-from .jobctx import AttemptHooks
+from .jobctx import attempt_of
 from .limits import LimitedConsumer
 from .loop import LoopMonitor
 from .progress import ProgressWriter
@@ -312,26 +312,15 @@ class Worker:
 
     def _running(self, row: ClaimedJob, delivery: Delivery | None) -> Running:
         """The attempt of a claimed job, as the executor runs it."""
-        job = Job(
-            id=row.id,
-            type=row.job_type,
-            payload=row.payload,
-            attempt=row.attempts,
-            priority=row.priority,
-            retry_count=row.retry_count,
-            max_retries=row.max_retries,
-            meta=row.meta or {},
-            workflow_id=row.workflow_id,
-            dependencies=row.parents or {},
-        )
-        spec = self.router.handlers.get(job.type)
-        running = Running(job, spec, row.timeout_seconds, self.clock(), delivery)
         known = None if self.settings.accept_unknown_types else (lambda: self.controls.known)
-        job._hooks = AttemptHooks(
-            running,
+        running = attempt_of(
+            row,
+            self.router,
+            self.clock(),
             self.progress,
             known_types=known,
             max_payload_bytes=self.settings.max_payload_bytes,
+            delivery=delivery,
         )
         if tracing.enabled():  # the attempt's span: child of the message's, else the job's
             header = tracing.valid(getattr(delivery, "traceparent", None))
