@@ -78,7 +78,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     if args.workers > 1:
         processes.serve_api_workers(sock, args.workers)
         return 0
-    server = processes.api_server(settings, args.host, args.port)
+    server = processes.api_with_duties(settings, args.host, args.port)
     processes.run(lambda stop: processes.serve_api(server, stop, [sock]))
     return 0
 
@@ -110,10 +110,12 @@ def _types(value: str | None) -> list[str] | None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from ..core.probes import beside
     from ..worker import Worker
     from ..worker.exiting import adopt_orphans, hard_exit
     from ..worker.health import serve_health
     from . import processes
+    from .duties import Duties
 
     settings = Settings()
     if args.shutdown_grace is not None:
@@ -135,13 +137,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     adopt_orphans()  # a handler's double-forked process stays ours to kill at exit
 
+    duties = Duties(settings, worker.metrics)  # the relay and maintenance, unless turned off
+
     async def main(stop: asyncio.Event) -> None:
         health = None
         if port is not None:
-            health = await serve_health(worker, "0.0.0.0", port)
-        await start_with_retry(worker.start, stop, "worker", settings)
-        await stop.wait()
-        await worker.stop()
+            health = await serve_health(worker, "0.0.0.0", port, duties=duties.details)
+        async with beside(duties):  # they stop after the drain, relaying what it handed back
+            await start_with_retry(worker.start, stop, "worker", settings)
+            await stop.wait()
+            await worker.stop()
         if health is not None:
             health.close()
         # drained: leave now, not through the loop's teardown, which cancels every task left and
