@@ -237,3 +237,51 @@ async def test_with_the_duties_off_old_rows_and_no_relay_are_reported_once(
             await task
             await relay.close()
         assert sum("outbox_relayed_again" in line for line in worker.log().splitlines()) == 1
+
+
+async def _state(url: str) -> str:
+    with contextlib.suppress(httpx.HTTPError):
+        return str((await _json(url))[1]["duties"]["state"])
+    return "unreachable"
+
+
+async def _until_state(url: str, state: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (now := await _state(url)) != state:
+        assert time.monotonic() < deadline, f"{url}: {now}, not {state}"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(180)
+async def test_a_frozen_holder_loses_the_duties_to_another_process(
+    settings: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """`conveyor api` holds the duties, a worker stands by. The API is frozen (SIGSTOP: its
+    host still answers TCP keepalives, its connections stay open): its election session is
+    ended by idle_session_timeout (3 turns; a turn is 1 s with CONVEYOR_OUTBOX_STALE_AFTER=3),
+    the worker takes the duties and runs a job enqueued meanwhile. Thawed, the API finds it
+    lost them and stands by."""
+    env = _env(settings, CONVEYOR_OUTBOX_STALE_AFTER="3")
+    health, port = free_port(), free_port()
+    api_health = f"http://127.0.0.1:{port}/healthz"
+    worker_health = f"http://127.0.0.1:{health}/healthz"
+    worker_args = ["worker", "--app", "tests.apps:router", "--health-port", str(health)]
+    async with _running(["api", "--port", str(port)], env, tmp_path / "api.log") as api:
+        await _until_state(api_health, "holder")
+        async with _running(worker_args, env, tmp_path / "worker.log") as worker:
+            await worker.wait_for_log("worker_started")
+            await _until_state(worker_health, "standby")
+            api.popen.send_signal(signal.SIGSTOP)
+            try:
+                conn = await asyncpg.connect(db_url)
+                try:
+                    job_id = await enqueue(conn, "echo", {"frozen": True})
+                finally:
+                    await conn.close()
+                await wait_for(db_url, [job_id], statuses=["COMPLETED"], timeout=60)
+                assert await _state(worker_health) == "holder"
+            finally:
+                api.popen.send_signal(signal.SIGCONT)
+            await _until_state(api_health, "standby")
+            assert "duties_lost" in api.log()
+            assert await _state(worker_health) == "holder"

@@ -149,3 +149,20 @@ async def test_a_holder_that_cannot_run_them_gives_them_up(
         assert f.holders() == [good]
         assert broken.details()["state"] == "standby"
         assert "Connect" in (broken.details()["error"] or ""), broken.details()
+
+
+@pytest.mark.timeout(120)
+async def test_without_a_session_of_their_own_every_process_runs_them(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """Behind a transaction pooler without CONVEYOR_LISTEN_DATABASE_URL a session lock means
+    nothing (the next statement may run on another server session): no election, each process
+    runs the duties, which are safe side by side."""
+    pooled = settings.model_copy(update={"db_pooler": "transaction"})
+    async with fleet() as f:
+        members = [f.add(pooled), f.add(pooled)]
+        await until(lambda: len(f.holders()) == 2, "both running the duties")
+        assert all(d.details()["election"] is False for d in members)
+        await relayed(db)
+        with_listen = Duties(pooled.model_copy(update={"listen_database_url": pooled.database_url}))
+        assert with_listen.elects  # a direct session for LISTEN holds the lock as well
