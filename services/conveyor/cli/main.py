@@ -26,6 +26,10 @@ from .support import CliError, guarded
 
 SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
 HEALTH_PORT = "serve /healthz, /readyz and /metrics on this port"
+DUTIES = (
+    "; with the outbox relay and the maintenance duties, held by one such process at a time "
+    "(CONVEYOR_RUN_DUTIES=false: not here)"
+)
 
 # Function-local imports below are the services' heavy modules (uvicorn, aio-pika, Alembic, the
 # worker): `conveyor --help` and the operator commands do not load them.
@@ -198,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_migrate)
 
-    s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")
+    s = sub.add_parser("api", help=f"run the REST API (FastAPI on uvicorn){DUTIES}")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument(
@@ -208,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "publisher",
-        help="relay the outbox to RabbitMQ; also runs the maintenance duties (scheduled jobs, "
-        "lease recovery, reconciler, retention) unless --no-maintenance",
+        help="optional: relay the outbox to RabbitMQ; also runs the maintenance duties "
+        "(scheduled jobs, lease recovery, reconciler, retention) unless --no-maintenance",
     )
     s.add_argument(
         "--no-maintenance",
@@ -228,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_sweeper)
 
-    s = sub.add_parser("worker", help="run the handlers registered on a JobRouter")
+    s = sub.add_parser("worker", help=f"run the handlers registered on a JobRouter{DUTIES}")
     s.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
     s.add_argument("--types", help="comma-separated job types to consume (default: all handlers)")
     s.add_argument(
