@@ -101,6 +101,19 @@ async def _json(url: str) -> tuple[int, Any]:
     return r.status_code, r.json()
 
 
+async def _metrics(url: str) -> str:
+    async with httpx.AsyncClient(timeout=5) as client:
+        return (await client.get(url)).text
+
+
+def _published(metrics: str) -> float:
+    """``conveyor_outbox_published_total{destination="work"}`` in a /metrics page."""
+    for line in metrics.splitlines():
+        if line.startswith('conveyor_outbox_published_total{destination="work"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 async def _outbox_rows(db_url: str, job_id: uuid.UUID) -> int:
     conn = await tdb.connect(db_url)
     try:
@@ -131,7 +144,9 @@ async def test_a_worker_alone_runs_a_job_enqueued_in_the_apps_transaction(
     """docs/guide.md's embedding path: `conveyor migrate` (the test's database is migrated),
     the types registered, `conveyor worker`, and `enqueue()` in the application's transaction
     on a plain asyncpg connection. No `conveyor publisher` runs."""
+    health = free_port()
     args = ["worker", "--app", "tests.apps:router", "--concurrency", "2"]
+    args += ["--health-port", str(health)]
     async with _running(args, _env(settings), tmp_path / "worker.log") as worker:
         await worker.wait_for_log("worker_started")
         conn = await asyncpg.connect(db_url)  # the application's own: no search_path of ours
@@ -142,6 +157,10 @@ async def test_a_worker_alone_runs_a_job_enqueued_in_the_apps_transaction(
             await conn.close()
         statuses = await wait_for(db_url, [job_id], statuses=["COMPLETED"], timeout=60)
         assert statuses == {job_id: "COMPLETED"}, worker.log()
+        # the relay's and the worker's metrics on one registry: the worker's health port
+        assert _published(await _metrics(f"http://127.0.0.1:{health}/metrics")) >= 1
+        _, details = await _json(f"http://127.0.0.1:{health}/healthz")
+        assert details["duties"]["state"] == "holder" and details["duties"]["running"], details
 
 
 @pytest.mark.timeout(150)
@@ -163,6 +182,9 @@ async def test_the_api_alone_relays_what_it_accepted(
             await asyncio.sleep(0.2)
         assert await _outbox_rows(db_url, job_id) == 0, api.log()
         assert await _ready_messages(settings, "echo") == 1
+        assert _published(await _metrics(f"http://127.0.0.1:{port}/metrics")) == 1
+        _, details = await _json(f"http://127.0.0.1:{port}/healthz")
+        assert details["status"] == "ok" and details["duties"]["state"] == "holder", details
         statuses = await wait_for(db_url, [job_id], statuses=["PENDING"], timeout=1)
         assert statuses == {job_id: "PENDING"}  # published, waiting for a worker
 

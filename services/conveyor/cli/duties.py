@@ -90,8 +90,12 @@ class Duties:
     # ------------------------------------------------------------------ health
 
     def details(self) -> dict[str, Any]:
-        """What the health probes show (refreshed every turn: a probe thread may read it)."""
+        """What the health probes show, as of the last turn or change of state (a snapshot: a
+        probe thread may read it)."""
         return self._snapshot
+
+    def _refresh(self) -> None:
+        self._snapshot = self._details()
 
     def _details(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run": self.enabled, "state": self.state, "election": self.elects}
@@ -116,13 +120,13 @@ class Duties:
         try:
             while not stop.is_set():
                 await self._turn()
-                self._snapshot = self._details()
+                self._refresh()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.tick)
         finally:
             await self._step_down()
             await self._close_session()
-            self._snapshot = self._details()
+            self._refresh()
 
     async def _turn(self) -> None:
         try:
@@ -175,6 +179,7 @@ class Duties:
         stop = asyncio.Event()
         self._holding = (asyncio.create_task(self._hold(stop), name="duties"), stop)
         event(log, "duties_taken", election=self.elects)
+        self._refresh()
 
     async def _step_down(self) -> None:
         """Stop the relay and the sweeper (a start still connecting is given up)."""
@@ -190,6 +195,7 @@ class Duties:
             event(log, "duties_released")
         if self.enabled:
             self.state = "standby"
+        self._refresh()
 
     # ------------------------------------------------------------------ the session
 
@@ -240,8 +246,10 @@ class Duties:
             await sweeper.start()
             self.running, self.error = True, None
             event(log, "duties_running")
+            self._refresh()
             yield relay, sweeper
         finally:
             self.running = False
+            self._refresh()
             await relay.close()
             await sweeper.close()
