@@ -307,3 +307,40 @@ async def test_a_frozen_holder_loses_the_duties_to_another_process(
             await _until_state(api_health, "standby")
             assert "duties_lost" in api.log()
             assert await _state(worker_health) == "holder"
+
+
+async def _sessions(db_url: str, name: str) -> int:
+    conn = await tdb.connect(db_url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = $1",
+                name,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.mark.timeout(150)
+async def test_api_workers_elect_one_relay(settings: Settings, db_url: str, tmp_path: Path) -> None:
+    """`conveyor api --workers 2`: each process takes part in the election (one session each),
+    one of them relays."""
+    port = free_port()
+    args = ["api", "--port", str(port), "--workers", "2"]
+    async with _running(args, _env(settings), tmp_path / "api.log") as api:
+        deadline = time.monotonic() + 60
+        while await _sessions(db_url, "conveyor-duties") < 2:
+            assert time.monotonic() < deadline, api.log()
+            await asyncio.sleep(0.2)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            r = await client.post("/jobs", json={"type": "echo", "payload": {}})
+        assert r.status_code == 201, r.text
+        job_id = uuid.UUID(r.json()["id"])
+        while await _outbox_rows(db_url, job_id):
+            assert time.monotonic() < deadline, api.log()
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1)
+        assert await _sessions(db_url, "conveyor-publisher-listen") == 1
+        assert await _sessions(db_url, "conveyor-duties") == 2
