@@ -81,7 +81,7 @@ class Duties:
         self.relay: Relay | None = None
         self.sweeper: Sweeper | None = None
         self.running = False  # the holder's relay and sweeper have started
-        self._held_since = 0.0
+        self._held_since = self._running_since = 0.0
         self._benched_until = 0.0
         self._holding: tuple[asyncio.Task[None], asyncio.Event] | None = None
         self._conn: Any = None
@@ -131,10 +131,9 @@ class Duties:
     async def _turn(self) -> None:
         try:
             conn = await self._session()
-        except Exception as exc:
-            self.error = repr(exc)[:300]
-            self.watch.error = self.watch.error or self.error
-            await self._step_down()  # the lock cannot be told held: never two holders for long
+        except Exception as exc:  # no session: the lock cannot be held
+            self.watch.error = self.watch.error or repr(exc)[:300]
+            await self._lose(exc)
             return
         with contextlib.suppress(Exception):  # logged by the watch, once
             await self.watch.step(conn)
@@ -143,11 +142,14 @@ class Duties:
         try:
             await self._elect(conn)
         except Exception as exc:  # the session broke: the lock went with it
-            self.error = repr(exc)[:300]
-            if self.state == "holder":
-                event(log, "duties_lost", logging.WARNING, error=self.error)
-            await self._step_down()
-            await self._close_session()
+            await self._lose(exc)
+
+    async def _lose(self, exc: Exception) -> None:
+        self.error = repr(exc)[:300]
+        if self.state == "holder":
+            event(log, "duties_lost", logging.WARNING, error=self.error)
+        await self._step_down()
+        await self._close_session()
 
     async def _elect(self, conn: Any) -> None:
         now = self.clock()
@@ -172,7 +174,8 @@ class Duties:
             return False
         if not self.running or self.relay is None or self.sweeper is None:
             return now - self._held_since > self.give_up
-        return now - self.relay.last_ok > self.give_up or not self.sweeper.live()[0]
+        relay_ok = max(self.relay.last_ok, self._running_since)  # a slow start is no failure
+        return now - relay_ok > self.give_up or not self.sweeper.live()[0]
 
     def _take(self, now: float) -> None:
         self.state, self._held_since = "holder", now
@@ -210,7 +213,9 @@ class Duties:
                 command_timeout=min(s.command_timeout, 10.0),
             )
             if self.enabled and self.elects:
-                await self.store.duties_session_bound(self._conn, idle=IDLE_TURNS * self.tick)
+                idle = IDLE_TURNS * self.tick
+                if not await self.store.duties_session_bound(self._conn, idle=idle):
+                    event(log, "duties_session_unbounded", logging.DEBUG)  # PostgreSQL < 14
         return self._conn
 
     async def _close_session(self) -> None:
@@ -244,7 +249,7 @@ class Duties:
         try:
             await relay.start()
             await sweeper.start()
-            self.running, self.error = True, None
+            self.running, self.error, self._running_since = True, None, self.clock()
             event(log, "duties_running")
             self._refresh()
             yield relay, sweeper
