@@ -100,9 +100,11 @@ async def measure(
     url = await _recreate(db)
     conveyor = str(checkout / ".venv" / "bin" / "conveyor")
     python = str(checkout / ".venv" / "bin" / "python")
+    # CONVEYOR_RUN_DUTIES: the API's own CPU, no relay in it (docs/architecture.md)
     env = {**os.environ, "CONVEYOR_DATABASE_URL": url, "CONVEYOR_NAMESPACE": f"apicpu{label}",
            "PYTHONPATH": str(checkout), "CONVEYOR_LOG_LEVEL": opts.log_level,
-           "CONVEYOR_AUTH": os.environ.get("CONVEYOR_AUTH", "disabled")}  # fmt: skip
+           "CONVEYOR_AUTH": os.environ.get("CONVEYOR_AUTH", "disabled"),
+           "CONVEYOR_RUN_DUTIES": "false"}  # fmt: skip
     run = dict(env=env, cwd=checkout, capture_output=True, text=True, timeout=120)
     subprocess.run([conveyor, "migrate"], check=True, **run)  # type: ignore[call-overload]
     subprocess.run([conveyor, "types", "register", "--app", "bench.app:router"], **run)  # type: ignore[call-overload]

@@ -130,6 +130,9 @@ class Harness:
             # the load generators send no API key (a cached key's check, KeyCache.verify, takes
             # ~5 us on the 2-core machine; PostgreSQL is read once per key per 2 s)
             "CONVEYOR_AUTH": "disabled",
+            # each role in its own process, as measured: the publisher relays, not the API or
+            # a worker (which would otherwise hold the duties, docs/architecture.md)
+            "CONVEYOR_RUN_DUTIES": "false",
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
             ),

@@ -164,9 +164,11 @@ async def measure(checkout: Path, opts: argparse.Namespace, label: str) -> dict[
     python = str(checkout / ".venv" / "bin" / "python")
     conveyor = str(checkout / ".venv" / "bin" / "conveyor")
     ns = f"pipecpu{label}{os.getpid()}"
+    # CONVEYOR_RUN_DUTIES: the publisher relays, not the worker (docs/architecture.md)
     env = {**os.environ, "CONVEYOR_DATABASE_URL": url, "CONVEYOR_NAMESPACE": ns,
            "PYTHONPATH": str(checkout), "CONVEYOR_LOG_LEVEL": opts.log_level,
-           "CONVEYOR_DB_TIMEOUT": "120", "CONVEYOR_DB_SCHEMA": SCHEMA}  # fmt: skip
+           "CONVEYOR_DB_TIMEOUT": "120", "CONVEYOR_DB_SCHEMA": SCHEMA,
+           "CONVEYOR_RUN_DUTIES": "false"}  # fmt: skip
     run = dict(env=env, cwd=checkout, capture_output=True, text=True, timeout=120)
     subprocess.run([conveyor, "migrate"], check=True, **run)  # type: ignore[call-overload]
     subprocess.run([conveyor, "types", "register", "--app", "bench.app:router"], **run)  # type: ignore[call-overload]

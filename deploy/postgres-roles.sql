@@ -21,7 +21,7 @@ GRANT USAGE ON SCHEMA conveyor TO conveyor_api;
 GRANT SELECT ON conveyor.alembic_version TO conveyor_api;
 GRANT SELECT, INSERT, UPDATE, DELETE ON conveyor.jobs TO conveyor_api;
 GRANT SELECT, DELETE ON conveyor.job_attempts TO conveyor_api;
-GRANT INSERT ON conveyor.job_outbox TO conveyor_api;
+GRANT SELECT, INSERT ON conveyor.job_outbox TO conveyor_api;
 GRANT SELECT, UPDATE (paused, concurrency, rate_limit, rate_period, limits_set_at, recent_starts) ON conveyor.job_types TO conveyor_api;
 GRANT SELECT ON conveyor.api_keys TO conveyor_api;
 GRANT SELECT, INSERT, UPDATE ON conveyor.api_rate TO conveyor_api;

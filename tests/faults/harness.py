@@ -53,10 +53,16 @@ def fault_settings(base: Settings, **overrides: Any) -> Settings:
 
 
 def component_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a ``conveyor`` subprocess with ``settings``. Its workers and APIs run
+    no relay or maintenance duties unless ``settings`` ask for them (``run_duties=True``): the
+    tests start the relays and sweepers they inject faults into, and a worker relaying beside
+    them would route around the faults."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     for name, value in settings.model_dump().items():
         if value is not None:
             env[f"CONVEYOR_{name.upper()}"] = str(value)
+    if "run_duties" not in settings.model_fields_set:
+        env["CONVEYOR_RUN_DUTIES"] = "false"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
+from ..core.probes import Background, beside
 from . import auth, errors, openapi
 from .access import AccessLog
 from .attempts import add_attempt_routes
@@ -34,16 +35,21 @@ Every non-2xx answer is `{"error": <short code>, "detail": <sentence | list of i
 job status>}`, without stack traces."""
 
 
-def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, *, metrics: Metrics | None = None, background: Background | None = None
+) -> FastAPI:
+    """``background``: what the process runs beside the API (``conveyor api``: the duties, on
+    ``metrics``), from the lifespan's start to its end; ``/healthz`` shows its details."""
     metrics = metrics or Metrics()
     api = Api(settings, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await api.start()
-        event(log, "api_started")
         try:
-            yield
+            async with beside(background):
+                event(log, "api_started")
+                yield
         finally:
             await api.stop()
 
@@ -56,7 +62,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> FastAPI
     )
     app.state.api = api
     auth.install(app, api, settings, refused_page)  # first: every route added below needs its scope
-    add_routes(app, api, metrics)
+    add_routes(app, api, metrics, None if background is None else background.details)
     add_attempt_routes(app, api)
     add_type_routes(app, api)
     add_schedule_routes(app, api)

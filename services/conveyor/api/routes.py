@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -42,9 +43,15 @@ def idempotency_key(request: Request) -> str | None:
     return key
 
 
-def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
+def add_routes(
+    r: FastAPI,
+    api: Api,
+    metrics: Metrics,
+    duties: Callable[[], dict[str, Any]] | None = None,
+) -> None:
     """Routes on the app itself (not an included router), so ``errors.allowed_methods`` sees
-    every one of them."""
+    every one of them. ``duties``: the details of the relay and duties the process runs (or
+    only watches), for ``/healthz``."""
 
     @r.post(
         "/jobs",
@@ -149,10 +156,16 @@ def add_routes(r: FastAPI, api: Api, metrics: Metrics) -> None:
         "/healthz",
         operation_id="healthz",
         summary="Liveness",
-        description="Answers while the process serves requests; never touches the database.",
+        description="Answers while the process serves requests; never touches the database. "
+        "`duties`: the relay and maintenance duties this process runs (`state`: `off` under "
+        "`CONVEYOR_RUN_DUTIES=false`) and what its outbox watch last saw (`outbox.unrelayed`: "
+        "rows older than `CONVEYOR_OUTBOX_STALE_AFTER` and no relay connected); a report, never "
+        "a failure of this probe.",
     )
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> dict[str, Any]:
+        if duties is None:
+            return {"status": "ok"}
+        return {"status": "ok", "duties": duties()}
 
     @r.get(
         "/readyz",

@@ -27,6 +27,10 @@ from .support import CliError, guarded
 SERVICES = {"api", "publisher", "sweeper", "worker", "dev"}  # the commands that trace
 HEALTH_PORT = "serve /healthz, /readyz and /metrics on this port"
 HOST = "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"
+DUTIES = (
+    "; with the outbox relay and the maintenance duties, held by one such process at a time "
+    "(CONVEYOR_RUN_DUTIES=false: not here)"
+)
 
 # Function-local imports below are the services' heavy modules (uvicorn, aio-pika, Alembic, the
 # worker): `conveyor --help` and the operator commands do not load them.
@@ -79,7 +83,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     if args.workers > 1:
         processes.serve_api_workers(sock, args.workers)
         return 0
-    server = processes.api_server(settings, args.host, args.port)
+    server = processes.api_with_duties(settings, args.host, args.port)
     processes.run(lambda stop: processes.serve_api(server, stop, [sock]))
     return 0
 
@@ -111,10 +115,12 @@ def _types(value: str | None) -> list[str] | None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from ..core.probes import beside
     from ..worker import Worker
     from ..worker.exiting import adopt_orphans, hard_exit
     from ..worker.health import serve_health
     from . import processes
+    from .duties import Duties
 
     settings = Settings()
     if args.shutdown_grace is not None:
@@ -136,13 +142,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     adopt_orphans()  # a handler's double-forked process stays ours to kill at exit
 
+    duties = Duties(settings, worker.metrics)  # the relay and maintenance, unless turned off
+
     async def main(stop: asyncio.Event) -> None:
         health = None
         if port is not None:
-            health = await serve_health(worker, "0.0.0.0", port)
-        await start_with_retry(worker.start, stop, "worker", settings)
-        await stop.wait()
-        await worker.stop()
+            health = await serve_health(worker, "0.0.0.0", port, duties=duties.details)
+        async with beside(duties):  # they stop after the drain, relaying what it handed back
+            await start_with_retry(worker.start, stop, "worker", settings)
+            await stop.wait()
+            await worker.stop()
         if health is not None:
             health.close()
         # drained: leave now, not through the loop's teardown, which cancels every task left and
@@ -204,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_migrate)
 
-    s = sub.add_parser("api", help="run the REST API (FastAPI on uvicorn)")
+    s = sub.add_parser("api", help=f"run the REST API (FastAPI on uvicorn){DUTIES}")
     s.add_argument("--host", default="127.0.0.1", help=HOST)
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument(
@@ -214,8 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "publisher",
-        help="relay the outbox to RabbitMQ; also runs the maintenance duties (scheduled jobs, "
-        "lease recovery, reconciler, retention) unless --no-maintenance",
+        help="optional: relay the outbox to RabbitMQ; also runs the maintenance duties "
+        "(scheduled jobs, lease recovery, reconciler, retention) unless --no-maintenance",
     )
     s.add_argument(
         "--no-maintenance",
@@ -234,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_sweeper)
 
-    s = sub.add_parser("worker", help="run the handlers registered on a JobRouter")
+    s = sub.add_parser("worker", help=f"run the handlers registered on a JobRouter{DUTIES}")
     s.add_argument("--app", required=True, help="MODULE:ATTR naming a conveyor.JobRouter")
     s.add_argument("--types", help="comma-separated job types to consume (default: all handlers)")
     s.add_argument(

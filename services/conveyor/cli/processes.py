@@ -20,7 +20,7 @@ from ..core import tracing
 from ..core.config import Settings
 from ..core.logging import configure, event
 from ..core.metrics import Metrics
-from ..core.probes import serve_probes
+from ..core.probes import Background, serve_probes
 from ..core.secrets import MaskedStream, mask_url
 from ..jobs.router import JobRouter
 from ..store.connect import check_server
@@ -83,26 +83,44 @@ def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 
 def api_server(
-    settings: Settings, host: str, port: int, *, metrics: Metrics | None = None
+    settings: Settings,
+    host: str,
+    port: int,
+    *,
+    metrics: Metrics | None = None,
+    background: Background | None = None,
 ) -> _Server:
     from ..api.app import create_app
 
-    app = create_app(settings, metrics=metrics)
+    app = create_app(settings, metrics=metrics, background=background)
     return _Server(uvicorn.Config(app, host=host, port=port, loop="none", **_UVICORN))
+
+
+def api_with_duties(settings: Settings, host: str, port: int) -> _Server:
+    """``conveyor api``'s server: the API with the duties beside it (``cli/duties.py``), on one
+    metrics registry."""
+    from .duties import Duties
+
+    metrics = Metrics()
+    return api_server(settings, host, port, metrics=metrics, background=Duties(settings, metrics))
 
 
 def api_app() -> Any:
     """The app of one ``conveyor api --workers N`` process. uvicorn imports this by name in each
     worker (a fresh interpreter, started by spawn): settings come from the environment the
-    parent passed on, and logging is configured again, as ``cli.main`` did in the parent."""
+    parent passed on, and logging is configured again, as ``cli.main`` did in the parent. Each
+    process runs the duties beside its API, as one ``conveyor api`` does (any number of
+    processes may run them)."""
     from ..api.app import create_app
+    from .duties import Duties
 
     if not isinstance(sys.stderr, MaskedStream):  # as cli.main: no credential in any message
         sys.stderr = MaskedStream(sys.stderr)
     settings = Settings()
     configure(settings.log_level, settings.log_format, quiet=(*LIBRARY_LOGGERS, "alembic"))
     tracing.configure("conveyor-api")  # only OTEL_* variables turn it on
-    return create_app(settings)
+    metrics = Metrics()
+    return create_app(settings, metrics=metrics, background=Duties(settings, metrics))
 
 
 def serve_api_workers(sock: socket.socket, workers: int) -> None:

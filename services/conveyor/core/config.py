@@ -85,7 +85,15 @@ class Settings(BaseSettings):
     relay_batch: int = Field(default=500, gt=0)
     relay_poll_interval: float = Field(default=1.0, gt=0)
 
-    # maintenance (runs inside the publisher process, see docs/architecture.md)
+    # the relay and the maintenance duties inside `conveyor api` and `conveyor worker` (one
+    # process at a time holds them, docs/architecture.md); off: a dedicated `conveyor publisher`
+    # must run. `conveyor publisher`, `sweeper` and `dev` always run theirs
+    run_duties: bool = True
+    # every process watches the outbox: its oldest row older than this (seconds) while no relay
+    # is connected to the database is said in the log (once) and in the health details
+    outbox_stale_after: float = Field(default=30.0, gt=0)
+
+    # maintenance (the publisher's, or the duties' holder's, see docs/architecture.md)
     schedule_interval: float = Field(default=0.25, gt=0)
     lease_sweep_interval: float = Field(default=2.0, gt=0)
     reconcile_interval: float = Field(default=15.0, gt=0)

@@ -9,14 +9,42 @@ Prometheus.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 Live = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+class Background(Protocol):
+    """Work a process runs beside its own until ``stop`` (the duties, ``cli/duties.py``), with
+    the details its health probe shows."""
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def details(self) -> dict[str, Any]: ...
+
+
+@contextlib.asynccontextmanager
+async def beside(background: Background | None, *, wait: float = 20.0) -> AsyncIterator[None]:
+    """Run ``background`` while the block runs; at its end, stop it and wait (at most ``wait``
+    seconds) for it to close what it opened."""
+    if background is None:
+        yield
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(background.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, wait)
+
 
 _REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
 

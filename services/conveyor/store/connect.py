@@ -134,11 +134,6 @@ async def create_pool(
     index lookups JIT never speeds up. A transaction pooler passes no session setting (PgBouncer
     refuses unknown startup parameters): there ``conveyor migrate --create-roles`` sets it on the
     component roles (``ALTER ROLE … SET jit = off``; docs/scaling.md)."""
-    settings = {"application_name": application_name}
-    if pooler == "none":
-        settings["jit"] = "off"
-        if bounds is not None:
-            settings |= bounds.server_settings()
     return await asyncpg.create_pool(
         url,
         min_size=min_size,
@@ -146,10 +141,40 @@ async def create_pool(
         timeout=timeout,
         command_timeout=command_timeout,
         max_inactive_connection_lifetime=60.0,
-        server_settings=settings,
+        server_settings=_server_settings(application_name, pooler, bounds),
         reset=_skip_session_reset,
         **connect_options(pooler),
     )
+
+
+async def connect_one(
+    url: str,
+    *,
+    application_name: str,
+    pooler: str = "none",
+    bounds: SessionBounds | None = None,
+    timeout: float = 5.0,
+    command_timeout: float | None = None,
+) -> Any:
+    """One connection of its own, not pooled, with a pool's settings (``create_pool``)."""
+    return await asyncpg.connect(
+        url,
+        timeout=timeout,
+        command_timeout=command_timeout,
+        server_settings=_server_settings(application_name, pooler, bounds),
+        **connect_options(pooler),
+    )
+
+
+def _server_settings(
+    application_name: str, pooler: str, bounds: SessionBounds | None
+) -> dict[str, str]:
+    settings = {"application_name": application_name}
+    if pooler == "none":
+        settings["jit"] = "off"
+        if bounds is not None:
+            settings |= bounds.server_settings()
+    return settings
 
 
 async def _skip_session_reset(conn: Any) -> None:

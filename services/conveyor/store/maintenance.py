@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
+import asyncpg
+
 from ..core.jobs import PEN_LADDER, Status
 from .base import Connection, Statements, affected
 from .registry import named
@@ -24,6 +26,9 @@ JOB_OVERDUE_IDS = named("job_overdue_ids")
 MAINTENANCE_BOUND = named("maintenance_bound")
 JOB_RECONCILE_LOCK = named("job_reconcile_lock")
 JOB_DELETE_EXPIRED = named("job_delete_expired")
+DUTIES_TRY_LOCK = named("duties_try_lock")
+DUTIES_HELD = named("duties_held")
+DUTIES_SESSION_BOUND = named("duties_session_bound")
 
 
 class MaintenanceStatements(Statements):
@@ -116,3 +121,20 @@ class MaintenanceStatements(Statements):
         return affected(
             await conn.execute(self.sql[JOB_DELETE_EXPIRED], older_than, failed_older_than, limit)
         )
+
+    async def duties_try_lock(self, conn: Connection) -> bool:
+        """Take the duties' lock for this session; False when another session holds it."""
+        return bool(await conn.fetchval(self.sql[DUTIES_TRY_LOCK]))
+
+    async def duties_held(self, conn: Connection) -> bool:
+        """Does this session hold the duties' lock?"""
+        return bool(await conn.fetchval(self.sql[DUTIES_HELD]))
+
+    async def duties_session_bound(self, conn: Connection, *, idle: float) -> bool:
+        """End this session after ``idle`` seconds without a statement; False on a server
+        without ``idle_session_timeout`` (before PostgreSQL 14)."""
+        try:
+            await conn.fetchval(self.sql[DUTIES_SESSION_BOUND], f"{round(idle * 1000)}ms")
+        except asyncpg.exceptions.UndefinedObjectError:
+            return False
+        return True

@@ -15,6 +15,7 @@ OUTBOX_DELETE_CONFIRMED = named("outbox_delete_confirmed")
 OUTBOX_HELD_IDS = named("outbox_held_ids")
 OUTBOX_REQUEUE_HELD = named("outbox_requeue_held")
 OUTBOX_NOTIFY = named("outbox_notify")
+OUTBOX_WATCH = named("outbox_watch")
 
 
 def _by_id(row: OutboxRow) -> int:
@@ -67,3 +68,9 @@ class OutboxStatements(Statements):
     async def outbox_notify(self, conn: Connection) -> None:
         """Wake the publishers when the surrounding transaction commits (see ``notify.py``)."""
         await conn.execute(self.sql[OUTBOX_NOTIFY])
+
+    async def outbox_watch(self, conn: Connection) -> tuple[float | None, int]:
+        """The oldest row's age in seconds (None: the outbox is empty) and the number of relay
+        sessions connected to the database."""
+        row = await conn.fetchrow(self.sql[OUTBOX_WATCH])
+        return row["oldest"], int(row["relays"])

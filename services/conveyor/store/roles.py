@@ -61,7 +61,8 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
     "api": [
         ("SELECT, INSERT, UPDATE, DELETE", "jobs"),
         ("SELECT, DELETE", "job_attempts"),
-        ("INSERT", "job_outbox"),
+        # SELECT: the outbox watch reads the oldest row's age (``outbox_watch``)
+        ("SELECT, INSERT", "job_outbox"),
         # pause/resume and limits (admin): only those columns, not the handlers' defaults
         (
             "SELECT, UPDATE (paused, concurrency, rate_limit, rate_period, limits_set_at, "

@@ -38,6 +38,7 @@ import contextlib
 import functools
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -120,8 +121,15 @@ def assess(
 
 
 class WorkerHealth:
-    def __init__(self, worker: Worker, *, broker_grace: float = 60.0) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        *,
+        broker_grace: float = 60.0,
+        duties: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.worker = worker
+        self.duties = duties  # the process's relay and duties (``cli/duties.py``): shown only
         st = worker.settings
         self.limits = Limits(
             broker_grace,
@@ -137,13 +145,16 @@ class WorkerHealth:
 
     def check(self) -> tuple[bool, dict[str, Any]]:
         s = self._status()
-        return assess(
+        ok, details = assess(
             s,
             self.limits,
             now=self.worker.clock(),
             blocked_for=self.worker.monitor.blocked_for(),
             broker_down_for=self._down.update(s.broker_connected),
         )
+        if self.duties is not None:
+            details["duties"] = self.duties()
+        return ok, details
 
     def ready(self) -> bool:
         s = self._status()
@@ -203,9 +214,16 @@ def _close_quietly(server: ThreadingHTTPServer) -> None:
 
 
 async def serve_health(
-    worker: Worker, host: str, port: int, *, broker_grace: float = 60.0
+    worker: Worker,
+    host: str,
+    port: int,
+    *,
+    broker_grace: float = 60.0,
+    duties: Callable[[], dict[str, Any]] | None = None,
 ) -> ProbeServer:
-    return ProbeServer(WorkerHealth(worker, broker_grace=broker_grace), host, port)
+    """``duties``: details the process's duties add to ``/healthz`` (never its verdict)."""
+    health = WorkerHealth(worker, broker_grace=broker_grace, duties=duties)
+    return ProbeServer(health, host, port)
 
 
 __all__ = ["Limits", "ProbeServer", "WorkerHealth", "assess", "serve_health"]

@@ -223,3 +223,30 @@ WITH done AS (
     DELETE FROM __schema__.job_attempts a USING d WHERE a.job_id = d.id
 )
 DELETE FROM __schema__.jobs j USING d WHERE j.id = d.id
+
+-- name: duties_try_lock
+-- The duties' election (``cli/duties.py``): of the ``conveyor api`` and ``conveyor worker``
+-- processes, the one whose session holds this lock runs the relay and the maintenance duties. A
+-- session lock: it lasts until the session ends (a crash, a partition found by the keepalives, a
+-- freeze ended by ``idle_session_timeout``) or the holder gives it up. Per schema: two installs
+-- in one database elect apart.
+SELECT pg_try_advisory_lock(hashtextextended('__schema__:duties', 0))
+
+-- name: duties_held
+-- Does this session still hold the duties' lock? (A bigint advisory lock shows its high and low
+-- halves as ``classid`` and ``objid``, ``objsubid`` 1.) False through a transaction pooler, where
+-- the next statement may run on another server session: there is no election there.
+WITH k AS (SELECT hashtextextended('__schema__:duties', 0) AS key)
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks l, k
+    WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+      AND l.objsubid = 1
+      AND l.classid = ((k.key >> 32) & 4294967295)::oid
+      AND l.objid = (k.key & 4294967295)::oid
+)
+
+-- name: duties_session_bound
+-- The election's session ends after ``$1`` idle outside a transaction (PostgreSQL 14 and later):
+-- a holder that stops turning (a frozen process on a host that still answers its keepalives)
+-- loses the lock to another process. SET for the session: its connection is its own.
+SELECT set_config('idle_session_timeout', $1, false)

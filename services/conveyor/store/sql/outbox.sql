@@ -80,3 +80,15 @@ SELECT count(*) FROM copied
 -- The channel is per schema (``<schema>_outbox``), so two installs in one database do not wake
 -- each other's publishers.
 SELECT pg_notify('__schema___outbox', '')
+
+-- name: outbox_watch
+-- Is anything relaying? The age of the outbox's oldest row (by id, the order relays take them:
+-- a primary-key lookup, not a scan; NULL when empty) and how many relay sessions are connected to
+-- this database (``Relay`` names its connections ``conveyor-publisher``; any role may read another
+-- session's ``application_name``).
+SELECT (SELECT extract(epoch FROM now() - o.created_at)::float8
+        FROM __schema__.job_outbox o ORDER BY o.id LIMIT 1) AS oldest,
+       (SELECT count(*) FROM pg_stat_activity a
+        WHERE a.datname = current_database()
+          AND a.application_name IN ('conveyor-publisher', 'conveyor-publisher-listen'))::int
+           AS relays
