@@ -1,6 +1,7 @@
-"""The documentation: the README stays a five-minute read, the MkDocs site builds with
-``--strict`` (a broken link, a missing anchor or a page left out of the nav fails it), and every
-relative link in the README and in docs/ names a file (and heading) that exists."""
+"""The documentation: the README stays a five-minute read and DEVELOPERS.md a guide, not a
+history (at most 300 lines each), the MkDocs site builds with ``--strict`` (a broken link, a
+missing anchor or a page left out of the nav fails it), and every relative link in the README and
+in docs/ names a file (and heading) that exists."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from .checks import ROOT
 
 README_MAX_LINES = 300
+DEVELOPERS_MAX_LINES = 300
 # [text](target) and ![alt](target); the target up to a space or the closing parenthesis
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -40,6 +42,13 @@ def _links(page: Path) -> list[str]:
 def test_the_readme_is_at_most_300_lines() -> None:
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move reference to docs/"
+
+
+def test_the_developers_guide_is_at_most_300_lines() -> None:
+    lines = len((ROOT / "DEVELOPERS.md").read_text().splitlines())
+    assert lines <= DEVELOPERS_MAX_LINES, (
+        f"DEVELOPERS.md has {lines} lines; link to module docstrings and docs/ instead"
+    )
 
 
 def _broken_links(pages: list[Path], root: Path) -> tuple[int, list[str]]:
