@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from prometheus_client import generate_latest
 
 from conveyor import JobSpec, enqueue_many
 from conveyor.core.config import Settings
@@ -190,3 +191,24 @@ async def test_workflow_counts_stop_at_the_cap_and_take_the_estimate_above_it(
     assert _value(metrics, "conveyor_workflows", status="COMPLETED") == 400  # the statistics'
     assert _value(metrics, "conveyor_workflows_estimated", status="RUNNING") == 0
     assert _value(metrics, "conveyor_workflows", status="RUNNING") == 0
+
+
+async def test_a_process_that_stops_refreshing_exports_none_of_them(
+    db: asyncpg.Connection, parts: tuple[Metrics, Sweeper, Relay]
+) -> None:
+    """The duties moved to another process: this one's last values would read as current (an
+    outbox lag of 0 while nothing relays), so its /metrics drops them; it exports them again
+    once it refreshes them again."""
+    metrics, sweeper, _ = parts
+    gauges = Gauges(metrics, sweeper.store, sweeper.pool, sweeper.topology)
+    await enqueue_many(db, [JobSpec("a")])
+    await gauges.refresh_once()
+    text = generate_latest(metrics.registry).decode()
+    assert "\nconveyor_outbox_lag_seconds " in text and "\nconveyor_jobs{" in text
+    gauges.forget()
+    text = generate_latest(metrics.registry).decode()
+    for name in ("conveyor_outbox_lag_seconds", "conveyor_outbox_rows", "conveyor_leases_expired"):
+        assert f"\n{name} " not in text, name
+    assert "\nconveyor_jobs{" not in text and "\nconveyor_workflows{" not in text
+    await gauges.refresh_once()
+    assert _value(metrics, "conveyor_outbox_rows") == 1

@@ -258,3 +258,5 @@ class Duties:
             self._refresh()
             await relay.close()
             await sweeper.close()
+            if sweeper.gauges is not None:  # another process computes them now
+                sweeper.gauges.forget()

@@ -165,6 +165,16 @@ class Metrics:
             self._maintenance = MaintenanceGauges(self.registry)
         return self._maintenance
 
+    def forget_maintenance(self) -> None:
+        """Stop exporting what maintenance computes, when this process stops computing it (the
+        duties moved to another process): a last value left behind would read as current."""
+        if self._maintenance is not None:
+            for gauge in vars(self._maintenance).values():
+                self.registry.unregister(gauge)
+            self._maintenance = None
+        for labelled in (self.jobs, self.jobs_estimated, self.workflows, self.workflows_estimated):
+            labelled.clear()
+
 
 class MaintenanceGauges:
     def __init__(self, registry: CollectorRegistry) -> None:

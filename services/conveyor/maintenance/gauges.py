@@ -51,6 +51,7 @@ class Gauges:
         self.interval = interval
         self.exact_up_to = exact_up_to
         self._seen: set[tuple[str, str]] = set()
+        self._ready: set[str] = set()  # the queues whose "ready" depth it set
 
     async def refresh_once(self) -> None:
         """One step: read the counts and set the gauges. A (type, status) that emptied is set to
@@ -93,6 +94,16 @@ class Gauges:
                 self.metrics.queue_messages.labels(queue, "ready").set(
                     await self.queue_depth(job_type)
                 )
+                self._ready.add(queue)
+
+    def forget(self) -> None:
+        """This process stops refreshing the gauges: they go from its /metrics (a worker's own
+        ``unacked`` series stay)."""
+        for queue in self._ready:
+            self.metrics.queue_messages.remove(queue, "ready")
+        self._ready.clear()
+        self._seen.clear()
+        self.metrics.forget_maintenance()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
