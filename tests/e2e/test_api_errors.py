@@ -13,7 +13,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from conveyor import JobRouter
-from conveyor.api.error_models import ErrorBody
+from conveyor.api.errors import ErrorBody
 from conveyor.core.config import Settings
 
 from ..stack import Stack, running_stack, wait_for

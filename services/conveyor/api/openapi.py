@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator
 from pydantic.json_schema import models_json_schema
 
 from .auth import OPEN, SUBMITS
-from .error_models import ErrorBody
+from .errors import ErrorBody
 
 REF = "#/components/schemas/{model}"
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from ..core import finite
 from ..core.errors import Retry
 from ..core.jobs import backoff_delay, snap_to_pen
+from ..jobs import spec
 from ..jobs.router import HandlerSpec
 
 MAX_ERROR_CHARS = 4000
@@ -91,8 +91,8 @@ def completed(result: Any, *, max_bytes: int | None = None) -> Outcome:
 
 
 def non_finite(value: Any, path: str = "result") -> str | None:
-    """Where a result holds NaN or an infinity (``core.finite``)."""
-    return finite.non_finite(value, path)
+    """Where a result holds NaN or an infinity (``jobs.spec.non_finite``)."""
+    return spec.non_finite(value, path)
 
 
 def too_large(size: int, cap: int) -> str:
