@@ -7,10 +7,9 @@ pydantic's ``ValidationError`` (422), ``InvalidJob`` (422) and its ``PayloadTooL
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 from ..core.errors import InvalidJob
-from ..jobs.spec import build_job, check_idempotency_key, spec_hash
+from ..jobs.spec import build_job, check_idempotency_key, request_digest, spec_hash
 from ..store import NewJob
 from .body import TooManyJobs, count_batch_items, parse_json
 from .models import SubmitBatch, SubmitJob
@@ -46,10 +45,7 @@ def build_batch(
     if idempotency_key is None:
         return rows
     check_idempotency_key(idempotency_key)
-    digest = hashlib.sha256()
-    for spec in specs:
-        digest.update(spec_hash(spec).encode())
-    request_hash = digest.hexdigest()
+    request_hash = request_digest([spec_hash(spec) for spec in specs])
     return [
         dataclasses.replace(
             r, idempotency_key=f"{idempotency_key}{KEY_SEPARATOR}{i}", request_hash=request_hash

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hashlib
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -22,9 +21,9 @@ from fastapi import FastAPI, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from pydantic.config import JsonDict
 
-from ..core.errors import IdempotencyConflict, InvalidJob, JobNotFound
+from ..core.errors import InvalidJob, JobNotFound
 from ..core.jobs import Status
-from ..jobs.spec import check_horizon
+from ..jobs.spec import check_horizon, check_replay, request_digest
 from ..store.connect import is_unique_violation
 from ..store.workflows import WorkflowJob, WorkflowRow
 from ..workflows import (
@@ -210,11 +209,6 @@ def build(raw: bytes, max_payload_bytes: int) -> tuple[SubmitWorkflow, Workflow,
     return body, wf, wf.build(max_payload_bytes)
 
 
-def request_hash(body: SubmitWorkflow) -> str:
-    data = orjson.dumps(body.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(data).hexdigest()
-
-
 def counts(row: WorkflowRow) -> dict[str, int]:
     names = ("jobs", "waiting", "queued", "running", "completed", "failed", "cancelled")
     return {n: getattr(row, n) for n in names}
@@ -278,8 +272,7 @@ class WorkflowApi:
         found = await self.api.store.workflow_by_idempotency_key(conn, key)
         if found is None:
             return None
-        if found[1] != digest:
-            raise IdempotencyConflict(DIFFERENT_WORKFLOW)
+        check_replay(found[1], digest, DIFFERENT_WORKFLOW)
         return await self.read(conn, found[0])
 
     async def insert(
@@ -298,7 +291,8 @@ class WorkflowApi:
 
         def parse() -> tuple[Workflow, Any, str]:
             body, wf, built = build(raw, limit)
-            return wf, built, request_hash(body) if key is not None else ""
+            digest = request_digest(body.model_dump(mode="json")) if key is not None else ""
+            return wf, built, digest
 
         # a large workflow is parsed, validated and hashed in a thread, so the loop keeps
         # serving (as a batch is): 10,000 jobs are about half a second of CPU

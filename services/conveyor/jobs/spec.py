@@ -220,7 +220,20 @@ def spec_hash(spec: JobSpec) -> str:
     for name in ("meta", "unique_for", "unique_key"):
         if (value := getattr(spec, name)) is not None:
             body[name] = value
-    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return request_digest(body)
+
+
+def request_digest(request: Any) -> str:
+    """What an idempotency key is checked against, for a job, a batch and a workflow alike: the
+    SHA-256 of the request as JSON with sorted keys."""
+    return hashlib.sha256(orjson.dumps(request, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def check_replay(stored: str | None, digest: str, conflict: str) -> None:
+    """A second submit with an idempotency key is a replay only with the first one's request:
+    raises ``IdempotencyConflict(conflict)`` otherwise."""
+    if stored != digest:
+        raise IdempotencyConflict(conflict)
 
 
 def unique_key_for(
@@ -258,8 +271,10 @@ async def replayed(store: Store, conn: Connection, row: NewJob, conflict: str) -
     the same request hash (a replay); else ``IdempotencyConflict(conflict)``."""
     assert row.idempotency_key is not None
     existing = await store.job_get_by_idempotency_key(conn, row.idempotency_key)
-    if existing is None or existing.request_hash != row.request_hash:
+    if existing is None:
         raise IdempotencyConflict(conflict)
+    assert row.request_hash is not None
+    check_replay(existing.request_hash, row.request_hash, conflict)
     return existing
 
 
