@@ -31,7 +31,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 from typing_extensions import TypeAliasType
 
-from ..core.jobs import TYPE_PATTERN, Status
+from ..core.jobs import MAX_PRIORITY, MIN_PRIORITY, TYPE_PATTERN, Status
 from ..jobs.spec import (
     MAX_DELAY_SECONDS,
     MAX_META_BYTES,
@@ -44,8 +44,9 @@ from ..jobs.spec import (
 )
 from .resource import resource
 
+# the REST form of core.jobs' priorities (names and range), as the OpenAPI schema shows them
 PriorityName = Literal["high", "normal", "low"]
-PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=0, le=9)]
+PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 _INTEGER_FIELDS = ("priority", "max_retries")
 
 # The payload's schema: any JSON object whose strings and keys hold no NUL and whose integers fit

@@ -15,7 +15,6 @@ from pydantic import (
     Field,
     Strict,
     StrictBool,
-    StrictInt,
     StrictStr,
     WithJsonSchema,
     field_validator,
@@ -27,7 +26,7 @@ from ..jobs.schedules import MAX_EVERY, MIN_EVERY, build_schedule, resume_at
 from ..store.schedules import ScheduleRow
 from .attempts import HasConnection
 from .errors import json_response
-from .models import PayloadSchema
+from .models import PayloadSchema, PriorityValue
 from .openapi import errors
 from .service import Api
 
@@ -56,7 +55,6 @@ CRON_PATTERN = (
     + "$"
 )
 ZONES: list[Any] = sorted(z for z in zoneinfo.available_timezones() if z != "localtime")
-_Priority = Literal["high", "normal", "low"] | Annotated[StrictInt, Field(ge=0, le=9)]
 
 
 class ScheduleIn(BaseModel):
@@ -107,7 +105,7 @@ class ScheduleIn(BaseModel):
         examples=["America/New_York"],
         json_schema_extra={"enum": ZONES},
     )
-    priority: _Priority = Field(default="normal", description="Priority of every job.")
+    priority: PriorityValue = Field(default="normal", description="Priority of every job.")
     enabled: StrictBool = Field(default=True, description="false: created paused.")
     catch_up: Literal["skip", "last"] = Field(
         default="skip",

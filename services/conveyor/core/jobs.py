@@ -65,6 +65,7 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
 }
 
 PRIORITY_NAMES = {"high": 9, "normal": 5, "low": 1}
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
 DEFAULT_PRIORITY = 5
 # Job types, and schedule names: a schedule declared on a handler is named after its type.
 TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -78,9 +79,9 @@ def parse_priority(value: int | str | None) -> int:
     if isinstance(value, bool):
         raise InvalidJob("priority must be 'high', 'normal', 'low' or an integer 0-9")
     if isinstance(value, int):
-        if 0 <= value <= 9:
+        if MIN_PRIORITY <= value <= MAX_PRIORITY:
             return value
-        raise InvalidJob("priority must be between 0 and 9")
+        raise InvalidJob(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}")
     if isinstance(value, str) and value in PRIORITY_NAMES:
         return PRIORITY_NAMES[value]
     raise InvalidJob("priority must be 'high', 'normal', 'low' or an integer 0-9")
