@@ -126,7 +126,7 @@ def two_scaled_objects(docs: list[Doc]) -> None:
         (amqp_mode, "protocol must be http"),
         (inline_host, "belongs in a TriggerAuthentication"),
         (unknown_auth, "names no TriggerAuthentication"),
-        (missing_secret_key, "which no Secret here holds"),
+        (missing_secret_key, "which no Secret holds"),
         (missing_deployment, "is no Deployment here"),
         (no_scale_to_zero, "minReplicaCount must be 0"),
         (unscaled_worker, "a worker without a ScaledObject"),
