@@ -112,8 +112,11 @@ def keda_problems(docs: Sequence[Doc]) -> list[str]:
             else:
                 problems.append(f"{where}: unexpected trigger type {trigger.get('type')!r}")
     for name in workers(docs):
-        if name not in targets:
-            problems.append(f"Deployment/{name}: a worker without a ScaledObject")
+        fixed = "replicas" in deployments[name]["spec"]
+        if name in targets and fixed:
+            problems.append(f"Deployment/{name}: sets replicas, which kubectl apply and KEDA fight")
+        if name not in targets and not fixed:
+            problems.append(f"Deployment/{name}: a worker with neither a ScaledObject nor replicas")
     return problems
 
 

@@ -16,6 +16,7 @@ from conveyor.core.config import Settings
 from .checks import (
     BASE,
     KEDA_GROUP,
+    KEDA_OVERLAY,
     OVERLAY,
     POSTGRESQL_COMPONENT,
     by_kind,
@@ -33,7 +34,7 @@ from .secret_docs import (
     secret_refs,
 )
 
-KUSTOMIZATION_DIRS = [BASE, OVERLAY, POSTGRESQL_COMPONENT]
+KUSTOMIZATION_DIRS = [BASE, KEDA_OVERLAY, OVERLAY, POSTGRESQL_COMPONENT]
 
 
 def image_user() -> int:
