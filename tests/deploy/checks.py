@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "example"
+KEDA_OVERLAY = K8S / "overlays" / "keda"
 POSTGRESQL_COMPONENT = K8S / "components" / "keda-postgresql"
 
 KUBERNETES_VERSION = "1.30"

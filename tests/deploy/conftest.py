@@ -1,5 +1,6 @@
-"""The rendered manifests every deploy test reads: the base, the example overlay, and the overlay
-with the optional postgresql-scaler component switched on the way the docs say (uncommented)."""
+"""The rendered manifests every deploy test reads: the base (no KEDA), the keda overlay (the base
+scaled by KEDA), the example overlay, and the example overlay with the optional
+postgresql-scaler component switched on the way the docs say (uncommented)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from .checks import K8S, OVERLAY
+from .checks import K8S, KEDA_OVERLAY, OVERLAY
 from .manifests import Doc, render
 
-VARIANTS = ("base", "overlay", "overlay+postgresql")
+VARIANTS = ("base", "keda", "overlay", "overlay+postgresql")
 COMMENTED_COMPONENT = "# components:\n#   - ../../components/keda-postgresql\n"
 
 
@@ -35,7 +36,12 @@ def postgresql_overlay(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def variant_dirs(postgresql_overlay: Path) -> dict[str, Path]:
-    return {"base": K8S / "base", "overlay": OVERLAY, "overlay+postgresql": postgresql_overlay}
+    return {
+        "base": K8S / "base",
+        "keda": KEDA_OVERLAY,
+        "overlay": OVERLAY,
+        "overlay+postgresql": postgresql_overlay,
+    }
 
 
 @pytest.fixture(scope="session")

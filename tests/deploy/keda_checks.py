@@ -11,14 +11,19 @@ from conveyor.broker.topology import Topology
 
 from .checks import by_kind, settings_namespace, worker_types, workers
 from .manifests import Doc
+from .secret_docs import documented_secrets
 
 # One queue name: what Topology.work_queue builds; no commas, wildcards or spaces.
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def _secret_keys(docs: Iterable[Doc]) -> dict[str, set[str]]:
+    """The keys of the Secrets rendered here and of those docs/deploying.md creates."""
     secrets = by_kind(docs, "Secret").items()
-    return {name: {*s.get("data", {}), *s.get("stringData", {})} for name, s in secrets}
+    keys = {name: {*s.get("data", {}), *s.get("stringData", {})} for name, s in secrets}
+    for name, data in documented_secrets().items():
+        keys.setdefault(name, set()).update(data)
+    return keys
 
 
 def _auth_problems(where: str, trigger: Doc, docs: Sequence[Doc], parameter: str) -> list[str]:
@@ -34,7 +39,7 @@ def _auth_problems(where: str, trigger: Doc, docs: Sequence[Doc], parameter: str
     for r in refs:
         if r.get("key") not in keys.get(r.get("name"), set()):
             source = f"{r.get('name')}/{r.get('key')}"
-            problems.append(f"{where}: {ref} reads {source}, which no Secret here holds")
+            problems.append(f"{where}: {ref} reads {source}, which no Secret holds")
     return problems
 
 
@@ -107,8 +112,11 @@ def keda_problems(docs: Sequence[Doc]) -> list[str]:
             else:
                 problems.append(f"{where}: unexpected trigger type {trigger.get('type')!r}")
     for name in workers(docs):
-        if name not in targets:
-            problems.append(f"Deployment/{name}: a worker without a ScaledObject")
+        fixed = "replicas" in deployments[name]["spec"]
+        if name in targets and fixed:
+            problems.append(f"Deployment/{name}: sets replicas, which kubectl apply and KEDA fight")
+        if name not in targets and not fixed:
+            problems.append(f"Deployment/{name}: a worker with neither a ScaledObject nor replicas")
     return problems
 
 

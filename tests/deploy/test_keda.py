@@ -10,7 +10,7 @@ import pytest
 
 from examples.app import router
 
-from .checks import by_kind, worker_types, workers
+from .checks import KEDA_GROUP, by_kind, worker_types, workers
 from .keda_checks import keda_problems, scaling_matches_worker_problems
 from .manifests import Doc
 
@@ -32,8 +32,23 @@ def test_each_worker_scales_on_exactly_the_queues_it_consumes(docs: list[Doc]) -
     assert scaling_matches_worker_problems(docs) == []
 
 
-def test_the_base_worker_scales_on_one_trigger_per_queue(rendered: dict[str, list[Doc]]) -> None:
-    so = scaled_object(rendered["base"], "worker-default")
+def test_the_base_applies_without_keda(rendered: dict[str, list[Doc]]) -> None:
+    """A vanilla cluster has no keda.sh CRDs: the base uses none, and its worker runs a fixed
+    number of replicas."""
+    base = rendered["base"]
+    assert [d["kind"] for d in base if d["apiVersion"].startswith(KEDA_GROUP)] == []
+    assert by_kind(base, "Deployment")["worker-default"]["spec"]["replicas"] >= 1
+
+
+def test_the_keda_overlay_scales_the_base_worker(rendered: dict[str, list[Doc]]) -> None:
+    keda = rendered["keda"]
+    assert set(by_kind(keda, "TriggerAuthentication")) == {"conveyor-rabbitmq"}
+    assert set(by_kind(keda, "ScaledObject")) == {"worker-default"}
+    assert "replicas" not in by_kind(keda, "Deployment")["worker-default"]["spec"]
+
+
+def test_the_keda_worker_scales_on_one_trigger_per_queue(rendered: dict[str, list[Doc]]) -> None:
+    so = scaled_object(rendered["keda"], "worker-default")
     queues = [t["metadata"]["queueName"] for t in so["spec"]["triggers"]]
     assert queues == [f"jobs.queue.{t}" for t in sorted(router.types)]
     assert so["spec"]["minReplicaCount"] == 0
@@ -112,6 +127,10 @@ def unscaled_worker(docs: list[Doc]) -> None:
     docs.remove(scaled_object(docs, "worker-email"))
 
 
+def fixed_and_scaled(docs: list[Doc]) -> None:
+    by_kind(docs, "Deployment")["worker-email"]["spec"]["replicas"] = 2
+
+
 def two_scaled_objects(docs: list[Doc]) -> None:
     twin = copy.deepcopy(scaled_object(docs, "worker-email"))
     twin["metadata"]["name"] = "worker-email-2"
@@ -126,10 +145,11 @@ def two_scaled_objects(docs: list[Doc]) -> None:
         (amqp_mode, "protocol must be http"),
         (inline_host, "belongs in a TriggerAuthentication"),
         (unknown_auth, "names no TriggerAuthentication"),
-        (missing_secret_key, "which no Secret here holds"),
+        (missing_secret_key, "which no Secret holds"),
         (missing_deployment, "is no Deployment here"),
         (no_scale_to_zero, "minReplicaCount must be 0"),
-        (unscaled_worker, "a worker without a ScaledObject"),
+        (unscaled_worker, "neither a ScaledObject nor replicas"),
+        (fixed_and_scaled, "kubectl apply and KEDA fight"),
         (two_scaled_objects, "is already scaled by"),
     ],
     ids=lambda v: getattr(v, "__name__", ""),

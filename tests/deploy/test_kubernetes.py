@@ -9,12 +9,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from conveyor.core.config import Settings
 
 from .checks import (
     BASE,
     KEDA_GROUP,
+    KEDA_OVERLAY,
     OVERLAY,
     POSTGRESQL_COMPONENT,
     by_kind,
@@ -24,8 +26,15 @@ from .checks import (
 from .container_checks import DOCKERFILE, image_uid, parse_dockerfile
 from .manifests import Doc, containers, load_yaml_docs, referenced_paths
 from .pod_checks import hardening_problems, probe_problems, selector_problems
+from .secret_docs import (
+    DEPLOYING,
+    STAND_IN,
+    documented_secrets,
+    optional_secret_refs,
+    secret_refs,
+)
 
-KUSTOMIZATION_DIRS = [BASE, OVERLAY, POSTGRESQL_COMPONENT]
+KUSTOMIZATION_DIRS = [BASE, KEDA_OVERLAY, OVERLAY, POSTGRESQL_COMPONENT]
 
 
 def image_user() -> int:
@@ -66,7 +75,7 @@ def test_an_unlisted_file_and_a_missing_file_are_reported(tmp_path: Path) -> Non
 def test_rendered_manifests_are_valid_kubernetes_objects(docs: list[Doc]) -> None:
     checked = kubernetes_docs(docs)
     kinds = {d["kind"] for d in checked}
-    assert {"Namespace", "ConfigMap", "Secret", "Deployment", "Service", "Job"} <= kinds
+    assert {"Namespace", "ConfigMap", "Deployment", "Service", "Job"} <= kinds
     assert "PodDisruptionBudget" in kinds
     assert [p for d in checked for p in schema_problems(d)] == []
 
@@ -182,9 +191,9 @@ DB_PASSWORDS = {f"CONVEYOR_{c}_DB_PASSWORD" for c in ("API", "PUBLISHER", "WORKE
 def test_config_and_secret_keys_are_real_settings(docs: list[Doc]) -> None:
     fields = {f"CONVEYOR_{name.upper()}" for name in Settings.model_fields}
     config = by_kind(docs, "ConfigMap")["conveyor-config"]["data"]
-    secrets = by_kind(docs, "Secret")
+    secrets = documented_secrets()
     for name in OWN_SECRET.values():
-        data = secrets[name]["stringData"]
+        data = secrets[name]
         extra = DB_PASSWORDS if name == "conveyor-migrate" else set()
         assert set(data) <= fields | extra, name
         Settings.model_validate(
@@ -198,7 +207,7 @@ def test_each_component_reads_only_its_own_secret(docs: list[Doc]) -> None:
     """Least privilege: every pod reads the config and its component's Secret,
     whose URLs name that component's own role and user; only the migrate Job holds the
     owner's URL and the roles' passwords."""
-    secrets = by_kind(docs, "Secret")
+    secrets = documented_secrets()
     seen = set()
     for doc in docs:
         label = doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component", "")
@@ -209,7 +218,7 @@ def test_each_component_reads_only_its_own_secret(docs: list[Doc]) -> None:
             }
             assert sources == {"conveyor-config", OWN_SECRET[component]}, (component, sources)
             seen.add(component)
-            data = secrets[OWN_SECRET[component]]["stringData"]
+            data = secrets[OWN_SECRET[component]]
             db = urlsplit(data["CONVEYOR_DATABASE_URL"])
             if component == "migrate":
                 assert db.username == "conveyor" and set(data) >= DB_PASSWORDS
@@ -223,13 +232,32 @@ def test_each_component_reads_only_its_own_secret(docs: list[Doc]) -> None:
     assert seen >= set(OWN_SECRET)
 
 
-def test_example_secrets_hold_only_placeholders(docs: list[Doc]) -> None:
-    secrets = by_kind(docs, "Secret")
-    assert secrets
-    for name, secret in secrets.items():
-        assert "data" not in secret, f"{name}: keep examples readable in stringData"
-        for key, value in secret["stringData"].items():
-            assert "CHANGE-ME" in value, f"{name}/{key} is not a clearly marked placeholder"
+def test_no_secret_is_created_and_no_placeholder_shipped(docs: list[Doc]) -> None:
+    """Applying the manifests must not create credentials anyone can read in git: the Secrets
+    come from the user (docs/deploying.md), and a pod whose Secret is missing stays in
+    CreateContainerConfigError naming it instead of running with a known password."""
+    assert by_kind(docs, "Secret") == {}
+    assert "CHANGE-ME" not in yaml.safe_dump_all(docs)
+    assert optional_secret_refs(docs) == []
+
+
+def test_every_secret_the_manifests_read_is_documented(docs: list[Doc]) -> None:
+    documented = documented_secrets()
+    refs = secret_refs(docs)
+    assert refs
+    for name, key in sorted(refs, key=str):
+        assert name in documented, f"Secret {name} is read but docs/deploying.md never creates it"
+        if key is not None:
+            assert key in documented[name], f"{name}/{key} is read but not documented"
+
+
+def test_the_documented_secrets_use_generated_passwords() -> None:
+    text = DEPLOYING.read_text()
+    assert "CHANGE-ME" not in text
+    assert "openssl rand -hex 24" in text
+    for name, data in documented_secrets().items():
+        for key, value in data.items():
+            assert STAND_IN in value, f"{name}/{key}: a literal credential in the docs"
 
 
 def test_the_migrate_job_runs_conveyor_migrate_once(docs: list[Doc]) -> None:

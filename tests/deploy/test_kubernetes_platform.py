@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from .checks import by_kind
 from .manifests import Doc, containers, pod_spec
+from .secret_docs import documented_secrets, secret_refs
 
 LONG_RUNNING = ("api", "publisher", "worker")  # Deployments by the prefix of their name
 
@@ -71,10 +72,14 @@ def _policies_for(docs: list[Doc], labels: dict[str, str], kind: str) -> list[Do
 
 
 def _service_hosts(docs: list[Doc]) -> dict[int, set[str]]:
-    """port → the namespaces of the ``*.<namespace>.svc…`` hosts the Secrets' URLs name."""
+    """port → the namespaces of the ``*.<namespace>.svc…`` hosts the URLs name in the Secrets
+    the pods read (created as docs/deploying.md says)."""
     out: dict[int, set[str]] = {}
-    for secret in by_kind(docs, "Secret").values():
-        for key, value in (secret.get("stringData") or {}).items():
+    read = {name for name, _ in secret_refs(docs)}
+    for name, data in documented_secrets().items():
+        if name not in read:
+            continue
+        for key, value in data.items():
             if "://" not in str(value) or not key.startswith("CONVEYOR_"):
                 continue
             url = urlsplit(str(value))
