@@ -48,3 +48,29 @@ def test_client_snippets_define_every_name_they_use(page: str) -> None:
     for block in snippets:
         tree = ast.parse(block)
         assert undefined_names(tree) == set(), block
+
+
+def tried_first(page: str) -> str:
+    """What a reader tries against `make dev` before writing handlers of their own: the page up
+    to its recipes."""
+    text = (ROOT / "docs" / page).read_text()
+    return text.split("## Recipes", 1)[0]
+
+
+def job_types(text: str) -> set[str]:
+    """Job types a snippet submits: ``wf.add(key, "type"``, ``workflow_job(key, "type"``,
+    ``"type": "..."`` in a JSON body, the first element of a ``("type", {...})`` step."""
+    found = re.findall(r"(?:\.add|workflow_job)\([^,]+,\s*\"([a-z_]+)\"", text)
+    found += re.findall(r"\"type\":\s*\"([a-z_]+)\"", text)
+    found += re.findall(r"\(\"([a-z_]+)\",\s*\{", text)
+    return set(found)
+
+
+def test_the_workflow_examples_use_the_make_dev_apps_types() -> None:
+    """Pasted into a `make dev` session, the workflow examples run: every job type they submit
+    has a handler on the app it serves (``examples/app.py``)."""
+    from examples.app import router
+
+    used = job_types(tried_first("workflows.md"))
+    assert used, "no job type found in the examples"
+    assert used - set(router.types) == set()
