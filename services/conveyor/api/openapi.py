@@ -131,11 +131,12 @@ def submit_headers() -> list[dict[str, Any]]:
             "name": "traceparent",
             "in": "header",
             "required": False,
+            # no "example" either: every try-it would join one fixed trace
             "description": "W3C Trace Context of the caller (with `conveyor[otel]` and tracing "
-            "on): the submit's span, and every attempt of the job, join the caller's trace. An "
-            "invalid value is ignored (a new trace starts), as the W3C recommendation says.",
+            "on): the submit's span, and every attempt of the job, join the caller's trace, "
+            "e.g. `00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01`. An invalid value "
+            "is ignored (a new trace starts), as the W3C recommendation says.",
             "schema": {"type": "string"},
-            "example": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         },
     ]
 
