@@ -167,3 +167,13 @@ def test_raised_at_names_the_innermost_frame_of_the_last_exception() -> None:
     assert where is not None and where.endswith(" in outer"), where
     assert where.startswith(f"{__file__}:"), where
     assert outcomes.raised_at("Retry: not yet") is None
+
+
+def test_a_retry_snooze_is_labelled_snoozed_not_as_a_failure() -> None:
+    """``conveyor_jobs_finished_total{outcome}``: a Retry asked for a later run and consumed
+    nothing, so ConveyorHighFailureRate (retry|failed|lease_expired) does not count it."""
+    snooze = outcomes.failed(Retry(delay=5, reason="upstream not ready"), retry_count=0,
+                             max_retries=3, spec=None)  # fmt: skip
+    error = outcomes.failed(ConnectionError("down"), retry_count=0, max_retries=3, spec=None)
+    last = outcomes.failed(ConnectionError("down"), retry_count=3, max_retries=3, spec=None)
+    assert (snooze.label, error.label, last.label) == ("snoozed", "retry", "failed")

@@ -562,7 +562,17 @@ class Completer:
             if p.written:
                 self._c.written += 1
                 self.metrics.jobs_finished_of(job.type, outcome.label).inc()
-                if outcome.kind is Kind.FAIL:
+                if outcome.label == "snoozed":
+                    event(
+                        log,
+                        "job_snoozed",
+                        job_id=str(job.id),
+                        type=job.type,
+                        attempt=job.attempt,
+                        delay=outcome.delay,
+                        reason=outcome.error,
+                    )
+                elif outcome.kind is Kind.FAIL:
                     error, _, below = (outcome.error or "").partition("\n")
                     event(
                         log,

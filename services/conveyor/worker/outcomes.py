@@ -47,9 +47,12 @@ class Outcome:
 
     @property
     def label(self) -> str:
-        """The attempt's outcome as ``conveyor_jobs_finished_total``'s ``outcome`` label."""
+        """The attempt's outcome as ``conveyor_jobs_finished_total``'s ``outcome`` label; a
+        ``Retry`` snooze (a later run asked for, no retry consumed) is no failure: ``snoozed``."""
         if self.kind is Kind.FAIL:
-            return "failed" if self.delay is None else "retry"
+            if self.delay is None:
+                return "failed"
+            return "retry" if self.consume else "snoozed"
         return "completed" if self.kind is Kind.COMPLETE else "released"
 
 
