@@ -40,6 +40,9 @@ from .liveness import unavailable
 
 log = logging.getLogger("conveyor.api")
 
+# FastAPI's words for a body it could not decode (not UTF-8, say) before validating it
+FASTAPI_UNPARSABLE_BODY = "There was an error parsing the body"
+
 # A 422 lists at most this many problems (a 1,000-job batch of bad jobs answers in a few KB).
 MAX_ERRORS = 20
 
@@ -151,6 +154,10 @@ def install(
             allow = allowed_methods(request.app, request.scope)
             detail = f"{request.method} is not allowed here; allowed: {', '.join(allow)}"
             return failure(request, 405, "method_not_allowed", detail, {"Allow": ", ".join(allow)})
+        if exc.status_code == 400 and exc.detail == FASTAPI_UNPARSABLE_BODY:
+            # a route with a model body (PUT /schedules, /types/.../limits) given bytes that
+            # are not JSON text: the 400 the raw-body routes answer
+            return failure(request, 400, "malformed_json", "the body is not JSON")
         code = re.sub(r"[^a-z]+", "_", str(exc.detail).lower()).strip("_") or "error"
         return failure(request, exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
 

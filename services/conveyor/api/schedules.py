@@ -200,7 +200,7 @@ def add_schedule_routes(app: FastAPI, api: Api) -> None:
         "many sweepers run.",
         responses={
             200: {"model": ScheduleResource, "description": "Replaced."},
-            **errors(422, 503),
+            **errors(400, 422, 503),
         },
     )
     async def put_schedule(body: ScheduleIn) -> Response:
