@@ -20,12 +20,10 @@ from typing import Any
 
 import asyncpg
 
-from conveyor import JobRouter, Workflow, chain, enqueue_workflow
-from conveyor.jobs.types import register_router_types
+from conveyor import Workflow, chain, enqueue_workflow
 from conveyor.store import Failure, Store
-from conveyor.store.migrate import upgrade
 
-from .db import recreate_database, with_database
+from .db import noop_database
 
 CLAIM = {
     "lease_seconds": 60.0,
@@ -98,24 +96,8 @@ async def main() -> None:
     parser.add_argument("--database", default=f"conveyor_cascade_{os.getpid()}")
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="(both)")
     args = parser.parse_args()
-    url = with_database(args.url, args.database)
-    await recreate_database(url)
-    try:
-        await asyncio.to_thread(upgrade, url)
-        router = JobRouter()
-        router.job("noop")(_noop)
-        conn = await asyncpg.connect(url)
-        await register_router_types(conn, router)
-        await conn.close()
+    async with noop_database(args.url, args.database) as url:
         print(await measure(url, args.jobs, args.shape or list(SHAPES)))
-    finally:
-        admin = await asyncpg.connect(args.url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        await admin.close()
-
-
-async def _noop(job: object) -> None:
-    return None
 
 
 if __name__ == "__main__":

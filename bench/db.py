@@ -4,7 +4,10 @@ own clock."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -126,6 +129,34 @@ async def recreate_database(url: str) -> None:
         await conn.execute(f"CREATE DATABASE {quoted}")
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def noop_database(server_url: str, name: str) -> AsyncIterator[str]:
+    """A database of the timing scripts' own on ``server_url``: migrated, with the job type
+    ``noop`` registered; yields its URL and drops it afterwards."""
+    from conveyor import JobRouter
+    from conveyor.jobs.types import register_router_types
+    from conveyor.store.migrate import upgrade
+
+    url = with_database(server_url, name)
+    await recreate_database(url)
+    try:
+        await asyncio.to_thread(upgrade, url)
+        router = JobRouter()
+        router.job("noop")(_noop)
+        conn = await asyncpg.connect(url)
+        await register_router_types(conn, router)
+        await conn.close()
+        yield url
+    finally:
+        admin = await asyncpg.connect(server_url)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def _noop(job: object) -> None:
+    return None
 
 
 class Db:

@@ -6,11 +6,9 @@ and a single job's submit (``enqueue_many`` in a transaction), the part of a sub
 latency a link's completion stands for.
 
     .venv/bin/python -m bench.workflow_store [--rounds 250] [--backlog 6000] [--explain]
-        [--revision 0020]
 
 Prints the medians (ms) and, with ``--explain``, then the plans of the statements the triggers
 run for one chain link's completion (auto_explain, nested statements, in this session only).
-``--revision`` migrates the database to an earlier revision, for a comparison in turns.
 """
 
 from __future__ import annotations
@@ -25,12 +23,10 @@ from typing import Any
 
 import asyncpg
 
-from conveyor import JobRouter, JobSpec, Workflow, chain, enqueue_many, enqueue_workflow
-from conveyor.jobs.types import register_router_types
+from conveyor import JobSpec, Workflow, chain, enqueue_many, enqueue_workflow
 from conveyor.store import Completion, Store
-from conveyor.store.migrate import upgrade
 
-from .db import recreate_database, with_database
+from .db import noop_database
 
 CLAIM = {
     "lease_seconds": 60.0,
@@ -156,29 +152,12 @@ async def main() -> None:
     )
     parser.add_argument("--database", default=f"conveyor_wf_timing_{os.getpid()}")
     parser.add_argument("--explain", action="store_true")
-    parser.add_argument("--revision", default="head", help="migrate to this revision (head)")
     parser.add_argument("--backlog", type=int, default=6000, help="finished jobs first (6000)")
     args = parser.parse_args()
-    url = with_database(args.url, args.database)
-    await recreate_database(url)
-    try:
-        await asyncio.to_thread(upgrade, url, args.revision)
-        router = JobRouter()
-        router.job("noop")(_noop)
-        conn = await asyncpg.connect(url)
-        await register_router_types(conn, router)
-        await conn.close()
+    async with noop_database(args.url, args.database) as url:
         print(await measure(url, args.rounds, args.backlog))
         if args.explain:
             await explain(url)
-    finally:
-        admin = await asyncpg.connect(args.url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        await admin.close()
-
-
-async def _noop(job: object) -> None:
-    return None
 
 
 if __name__ == "__main__":
