@@ -27,6 +27,10 @@ FUNCTIONS = (
     "workflow_job_settled()",
     "workflow_jobs_finished()",
     "workflow_job_redriven()",
+    "admit(text, int, boolean)",
+    "admission_wait()",
+    "admission_wake()",
+    "ordered_place()",
 )
 TABLES = (
     "jobs",
@@ -39,6 +43,7 @@ TABLES = (
     "api_rate",
     "workflows",
     "job_dependencies",
+    "partitions",
 )
 
 
@@ -51,7 +56,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     schema = op.get_context().version_table_schema
-    # the tables take their views, triggers and statistics with them
+    # the tables take their views, triggers, statistics and the functions of their row types
+    # with them
     op.execute(f"DROP TABLE {', '.join(f'{schema}.{t}' for t in TABLES)} CASCADE")
     op.execute(f"DROP FUNCTION {', '.join(f'{schema}.{f}' for f in FUNCTIONS)}")
     op.execute(f"DROP TYPE {schema}.job_status")

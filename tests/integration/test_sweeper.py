@@ -12,10 +12,9 @@ import asyncpg
 import orjson
 import pytest
 
-from conveyor import JobRouter, JobSpec, enqueue_many
+from conveyor import JobSpec, enqueue_many
 from conveyor.broker.topology import Topology
 from conveyor.core.config import Settings
-from conveyor.jobs.types import register_router_types
 from conveyor.maintenance.sweeper import Sweeper
 from conveyor.publisher.relay import Relay
 from conveyor.store import Attempt, ClaimedJob, Completion, Failure, for_schema
@@ -364,151 +363,11 @@ async def test_a_dead_holders_jobs_are_found_again_when_their_hold_ends(
     assert await db.fetchval("SELECT count(*) FROM job_outbox") == 1
 
 
-async def test_jobs_a_type_limit_holds_in_a_pen_are_not_taken_for_lost(
-    db: asyncpg.Connection, sweeper: Sweeper
-) -> None:
-    """A paused type's deliveries are held: sent through a holding pen, touched, still PENDING
-    and due. Their messages are in the pen, not in the work queue, so beside an overdue backlog
-    of 10 that sits in the queue they must not stand for ready messages: nothing is
-    re-published. (As fresh jobs they made two duplicates of the backlog.)"""
-    await _register_lost(db)
-    await db.execute("UPDATE job_types SET paused = true WHERE name = 'lost'")
-    await _waiting(db, 10, _OVERDUE)
-    delivered = await _waiting(db, 2)
-    claimed, held = await _claim_controlled(db, delivered)
-    assert claimed == [] and set(held) == set(delivered)
-    await db.execute("DELETE FROM job_outbox")  # the relay sent them to their pen
-    assert [await sweeper.reconcile(queue_depth=_depth(10)) for _ in range(4)] == [0] * 4
-
-
 async def _noop(job: object) -> None:
     return None
 
 
-async def _register_lost(db: asyncpg.Connection, **limits: object) -> None:
-    """Register the job type ``lost`` (with type controls ``limits``), as a worker does."""
-    r = JobRouter()
-    r.job("lost", **limits)(_noop)  # type: ignore[arg-type]
-    await register_router_types(db, r)
-
-
-async def _claim_controlled(
-    db: asyncpg.Connection, ids: list[uuid.UUID], *, room: int = 0, worker: str = "w"
-) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
-    """A worker's claim of ``lost`` jobs under the type's controls: (claimed, held → pen; 0:
-    kept in the worker's hand, at most ``room``)."""
-    return await store.job_claim_controlled(
-        db, ids, lease_seconds=30.0, worker_id=worker, types=["lost"],
-        handler_defaults={}, default_max_retries=3, room={"lost": room},
-    )  # fmt: skip
-
-
 _HOLD_ENDED = "lease_expires_at = now() - interval '1 s'"
-
-
-async def test_a_frozen_workers_hand_is_published_again_once_when_its_hold_ends(
-    db: asyncpg.Connection, sweeper: Sweeper
-) -> None:
-    """A worker holds two jobs of a full type in its hand (their deliveries acknowledged, no
-    outbox row) and freezes. While the hold lasts the lease sweep leaves them; once it ran out,
-    one pass gives each an outbox row and drops hold and holder, and no later pass (nor the
-    reconciler) adds another. (Before, only the reconciler found them: reconcile_after after
-    the holder's last touch plus two of its passes.)"""
-    await _register_lost(db, concurrency=1)
-    ids = await _waiting(db, 3)
-    claimed, held = await _claim_controlled(db, ids, room=4, worker="frozen")
-    assert len(claimed) == 1 and set(held.values()) == {0}
-    hand = sorted(held)
-    rows = await db.fetch("SELECT held_by FROM jobs WHERE id = ANY($1::uuid[])", hand)
-    assert {r["held_by"] for r in rows} == {"frozen"}
-    assert await sweeper.recover_hands() == 0  # held: its holder renews it
-    await db.execute(f"UPDATE jobs SET {_HOLD_ENDED} WHERE id = ANY($1::uuid[])", hand)
-    assert await sweeper.recover_hands() == 2
-    out = await db.fetch("SELECT job_id, destination FROM job_outbox ORDER BY job_id")
-    assert [(r["job_id"], r["destination"]) for r in out] == [(i, "work") for i in hand]
-    rows = await db.fetch("SELECT status::text AS s, held_by, lease_expires_at FROM jobs "
-                          "WHERE id = ANY($1::uuid[])", hand)  # fmt: skip
-    assert {tuple(r) for r in rows} == {("PENDING", None, None)}
-    assert await sweeper.recover_hands() == 0
-    await db.execute("DELETE FROM job_outbox")  # relayed: the messages are in the queue
-    await db.execute(f"UPDATE jobs SET {_OVERDUE} WHERE id = ANY($1::uuid[])", hand)
-    assert await sweeper.recover_hands() == 0
-    assert [await sweeper.reconcile(queue_depth=_depth(2)) for _ in range(2)] == [0, 0]
-
-
-async def test_a_hands_job_runs_once_whoever_claims_it_after_its_hold_ends(
-    db: asyncpg.Connection, sweeper: Sweeper
-) -> None:
-    """The frozen holder comes back after the sweep published its job again: its hand's claim
-    and the new delivery's claim are the same conditional claim, so one of them runs it (one
-    attempt) and the other finds it taken. A job claimed before the sweep (its hold ran out, a
-    slot freed, the holder's claim won) is not published: the sweep only takes waiting jobs,
-    and skips a row a claim has locked."""
-    await _register_lost(db, concurrency=1)
-    ids = await _waiting(db, 3)
-    claimed, held = await _claim_controlled(db, ids, room=4, worker="frozen")
-    await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE id = $1", claimed[0].id)
-    first, second = sorted(held)
-    await db.execute(f"UPDATE jobs SET {_HOLD_ENDED} WHERE id = ANY($1::uuid[])", [first, second])
-    # a claim of ``first`` in flight (its row locked, not committed) while the sweep runs
-    other = await tdb.connect(sweeper.settings.database_url)
-    try:
-        tx = other.transaction()
-        await tx.start()
-        got, _ = await _claim_controlled(other, [first], room=4, worker="back")
-        assert [j.id for j in got] == [first]
-        assert await sweeper.recover_hands() == 1  # ``second`` only: ``first`` is locked
-        await tx.commit()
-    finally:
-        await other.close()
-    assert await sweeper.recover_hands() == 0  # ``first`` is running now
-    assert [r["job_id"] for r in await db.fetch("SELECT job_id FROM job_outbox")] == [second]
-    await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE id = $1", first)
-    # ``second``: the holder's claim from its hand and the published delivery's claim
-    back, _ = await _claim_controlled(db, [second], room=4, worker="back")
-    again, held_again = await _claim_controlled(db, [second], room=4, worker="b")
-    assert [j.id for j in back] == [second] and again == [] and held_again == {}
-    assert await db.fetchval("SELECT attempts FROM jobs WHERE id = $1", second) == 1
-
-
-async def test_jobs_held_in_a_pen_are_not_published_by_the_lease_sweep(
-    db: asyncpg.Connection, sweeper: Sweeper
-) -> None:
-    """Jobs sent through a holding pen (beyond the worker's room) have their message: once
-    their hold runs out (the message back in a long queue) the lease sweep adds no copy."""
-    await _register_lost(db, concurrency=1)
-    ids = await _waiting(db, 3)
-    claimed, held = await _claim_controlled(db, ids, room=0)
-    assert len(claimed) == 1 and set(held.values()) == {1}
-    await db.execute("DELETE FROM job_outbox")  # relayed to the pen
-    await db.execute(f"UPDATE jobs SET {_HOLD_ENDED} WHERE id = ANY($1::uuid[])", list(held))
-    assert await sweeper.recover_hands() == 0
-    assert await db.fetchval("SELECT count(*) FROM jobs WHERE held_by IS NOT NULL") == 0
-
-
-async def test_a_redriven_job_does_not_keep_the_hold_it_had_when_cancelled(
-    db: asyncpg.Connection, sweeper: Sweeper
-) -> None:
-    """A retry held for its type's rate window (a pen of an hour: held until then plus a lease)
-    is cancelled, then redriven: PENDING, its message published and lost. Nothing holds it any
-    more, so the two passes after reconcile_after re-publish it. (The cancel kept the pen's
-    hold: a CANCELLED job with a lease, and the redriven job was held for the rest of the hour,
-    [0, 0], its lost message unseen; while its message sat ready it stood for another job's.)"""
-    await _register_lost(db, rate_limit="1/h")
-    retry_due = "status = 'RETRYING', attempts = 1, run_at = now() - interval '5 s'"
-    ids = await _waiting(db, 2, retry_due)
-    claimed, held = await _claim_controlled(db, ids)
-    assert len(claimed) == 1 and len(held) == 1
-    [job_id] = held
-    await db.execute("DELETE FROM job_outbox")  # the relay sent it to its pen
-    assert await store.job_cancel(db, job_id)
-    row = await db.fetchrow("SELECT status::text, lease_expires_at FROM jobs WHERE id=$1", job_id)
-    assert tuple(row) == ("CANCELLED", None)  # a lease belongs to a running or held job only
-    assert await store.job_redrive(db, [job_id]) == [job_id]
-    assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", job_id) == "PENDING"
-    await db.execute("DELETE FROM job_outbox")  # published, then lost
-    await db.execute(f"UPDATE jobs SET {_OVERDUE} WHERE id = $1", job_id)  # 40 s on
-    assert [await sweeper.reconcile(queue_depth=_depth(0)) for _ in range(2)] == [0, 1]
 
 
 async def test_a_redrive_clears_a_hold_left_on_a_cancelled_job(db: asyncpg.Connection) -> None:
@@ -520,33 +379,6 @@ async def test_a_redrive_clears_a_hold_left_on_a_cancelled_job(db: asyncpg.Conne
     assert await store.job_redrive(db, [job_id]) == [job_id]
     row = await db.fetchrow("SELECT status::text, lease_expires_at FROM jobs WHERE id=$1", job_id)
     assert tuple(row) == ("PENDING", None)
-
-
-async def test_a_cancelled_rate_held_job_is_redriven_pending(db: asyncpg.Connection) -> None:
-    """A PENDING job that never ran, held for its type's rate window (the hold moved its
-    ``run_at`` to the window's end), is cancelled, then redriven: it was never scheduled, so it
-    comes back PENDING with an outbox row, runnable at once. (The hold's ``run_at`` made it
-    look like a cancelled scheduled job: SCHEDULED until the window's end.) A cancelled
-    scheduled job still comes back SCHEDULED."""
-    await _register_lost(db, rate_limit="1/h")
-    ids = await _waiting(db, 2)
-    claimed, held = await _claim_controlled(db, ids)
-    assert len(claimed) == 1 and len(held) == 1
-    [job_id] = held
-    assert await db.fetchval("SELECT run_at > now() FROM jobs WHERE id = $1", job_id)
-    await db.execute("DELETE FROM job_outbox")  # the relay sent it to its pen
-    assert await store.job_cancel(db, job_id)
-    assert await store.job_redrive(db, [job_id]) == [job_id]
-    row = await db.fetchrow(
-        "SELECT status::text, run_at, attempts, EXISTS (SELECT 1 FROM job_outbox"
-        " WHERE job_id = $1) AS published FROM jobs WHERE id = $1",
-        job_id,
-    )
-    assert tuple(row) == ("PENDING", None, 0, True)
-    [later] = await enqueue_many(db, [JobSpec("lost", delay_seconds=3600)])
-    assert await store.job_cancel(db, later)
-    assert await store.job_redrive(db, [later]) == [later]
-    assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", later) == "SCHEDULED"
 
 
 async def test_a_heartbeat_skips_rows_locked_elsewhere_and_extends_the_rest(

@@ -49,7 +49,7 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         finally:
             await inspector.close()
         for w in stack.workers:  # not spinning: no delivery reached a worker at all
-            assert w.consumer.held_total == 0 and w.consumer.status().dropped_total == 0
+            assert w.consumer.status().dropped_total == 0
             assert w.status().consuming  # still ready: the other types are consumed
         put = stack.client.put
         r = await put("/types/f_child/limits", json={"rate_limit": "5/30s", "concurrency": 2.0})
@@ -77,14 +77,9 @@ async def test_a_paused_type_waits_on_every_worker_and_runs_on_resume(
         done = await wait_for(settings.database_url, ids, ["COMPLETED"], timeout=15)
         assert len(done) == 10
 
-        # in-process workers hold what a limit refuses (concurrency=1, two workers)
+        # a limit admits (concurrency=1, two workers): nothing reaches a worker to be refused
         single = [await stack.submit("f_single") for _ in range(4)]
         await wait_for(settings.database_url, single, ["COMPLETED"], timeout=30)
-        held = sum(w.consumer.held_total for w in stack.workers)
-        sample = "conveyor_jobs_held_total"
-        metric = sum(w.metrics.registry.get_sample_value(sample, {"type": "f_single"}) or 0
-                     for w in stack.workers)  # fmt: skip
-        assert held > 0 and metric == held
         assert await db.fetchval(
             "SELECT max(attempts) FROM jobs WHERE job_type = 'f_single'"
         ) == 1  # fmt: skip

@@ -216,8 +216,9 @@ async def test_continue_policy_releases_dependents_and_handlers_see_why(
 async def test_every_claim_returns_a_workflow_jobs_parents(db: asyncpg.Connection) -> None:
     """``job.parents`` comes with each of the three claims, for all the claim's workflow jobs in
     one lookup (``claimed_parents``): the plain claim (a plain job beside them gets none), the
-    completing worker's claim of the jobs its completion released, and the limits' claim of a
-    limited type's job (which the completing worker leaves to it)."""
+    completing worker's claim of the jobs its completion released, and the claim of a limited
+    type's job once admitted (the completing worker's claim never sees it: it was released to
+    admission)."""
     r = JobRouter()
     r.job("lim", concurrency=5)(_nothing)
     await register_router_types(db, r)
@@ -242,13 +243,14 @@ async def test_every_claim_returns_a_workflow_jobs_parents(db: asyncpg.Connectio
             handler_defaults={}, default_max_retries=0,
         )  # fmt: skip
     assert [(c.id, c.parents) for c in followed] == [(key["next"], expected)]
-    # the limited job's outbox row stays for the relay (the root's was never relayed here)
-    assert await outboxed(db, wid) == {"root", "limited"}
-    limited, held = await STORE.job_claim_controlled(
+    # the limited job waits for admission (no outbox row), then is claimed as any other
+    assert await outboxed(db, wid) == {"root"}
+    assert await STORE.admit(db, "lim", 10) == 1
+    limited = await STORE.job_claim_many(
         db, [key["limited"]], lease_seconds=60, worker_id="w", types=["lim"],
-        handler_defaults={}, default_max_retries=0, room={"lim": 0},
+        handler_defaults={}, default_max_retries=0,
     )  # fmt: skip
-    assert held == {} and [(c.id, c.parents) for c in limited] == [(key["limited"], expected)]
+    assert [(c.id, c.parents) for c in limited] == [(key["limited"], expected)]
 
 
 async def _nothing(job: Any) -> None:

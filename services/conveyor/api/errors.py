@@ -26,6 +26,7 @@ from ..core.errors import (
     InvalidJob,
     InvalidTransition,
     JobNotFound,
+    MissingPartitionKey,
     PayloadTooLarge,
     ServiceUnavailable,
     UnknownJobType,
@@ -83,6 +84,7 @@ def validation_detail(errors: Iterable[Any], prefix: tuple[str | int, ...] = ())
 PLAIN: dict[type[Exception], tuple[int, str]] = {
     TooManyJobs: (422, "too_many_jobs"),
     PayloadTooLarge: (413, "payload_too_large"),
+    MissingPartitionKey: (422, "missing_partition_key"),
     InvalidJob: (422, "invalid_job"),
     InvalidSchedule: (422, "invalid_schedule"),
     IdempotencyConflict: (409, "idempotency_conflict"),

@@ -35,6 +35,7 @@ from ..core.jobs import MAX_PRIORITY, MIN_PRIORITY, TYPE_PATTERN, Status
 from ..jobs.spec import (
     MAX_DELAY_SECONDS,
     MAX_META_BYTES,
+    MAX_PARTITION_KEY,
     MAX_TIMEOUT_SECONDS,
     MAX_UNIQUE_FOR,
     MAX_UNIQUE_KEY,
@@ -48,6 +49,16 @@ from .resource import resource
 PriorityName = Literal["high", "normal", "low"]
 PriorityValue = PriorityName | Annotated[StrictInt, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 _INTEGER_FIELDS = ("priority", "max_retries")
+WaitingFor = Literal[
+    "dependencies",
+    "run_at",
+    "paused",
+    "ordered",
+    "partition_limit",
+    "partition_rate",
+    "type_limit",
+    "type_rate",
+]
 
 # The payload's schema: any JSON object whose strings and keys hold no NUL and whose integers fit
 # 64 bits (what jsonb and the decoder return unchanged). Only the schema: validation keeps
@@ -140,8 +151,24 @@ class SubmitOptions(BaseModel):
         target.setdefault("allOf", []).append(UNIQUE_KEY_NEEDS_WINDOW)
         return schema
 
+    partition_key: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PARTITION_KEY)] | (
+        None
+    ) = Field(
+        default=None,
+        description="The job's partition key, for a type with per-key limits (its `partition_by` "
+        "payload fields decide when absent; a partitioned type's job with neither: 422 "
+        "`missing_partition_key`). Given for a type without limits, its jobs are served key by "
+        "key in turn.",
+        examples=["account-42"],
+    )
+
     def options(self) -> dict[str, Any]:
-        return {"meta": self.meta, "unique_for": self.unique_for, "unique_key": self.unique_key}
+        return {
+            "meta": self.meta,
+            "unique_for": self.unique_for,
+            "unique_key": self.unique_key,
+            "partition_key": self.partition_key,
+        }
 
 
 class ResourceOptions(BaseModel):
@@ -259,6 +286,7 @@ class SubmitJob(SubmitOptions):
             meta=self.meta,
             unique_for=self.unique_for,
             unique_key=self.unique_key,
+            partition_key=self.partition_key,
         )
 
 
@@ -314,6 +342,16 @@ class JobResource(ResourceOptions):
     )
     depends_on: list[uuid.UUID] = Field(
         default_factory=list, description="The ids of the jobs it waits for (in its workflow)."
+    )
+    partition_key: str | None = Field(
+        default=None, description="Its partition key; null for a job of a type without one."
+    )
+    waiting_for: WaitingFor | None = Field(
+        default=None,
+        description="Why a WAITING job waits: its `dependencies`, its `run_at`, a pause "
+        "(`paused`: its type's or its key's), its key's turn (`ordered`), a limit "
+        "(`partition_limit`, `partition_rate`, `type_limit`, `type_rate`); null when it does not "
+        "wait, or waits only for its turn in the admission window.",
     )
 
     @classmethod

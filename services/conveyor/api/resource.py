@@ -52,6 +52,8 @@ def resource(row: JobRow, *, tracebacks: bool = False) -> dict[str, Any]:
         "meta": row.meta,
         "workflow_id": row.workflow_id,
         "depends_on": list(row.depends_on),
+        "partition_key": row.partition_key or None,
+        "waiting_for": row.waiting_for,
     }
 
 

@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     schedule_interval: float = Field(default=0.25, gt=0)
     lease_sweep_interval: float = Field(default=2.0, gt=0)
     reconcile_interval: float = Field(default=15.0, gt=0)
+    # admission (docs/admission.md): how many jobs of a type may be admitted and not started yet
+    # (how far ahead of the workers its queue is filled: about twice the fleet's slots for it),
+    # and how often waiting jobs are looked at without a wake-up (a due retry, a rate window)
+    admission_window: int = Field(default=200, gt=0)
+    admission_interval: float = Field(default=0.05, gt=0)
     reconcile_after: float = Field(default=60.0, gt=0)
     retention_days: float = Field(default=7.0, gt=0)
     # FAILED jobs are kept longer (for redrive and inspection), then deleted too

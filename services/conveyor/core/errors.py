@@ -11,6 +11,10 @@ class InvalidJob(ConveyorError, ValueError):
     """A submitted job is malformed (bad type name, priority, payload, schedule)."""
 
 
+class MissingPartitionKey(InvalidJob):
+    """A job of a partitioned type has no partition key (neither given nor in its payload)."""
+
+
 class PayloadTooLarge(InvalidJob):
     """A job's payload is over the configured limit."""
 

@@ -41,6 +41,7 @@ class JobOptions(TypedDict, total=False):
     meta: Mapping[str, Any] | None  # at most 8 KiB of JSON, handed to handlers
     unique_for: float | None  # seconds a second submit of the same job returns this one
     unique_key: str | None  # default: type + canonical payload
+    partition_key: str | None  # 1-200 characters; default: the type's partition_by fields
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
@@ -49,16 +50,26 @@ REDRIVABLE = frozenset({Status.FAILED, Status.CANCELLED})
 
 # Every status change the system makes, and who makes it. Tests walk this table.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
-    # released by its last dependency (workflows); cancelled by a failed one or by an operator
+    # released by its last dependency (workflows), or admitted (a limited type); cancelled by a
+    # failed dependency or by an operator
     Status.WAITING: frozenset({Status.PENDING, Status.SCHEDULED, Status.CANCELLED}),
     Status.SCHEDULED: frozenset({Status.PENDING, Status.CANCELLED}),
     Status.PENDING: frozenset({Status.IN_PROGRESS, Status.CANCELLED}),
+    # a limited type's retry, lease recovery or hand-back waits for admission again (WAITING)
     Status.IN_PROGRESS: frozenset(
-        {Status.COMPLETED, Status.RETRYING, Status.FAILED, Status.CANCELLED, Status.PENDING}
+        {
+            Status.COMPLETED,
+            Status.RETRYING,
+            Status.FAILED,
+            Status.CANCELLED,
+            Status.PENDING,
+            Status.WAITING,
+        }
     ),
     Status.RETRYING: frozenset({Status.IN_PROGRESS, Status.CANCELLED}),
     Status.COMPLETED: frozenset(),
-    Status.FAILED: frozenset({Status.PENDING, Status.WAITING}),
+    # redrive; an ordered type's failed head cancelled by an operator (its key goes on)
+    Status.FAILED: frozenset({Status.PENDING, Status.WAITING, Status.CANCELLED}),
     # redrive; a cancelled job that never ran keeps its future run_at (SCHEDULED); a workflow
     # job whose dependencies are unmet waits again (WAITING)
     Status.CANCELLED: frozenset({Status.PENDING, Status.SCHEDULED, Status.WAITING}),

@@ -121,3 +121,42 @@ def parse_weights(text: str | None) -> dict[str, int] | None:
             raise ValueError(f"invalid weight {part.strip()!r}: use TYPE=N with N >= 1")
         out[name.strip()] = int(value)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Partitioning:
+    """A type's partition settings (``@router.job(partition_by=..., ...)``): the payload fields
+    of the key, and what holds for each key."""
+
+    by: tuple[str, ...] | None = None
+    concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_period: int | None = None
+    ordered: str | None = None  # 'hold' or 'continue'
+
+
+def partitioning(
+    by: str | Sequence[str] | None,
+    concurrency: int | None,
+    rate_limit: str | None,
+    ordered: bool | str,
+) -> Partitioning | None:
+    """The checked settings of ``@router.job``; None when it sets none."""
+    fields = (by,) if isinstance(by, str) else tuple(by) if by is not None else None
+    if fields is not None and (
+        not fields or not all(isinstance(f, str) and 0 < len(f) <= 200 for f in fields)
+    ):
+        raise ValueError("partition_by must be a payload field name or a tuple of them")
+    if ordered is True:
+        ordered = "hold"
+    if ordered not in (False, "hold", "continue"):
+        raise ValueError("ordered must be True, 'hold' or 'continue'")
+    rate = parse_rate(rate_limit) if rate_limit is not None else None
+    p = Partitioning(
+        fields,
+        check_concurrency(concurrency),
+        rate.limit if rate else None,
+        rate.period if rate else None,
+        ordered or None,
+    )
+    return None if p == Partitioning() else p

@@ -87,9 +87,9 @@ class Metrics:
         self.messages_rejected = counter(
             "conveyor_messages_rejected", "Deliveries rejected to the dead-letter queue", ["reason"]
         )
-        self.jobs_held = counter(
-            "conveyor_jobs_held",
-            "Jobs of a paused or limited type held back through a pen",
+        self.jobs_admitted = counter(
+            "conveyor_jobs_admitted",
+            "Jobs of limited or partitioned types admitted (made PENDING with an outbox row)",
             ["type"],
         )
         self.fenced_writes = counter(
@@ -130,6 +130,12 @@ class Metrics:
             "Jobs by type and status (COMPLETED and CANCELLED are not counted: "
             "see conveyor_jobs_finished_total)",
             ["type", "status"],
+        )
+        self.jobs_admissible = gauge(
+            "conveyor_jobs_admissible",
+            "Jobs waiting for admission that their limits would admit if the fleet had room "
+            "(a backlog for autoscaling; jobs held by a limit are not in it)",
+            ["type"],
         )
         self.jobs_estimated = gauge(
             "conveyor_jobs_estimated",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, Unpack
 
 from ..core.jobs import JobOptions, check_type
-from ..core.limits import Rate, check_concurrency, parse_rate
+from ..core.limits import Partitioning, Rate, check_concurrency, parse_rate, partitioning
 from .schedules import CodeSchedule, code_schedule
 
 Handler = Callable[["Job"], Any]
@@ -119,6 +119,7 @@ class HandlerSpec:
     concurrency: int | None = None  # fleet-wide: at most this many IN_PROGRESS
     rate: Rate | None = None  # fleet-wide: at most this many starts per window
     weight: int | None = None  # this type's share of a worker's concurrency
+    partition: Partitioning | None = None  # per-key limits (admission)
 
     def defaults(self) -> dict[str, float | int]:
         d: dict[str, float | int] = {}
@@ -166,6 +167,10 @@ class JobRouter:
         concurrency: int | None = None,
         rate_limit: str | None = None,
         weight: int | None = None,
+        partition_by: str | Sequence[str] | None = None,
+        partition_concurrency: int | None = None,
+        partition_rate_limit: str | None = None,
+        ordered: bool | str = False,
         schedule: str | None = None,
         every: float | None = None,
         schedule_timezone: str = "UTC",
@@ -173,10 +178,18 @@ class JobRouter:
     ) -> Callable[[F], F]:
         """``concurrency`` and ``rate_limit`` (``"100/m"``) hold across all workers (operators can
         change them at run time: ``conveyor types limit``); ``weight`` is this type's share of
-        the ``--concurrency`` of a worker that runs several types."""
+        the ``--concurrency`` of a worker that runs several types.
+
+        Per partition key (a payload field, a tuple of fields, or the submit's
+        ``partition_key``): ``partition_concurrency`` jobs of one key at once,
+        ``partition_rate_limit`` starts of one key per window, ``ordered`` (one at a time, in the
+        order the submits committed; ``True`` or ``"hold"``: a FAILED job holds its key until it
+        is retried or cancelled, ``"continue"``: the next job goes on)."""
         check_type(job_type)
         check_concurrency(concurrency)
+        check_concurrency(partition_concurrency)
         rate = parse_rate(rate_limit) if rate_limit is not None else None
+        partition = partitioning(partition_by, partition_concurrency, partition_rate_limit, ordered)
         if weight is not None and (not isinstance(weight, int) or not 1 <= weight <= 1000):
             raise ValueError("weight must be an integer from 1 to 1000")
         timed = code_schedule(schedule, every, schedule_timezone, catch_up)
@@ -200,6 +213,7 @@ class JobRouter:
                 concurrency=concurrency,
                 rate=rate,
                 weight=weight,
+                partition=partition,
             )
             if timed is not None:
                 self.schedules[job_type] = timed

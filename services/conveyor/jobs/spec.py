@@ -32,6 +32,7 @@ MAX_IDEMPOTENCY_KEY = 255
 MAX_META_BYTES = 8 * 1024
 MAX_UNIQUE_FOR = 366 * 86400  # a year (and a day)
 MAX_UNIQUE_KEY = 255
+MAX_PARTITION_KEY = 200
 
 # A real NUL in a string or key, as orjson writes it: ``\u0000`` preceded by an even number of
 # backslashes (the text ``\\u0000``, a backslash then "u0000", is not a NUL and is allowed).
@@ -139,6 +140,7 @@ class JobSpec:
     meta: Mapping[str, Any] | None = None  # ≤ 8 KiB, handed to handlers
     unique_for: float | None = None  # seconds a second submit returns this job
     unique_key: str | None = None  # default: type + canonical payload
+    partition_key: str | None = None  # default: the type's partition_by fields
 
 
 def check_idempotency_key(key: str) -> str:
@@ -185,6 +187,10 @@ def build_job(
         check_idempotency_key(spec.idempotency_key)
         if request_hash is None:
             request_hash = spec_hash(spec)
+    if spec.partition_key is not None and not (
+        isinstance(spec.partition_key, str) and 0 < len(spec.partition_key) <= MAX_PARTITION_KEY
+    ):
+        raise InvalidJob(f"partition_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
     unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
     meta = spec.meta
     meta_json = None if meta is None else encode_object(meta, "meta", MAX_META_BYTES).decode()
@@ -202,6 +208,7 @@ def build_job(
         meta_json=meta_json,
         unique_key=unique,
         unique_for=spec.unique_for if unique is not None else None,
+        partition_key=spec.partition_key,
     )
 
 
@@ -217,7 +224,7 @@ def spec_hash(spec: JobSpec) -> str:
         "run_at": spec.run_at.isoformat() if spec.run_at else None,
         "delay_seconds": spec.delay_seconds,
     }
-    for name in ("meta", "unique_for", "unique_key"):
+    for name in ("meta", "unique_for", "unique_key", "partition_key"):
         if (value := getattr(spec, name)) is not None:
             body[name] = value
     return request_digest(body)

@@ -42,6 +42,7 @@ def router_types(router: JobRouter, types: Iterable[str] | None = None) -> list[
                 spec.concurrency,
                 rate.limit if rate else None,
                 rate.period if rate else None,
+                spec.partition,
             )
         )
     return out

@@ -28,6 +28,7 @@ from ..store import JobStatus, for_schema
 from ..store.bounds import SessionBounds, local_bounds
 from ..store.connect import create_pool
 from ..store.notify import Notifier
+from .admission import Admitter
 from .gauges import Gauges
 from .schedules import HOLD_IDLE_SECONDS, LOCK_WAIT_SECONDS, SchedulePass, Watch, enqueue_due
 from .stranded import StrandedOutbox
@@ -81,26 +82,30 @@ class Sweeper:
             "retention": RETENTION_INTERVAL,
             "schedules": settings.schedules_interval,
             "workflows": WORKFLOWS_INTERVAL,
+            "admission": settings.admission_interval,
         }
         self._passed = dict.fromkeys(self.intervals, clock())
         self.gauges: Gauges | None = None  # built by ``start`` (needs the pool)
+        self.admitter: Admitter | None = None  # likewise
         self.watch = Watch()  # the schedules duty's: tells a peer's delay from missed ticks
         self._errors: dict[str, str | None] = dict.fromkeys(self.intervals)
         self.aside = isolate.Aside(clock)  # jobs whose lease recovery failed, till their next try
 
     async def start(self) -> None:
-        # five duties on 3 connections; promote and schedules pass every 0.25-0.5 s
+        # seven duties on 4 connections; admission passes every 0.05 s, promote and schedules
+        # every 0.25-0.5 s
         s = self.settings
         self.pool = await create_pool(
             s.database_url,
             application_name="conveyor-sweeper",
-            max_size=3,
+            max_size=4,
             command_timeout=s.command_timeout,
             pooler=s.db_pooler,
             bounds=SessionBounds.of(s),
         )
         self.notifier.pool = self.pool
         self.notifier.start()
+        self.admitter = Admitter(s, self.store, self.metrics, self.pool)
         self.gauges = Gauges(
             self.metrics, self.store, self.pool, self.topology, queue_depth=self._queue_depth
         )
@@ -108,6 +113,8 @@ class Sweeper:
 
     async def close(self) -> None:
         await self.notifier.stop()
+        if self.admitter is not None:
+            await self.admitter.close()
         await self.inspector.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
@@ -149,7 +156,6 @@ class Sweeper:
             if len(ids) < BATCH or not rows:
                 break
         self._count("lease_recovered", sum(counts.values()))
-        await self.recover_hands()
         return counts
 
     async def _recover_isolating(self, ids: list[uuid.UUID]) -> list[JobStatus]:
@@ -208,25 +214,6 @@ class Sweeper:
             outcome = "cancelled" if r.status is Status.CANCELLED else "lease_expired"
             self.metrics.jobs_finished.labels(r.job_type, outcome).inc()
             event(log, "job_lease_expired", logging.WARNING, job_id=str(r.id), now=r.status)
-
-    async def recover_hands(self) -> int:
-        """Jobs held in a worker's hand (a full concurrency limit) whose hold ran out: their
-        holder is frozen or dead and their deliveries were acknowledged, so each is published
-        again, once (part of the lease duty: within a hold plus ``lease_sweep_interval`` of
-        the holder's last renewal, instead of the reconciler's ``reconcile_after``)."""
-        total = 0
-        while True:
-            async with self.pool.acquire() as conn:
-                rows = await self.store.job_republish_hand(conn, limit=BATCH)
-            if rows:
-                self.notifier.wake()
-            for job_id, job_type in rows:
-                event(log, "job_hold_expired", logging.WARNING, job_id=str(job_id), type=job_type)
-            total += len(rows)
-            if len(rows) < BATCH:
-                break
-        self._count("hand_republished", total)
-        return total
 
     async def reconcile(self, *, queue_depth: Callable[[str], Awaitable[int]] | None = None) -> int:
         """Re-publish PENDING/RETRYING jobs that should long have reached a worker and have no
@@ -400,13 +387,28 @@ class Sweeper:
             "workflows": self.finish_workflows,
         }
         loops = [self._every(stop, n, f) for n, f in duties.items()]
+        if self.admitter is not None:
+            loops.append(self._every(stop, "admission", self.admit, self.admitter.wake))
         if self.gauges is not None:
             loops.append(self.gauges.run(stop))
         await asyncio.gather(*loops)
 
+    async def admit(self) -> int:
+        """One admission pass (``admission.py``): the jobs that may start now, admitted."""
+        assert self.admitter is not None
+        await self.admitter.listen()
+        n = await self.admitter.step()
+        self._count("admission", n)
+        return n
+
     async def _every(
-        self, stop: asyncio.Event, name: str, duty: Callable[[], Awaitable[Any]]
+        self,
+        stop: asyncio.Event,
+        name: str,
+        duty: Callable[[], Awaitable[Any]],
+        wake: asyncio.Event | None = None,
     ) -> None:
+        """``duty`` every interval, and at once when ``wake`` is set."""
         while not stop.is_set():
             try:
                 await duty()
@@ -415,5 +417,11 @@ class Sweeper:
             except Exception as exc:
                 self._errors[name] = repr(exc)[:300]
                 event(log, "maintenance_failed", logging.WARNING, duty=name, error=repr(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.intervals[name])
+            waits = [asyncio.ensure_future(stop.wait())]
+            if wake is not None:
+                waits.append(asyncio.ensure_future(wake.wait()))
+            _, idle = await asyncio.wait(
+                waits, timeout=self.intervals[name], return_when="FIRST_COMPLETED"
+            )
+            for w in idle:
+                w.cancel()

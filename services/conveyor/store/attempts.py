@@ -2,27 +2,9 @@
 outcomes, and read a job's attempts. Every write after the claim is fenced by (job id, attempt):
 a worker whose lease was taken over changes nothing.
 
-Types without controls (pause, fleet-wide concurrency and rate limits) are claimed by
-``job_claim_many``, one conditional UPDATE. A batch with controlled types is claimed by
-``job_claim_controlled``, *one statement* run outside any transaction: it locks the type rows
-(``FOR UPDATE``, name order) for its own duration only, so a worker frozen mid-claim (SIGSTOP, a
-VM pause) holds no lock: the server commits the statement without it. Its snapshot predates the
-lock, so claims committed while it waited are not in its view of ``jobs``; the locked type row
-is the newest version and carries them: ``claim_ids``/``claim_attempts`` (the type's claims,
-pruned at each claim to those that may still run: the snapshot shows an older attempt, or that
-attempt IN_PROGRESS) and ``recent_starts`` (the rate window). Running = IN_PROGRESS in the
-snapshot, or one of those claims (its cost grows with the type's running jobs, hence
-``core.limits.MAX_CONCURRENCY``). It claims at most what the limits allow, records the claims
-and starts, and *holds* the rest: touched and leased, so the reconciler counts them neither as
-overdue nor as fresh. A job held only for a full concurrency limit, within ``room`` (what the
-worker keeps in hand), stays with the worker (pen 0: no outbox row; claimed again when a slot
-frees; its row names the holder, ``held_by``, so the lease sweep publishes it again if the
-hold runs out); the others go through a holding pen by an outbox row (held for the pen's delay
-plus a lease) — no retry consumed, nothing spins hot. Jobs in other workers' hands come first:
-fresh deliveries leave them their slots, and a claim of the caller's own hand takes them before
-its own jobs (``steal``). Pens: 5 s while paused; until the rate window
-frees a start for a rate limit; 1-10 s (a quarter of the time it has waited) for a full
-concurrency limit.
+The claim is ``job_claim_many``, one conditional UPDATE for a batch of deliveries. Limits are
+not the claim's business: a job of a limited type was admitted before it was published
+(``sql/schema/admission.sql``), so every delivered job may start.
 
 Each finishing statement (``sql/attempts.sql``, ``sql/maintenance.sql``) writes its attempt rows
 itself (one INSERT into ``job_attempts`` in the same statement, so the hot path takes no extra
@@ -38,15 +20,13 @@ from typing import Any
 
 import orjson
 
-from ..core.jobs import PEN_LADDER, Status
+from ..core.jobs import Status
 from .base import Connection, Statements
 from .registry import bind, named
 from .rows import Attempt, AttemptRow, ClaimedJob, Completion, Failure
 
 JOB_CLAIM_MANY = named("job_claim_many")
-JOB_CLAIM_CONTROLLED = named("job_claim_controlled")
 JOB_CLAIM_RELEASED = named("job_claim_released")
-JOB_RELEASE_HELD = named("job_release_held")
 JOB_COMPLETE_MANY = named("job_complete_many")
 JOB_FAIL_MANY = named("job_fail_many")
 JOB_RELEASE_MANY = named("job_release_many")
@@ -154,44 +134,6 @@ class AttemptStatements(Statements):
         values["room"] = room
         rows = await conn.fetch(self.sql[JOB_CLAIM_RELEASED], *bind(JOB_CLAIM_RELEASED, values))
         return [ClaimedJob.from_record(r) for r in rows]
-
-    async def job_claim_controlled(
-        self,
-        conn: Connection,
-        ids: Sequence[uuid.UUID],
-        *,
-        lease_seconds: float,
-        worker_id: str,
-        types: Sequence[str],
-        handler_defaults: HandlerDefaults | Mapping[str, Mapping[str, Any]],
-        default_max_retries: int,
-        room: Mapping[str, int] | None = None,
-        steal: bool = False,
-        steal_after: float = 2.0,
-    ) -> tuple[list[ClaimedJob], dict[uuid.UUID, int]]:
-        """One statement (no transaction around it): claim what the limits allow among
-        ``ids``; returns the claimed jobs, and the held ones (id → pen seconds; 0: held in the
-        caller's hand, at most ``room[type]`` of each type, leased for ``lease_seconds``).
-        Fresh deliveries (``steal`` false) leave the slots to jobs held in other workers'
-        hands for over ``steal_after`` seconds; a claim of the caller's own hand (``steal``)
-        takes those first in line, at most ``len(ids)`` in all: the claimed jobs may then
-        include ids it did not pass."""
-        values = claim_values(
-            ids, lease_seconds, worker_id, types, handler_defaults, default_max_retries
-        ) | {
-            "pen_ladder": list(PEN_LADDER),
-            "room": [(room or {}).get(t, 0) for t in types],
-            "steal": steal,
-            "steal_after": steal_after,
-        }
-        name = JOB_CLAIM_CONTROLLED
-        rows = await conn.fetch(self.sql[name], *bind(name, values))
-        claimed = [ClaimedJob.from_record(r) for r in rows if not r["held"]]
-        return claimed, {r["id"]: int(r["wait"]) for r in rows if r["held"]}
-
-    async def job_release_held(self, conn: Connection, ids: Sequence[uuid.UUID]) -> None:
-        """Give back jobs held in hand: each through the shortest pen, its hold dropped."""
-        await conn.execute(self.sql[JOB_RELEASE_HELD], list(ids))
 
     async def job_complete_many(
         self, conn: Connection, items: Sequence[Completion]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from ..core.errors import MissingPartitionKey
 from .bounds import SessionBounds
 from .registry import TEMPLATES, named
 
@@ -79,6 +81,27 @@ def is_unique_violation(exc: BaseException, constraint: str) -> bool:
         isinstance(exc, asyncpg.UniqueViolationError)
         and getattr(exc, "constraint_name", None) == constraint
     )
+
+
+def is_check_violation(exc: BaseException, constraint: str) -> bool:
+    """A check named ``constraint`` (a constraint, or a function raising in its name) refused
+    a row."""
+    return (
+        isinstance(exc, asyncpg.CheckViolationError)
+        and getattr(exc, "constraint_name", None) == constraint
+    )
+
+
+@contextlib.contextmanager
+def partition_key_checked() -> Iterator[None]:
+    """A submit refused for a missing partition key (``admission.sql``'s
+    ``partition_key_for``) raises ``MissingPartitionKey`` with the server's message."""
+    try:
+        yield
+    except asyncpg.CheckViolationError as exc:
+        if is_check_violation(exc, "missing_partition_key"):
+            raise MissingPartitionKey(exc.args[0] if exc.args else str(exc)) from None
+        raise
 
 
 async def connect(url: str, **options: Any) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..core.jobs import Status
 from .base import Connection, Statements, affected
+from .connect import partition_key_checked
 from .registry import bind, named
 from .rows import Attempt, JobRow, NewJob
 
@@ -53,6 +54,7 @@ def insert_arrays(jobs: Sequence[NewJob]) -> dict[str, Any]:
         "delay": [j.delay_seconds for j in jobs],
         "idempotency_key": [j.idempotency_key for j in jobs],
         "request_hash": [j.request_hash for j in jobs],
+        "partition_key": [j.partition_key for j in jobs],
     }
 
 
@@ -141,7 +143,8 @@ class JobStatements(Statements):
             "among": list(among),
             "trace_context": trace_context,
         }
-        rows = await conn.fetch(self.sql[JOB_INSERT], *bind(JOB_INSERT, values))
+        with partition_key_checked():
+            rows = await conn.fetch(self.sql[JOB_INSERT], *bind(JOB_INSERT, values))
         return {r["id"]: JobRow.from_record(r) for r in rows}
 
     async def job_unique_holders(

@@ -18,7 +18,6 @@ from .rows import JobStatus
 JOB_PROMOTE_DUE = named("job_promote_due")
 JOB_EXPIRED_IDS = named("job_expired_ids")
 JOB_RECOVER_EXPIRED = named("job_recover_expired")
-JOB_REPUBLISH_HAND = named("job_republish_hand")
 JOB_COUNT_OVERDUE = named("job_count_overdue")
 JOB_RECOUNT_OVERDUE = named("job_recount_overdue")
 JOB_REPUBLISH_OVERDUE = named("job_republish_overdue")
@@ -29,9 +28,22 @@ JOB_DELETE_EXPIRED = named("job_delete_expired")
 DUTIES_TRY_LOCK = named("duties_try_lock")
 DUTIES_HELD = named("duties_held")
 DUTIES_SESSION_BOUND = named("duties_session_bound")
+ADMISSION_TYPES = named("admission_types")
+ADMIT = named("admit")
 
 
 class MaintenanceStatements(Statements):
+    async def admission_types(self, conn: Connection) -> list[str]:
+        """The types with jobs waiting for admission."""
+        return [r["name"] for r in await conn.fetch(self.sql[ADMISSION_TYPES])]
+
+    async def admit(
+        self, conn: Connection, job_type: str, window: int, *, dry: bool = False
+    ) -> int:
+        """One admission pass of ``job_type`` (one statement); returns how many it admitted, or
+        with ``dry`` how many the limits would admit with no window."""
+        return int(await conn.fetchval(self.sql[ADMIT], job_type, window, dry))
+
     async def job_promote_due(self, conn: Connection, *, limit: int) -> int:
         """SCHEDULED jobs whose ``run_at`` passed (database clock) → PENDING + outbox rows."""
         return int(await conn.fetchval(self.sql[JOB_PROMOTE_DUE], limit))
@@ -53,14 +65,6 @@ class MaintenanceStatements(Statements):
             self.sql[JOB_RECOVER_EXPIRED], list(ids), default_max_retries, list(PEN_LADDER)
         )
         return [JobStatus(r["id"], Status(r["status"]), r["job_type"]) for r in rows]
-
-    async def job_republish_hand(
-        self, conn: Connection, *, limit: int
-    ) -> list[tuple[uuid.UUID, str]]:
-        """Jobs held in a hand whose hold ran out → an outbox row each, hold and holder
-        dropped; returns (id, type) of each."""
-        rows = await conn.fetch(self.sql[JOB_REPUBLISH_HAND], limit)
-        return [(r["id"], r["job_type"]) for r in rows]
 
     async def job_count_overdue(self, conn: Connection, *, after: float) -> dict[str, int]:
         """Per type, PENDING/RETRYING jobs untouched for ``after`` seconds with no outbox row."""

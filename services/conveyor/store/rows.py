@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from ..core.jobs import Status
+from ..core.limits import Partitioning
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class NewJob:
     meta_json: str | None = None  # a JSON object, or None (the hot path's insert has no meta)
     unique_key: str | None = None  # held by this job for ``unique_for`` seconds (store/jobs.py)
     unique_for: float | None = None
+    partition_key: str | None = None  # given at submit (else the type's fields decide)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,8 @@ class JobRow:
     meta: dict[str, Any] | None = None
     workflow_id: uuid.UUID | None = None  # a workflow job's (read by job_get and job pages)
     depends_on: tuple[uuid.UUID, ...] = ()  # the ids of the jobs it waits for
+    partition_key: str | None = None  # '' for a type limited as a whole (admission.sql)
+    waiting_for: str | None = None  # why it waits (read by job_get only)
 
     @classmethod
     def from_record(cls, r: Any) -> JobRow:
@@ -90,6 +94,8 @@ class JobRow:
             None if meta is None else orjson.loads(meta),
             r.get("workflow_id"),
             tuple(r.get("depends_on") or ()),
+            r.get("partition_key"),
+            r.get("waiting_for"),
         )
 
 
@@ -211,6 +217,7 @@ class JobTypeDefaults:
     concurrency: int | None = None  # the handler's fleet-wide limits
     rate_limit: int | None = None
     rate_period: int | None = None
+    partition: Partitioning | None = None  # its partition settings (admission)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,21 +234,15 @@ class JobType:
     rate_period: int | None = None
     limits_set_at: datetime | None = None  # an operator's limits (None: the handler's)
     running: int = 0  # IN_PROGRESS now
+    partition: Partitioning | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TypeControl:
-    """What a worker needs to know about a type to claim it (``store/attempts.py``)."""
+    """What a worker needs to know about a type: whether to consume its queue."""
 
     name: str
     paused: bool
-    concurrency: int | None
-    rate_limit: int | None
-    rate_period: int | None
-
-    @property
-    def controlled(self) -> bool:
-        return self.paused or self.concurrency is not None or self.rate_limit is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from .registry import PLACEHOLDER, check_schema
 DEFAULT_SCHEMA = "conveyor"
 VERSION_TABLE = "alembic_version"
 # in the order they are run: each file uses only what the ones before it create
-SCHEMA_FILES = ("jobs", "controls", "workflows", "operator")
+SCHEMA_FILES = ("jobs", "controls", "workflows", "admission", "operator")
 WORKFLOW_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 ON_FAILURE = ("cancel", "continue")
 

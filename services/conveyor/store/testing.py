@@ -17,6 +17,8 @@ from .rows import JobRow
 TESTING_MAKE_DUE = named("testing_make_due")
 TESTING_SKIP_RETRY_DELAY = named("testing_skip_retry_delay")
 TESTING_DUE_IDS = named("testing_due_ids")
+TESTING_ADMIT = named("testing_admit")
+TESTING_ADMIT_SCHEDULED = named("testing_admit_scheduled")
 TESTING_WAITING = named("testing_waiting")
 TESTING_DROP_SCHEMA = named("testing_drop_schema")
 
@@ -36,6 +38,9 @@ class TestingStatements(Statements):
         await conn.execute(self.sql[TESTING_MAKE_DUE], list(types), scheduled)
         if skip_retry_delay:
             await conn.execute(self.sql[TESTING_SKIP_RETRY_DELAY], list(types))
+        if scheduled:
+            await conn.execute(self.sql[TESTING_ADMIT_SCHEDULED], list(types))
+        await conn.execute(self.sql[TESTING_ADMIT], list(types))
 
     async def testing_due_ids(
         self, conn: Connection, types: Sequence[str], *, limit: int

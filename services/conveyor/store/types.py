@@ -4,8 +4,11 @@ and ``enqueue()`` accept only these types (see ``conveyor.jobs.types``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from ..core.limits import Partitioning
 from .base import Connection, Statements
 from .registry import bind, named
 from .rows import JobType, JobTypeDefaults, TypeControl
@@ -16,6 +19,18 @@ JOB_TYPE_LIST = named("job_type_list")
 TYPE_CONTROLS = named("type_controls")
 TYPE_SET_PAUSED = named("type_set_paused")
 TYPE_SET_LIMITS = named("type_set_limits")
+
+
+def partitioning(r: Mapping[str, Any]) -> Partitioning | None:
+    """A ``job_types`` row's partition settings; None for a type without any."""
+    p = Partitioning(
+        tuple(r["partition_by"]) if r["partition_by"] else None,
+        r["partition_concurrency"],
+        r["partition_rate_limit"],
+        r["partition_rate_period"],
+        r["ordered"],
+    )
+    return None if p == Partitioning() else p
 
 
 class TypeStatements(Statements):
@@ -32,6 +47,14 @@ class TypeStatements(Statements):
             "concurrency": [t.concurrency for t in types],
             "rate_limit": [t.rate_limit for t in types],
             "rate_period": [t.rate_period for t in types],
+        }
+        parts = [t.partition or Partitioning() for t in types]
+        values |= {
+            "partition_by": [json.dumps(p.by) if p.by else None for p in parts],
+            "partition_concurrency": [p.concurrency for p in parts],
+            "partition_rate_limit": [p.rate_limit for p in parts],
+            "partition_rate_period": [p.rate_period for p in parts],
+            "ordered": [p.ordered for p in parts],
         }
         name = JOB_TYPE_REGISTER_MANY
         await conn.execute(self.sql[name], *bind(name, values))
@@ -55,16 +78,14 @@ class TypeStatements(Statements):
                 rate_period=r["rate_period"],
                 limits_set_at=r["limits_set_at"],
                 running=r["running"],
+                partition=partitioning(r),
             )
             for r in rows
         ]
 
     async def type_controls(self, conn: Connection) -> list[TypeControl]:
         rows = await conn.fetch(self.sql[TYPE_CONTROLS])
-        return [
-            TypeControl(r["name"], r["paused"], r["concurrency"], r["rate_limit"], r["rate_period"])
-            for r in rows
-        ]
+        return [TypeControl(r["name"], r["paused"]) for r in rows]
 
     async def type_set_paused(self, conn: Connection, name: str, paused: bool) -> bool:
         """False when no such type."""

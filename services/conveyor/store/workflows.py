@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from .base import Connection, Statements, affected
+from .connect import partition_key_checked
 from .jobs import insert_arrays
 from .registry import bind, named
 from .rows import NewJob
@@ -124,7 +125,8 @@ class WorkflowStatements(Statements):
             "deps": [j[2] for j in jobs],
             "trace_context": trace_context,
         }
-        row = await conn.fetchrow(self.sql[WORKFLOW_INSERT], *bind(WORKFLOW_INSERT, values))
+        with partition_key_checked():
+            row = await conn.fetchrow(self.sql[WORKFLOW_INSERT], *bind(WORKFLOW_INSERT, values))
         return set(row["ids"]), int(row["pending"])
 
     async def workflow_get(self, conn: Connection, workflow_id: uuid.UUID) -> WorkflowRow | None:

@@ -2,13 +2,12 @@
 seconds (one small query per worker, off the claim's path):
 
 - ``known``: every registered type (``job.enqueue`` refuses the others at call time);
-- ``controlled``: this worker's types that are paused or limited: their deliveries are claimed by
-  ``job_claim_controlled`` (``limits.py``); every other type keeps the plain claim, unchanged;
 - ``paused``: this worker's paused types: ``on_pause(type, paused)`` stops or resumes consuming
   their queue, so their jobs wait in it (PENDING, not delivered, not claimed).
 
 A change made through the API or the CLI therefore takes effect on every worker within one
-interval; the claim itself re-reads the limits under the type's row lock.
+interval. Limits are not the worker's business: a job of a limited type reaches a worker only once
+admitted (``maintenance/admission.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ class TypeControls:
         self.interval = interval
         self.on_pause = on_pause
         self.known: frozenset[str] = frozenset(types)
-        self.controlled: frozenset[str] = frozenset()
         self.paused: frozenset[str] = frozenset()
         self.by_type: dict[str, TypeControl] = {}
 
@@ -59,7 +57,7 @@ class TypeControls:
             await asyncio.sleep(self.interval)
             try:
                 await self.refresh_once()
-            except Exception as exc:  # keep the last view; the claim re-checks under lock
+            except Exception as exc:  # keep the last view
                 event(log, "type_controls_failed", logging.WARNING, error=repr(exc)[:300])
 
     async def refresh_once(self) -> None:
@@ -69,7 +67,6 @@ class TypeControls:
         self.by_type = {r.name: r for r in rows}
         self.known = frozenset(self.by_type) | self.types
         mine = [r for r in rows if r.name in self.types]
-        self.controlled = frozenset(r.name for r in mine if r.controlled)
         paused = frozenset(r.name for r in mine if r.paused)
         for t in sorted(paused ^ self.paused):
             event(log, "type_paused" if t in paused else "type_resumed", type=t)

@@ -38,6 +38,7 @@ from ..store.connect import create_pool
 from ..store.notify import Notifier
 from . import outcomes
 from .completer import Completer, Pending
+from .consumer import Consumer
 from .controls import TypeControls, consumer_switch
 from .drain import Drain, quietly
 from .executor import Executor
@@ -45,7 +46,6 @@ from .follow import Follower
 from .guard import BlockPenalty, LoopGuard
 from .heartbeater import Heartbeater, take_deliveries
 from .jobctx import attempt_of
-from .limits import LimitedConsumer
 from .loop import LoopMonitor
 from .progress import ProgressWriter
 from .running import Running
@@ -115,11 +115,10 @@ class Worker:
             on_pause=consumer_switch(self.subscription, lambda: self.stopping),
         )
         self.progress = ProgressWriter(None, self.store, interval=settings.progress_interval)
-        self.consumer = LimitedConsumer(
+        self.consumer = Consumer(
             None,
             self.store,
             self.metrics,
-            controls=self.controls,
             slots=self.slots,
             acks=self.acks,
             start=self._start,
@@ -150,7 +149,7 @@ class Worker:
         self.follower = Follower(
             self.store,
             enabled=settings.worker_run_released,
-            quiet=lambda: self.consumer.inbox.empty() and not any(self.consumer.waiting.values()),
+            quiet=self.consumer.inbox.empty,
             stopping=lambda: self.stopping,
             worker_id=self.worker_id,
             types=self.types,
@@ -384,7 +383,6 @@ class Worker:
             for job_type, values in waits.items():
                 self.metrics.released_claimed.labels(job_type).inc(len(values))
                 observe_many(self.metrics.job_wait_of(job_type), values)
-        self.consumer.freed.set()  # jobs held in hand for a type's slot are claimed again
         if all(r.given_up_at is not None for r in self.running.values()):
             self.idle.set()  # (work given up on is not the drain's to wait for)
         await self.acks.ack(take_deliveries([p.running for p in batch]))

@@ -4,7 +4,8 @@ SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
     created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
     workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
-                       WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
+                       WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on,
+    partition_key, __schema__.waiting_for(jobs) AS waiting_for
 FROM __schema__.jobs WHERE id = $1
 
 -- name: job_get_by_idempotency_key
@@ -15,23 +16,9 @@ SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
 FROM __schema__.jobs WHERE idempotency_key = $1
 
 -- name: job_cancel
--- A waiting job may be *held* (a lease on a PENDING/RETRYING job: ``maintenance.sql``'s
--- ``job_unheld``): cancelling it drops the hold, so a CANCELLED job has no lease and a redrive (which
--- clears one all the same) does not leave the reconciler blind to the redriven job's lost message
--- for the rest of a pen's delay (up to hours for a rate window). The hold of a rate window also
--- moved ``run_at`` to the window's end: only a SCHEDULED job keeps its ``run_at`` (a redrive
--- brings a cancelled job that never ran back SCHEDULED only while that is ahead).
-UPDATE __schema__.jobs SET
-    status = (CASE WHEN status = 'IN_PROGRESS' THEN 'IN_PROGRESS' ELSE 'CANCELLED' END)
-             ::__schema__.job_status,
-    cancel_requested = true,
-    finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
-    lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
-    held_by = NULL,
-    run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS', 'WAITING') THEN run_at END,
-    updated_at = now()
-WHERE id = $1 AND status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
-RETURNING id
+-- ``cancel_job`` (schema/operator.sql): the id when the job was cancelled (or, running, asked
+-- to stop).
+SELECT $1::uuid AS id WHERE __schema__.cancel_job($1) IS NOT NULL
 
 -- name: statement_bound
 -- First in a transaction that settles jobs (the API's cancel, the sweeper's lease recovery): its
@@ -55,7 +42,7 @@ WITH r AS (
     run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
                   THEN run_at END,
     retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
-    lease_expires_at = NULL, held_by = NULL, updated_at = now()
+    lease_expires_at = NULL, updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status IN ('FAILED', 'CANCELLED')
     RETURNING id, job_type, priority, status
 ), ob AS (
@@ -76,7 +63,7 @@ WITH r AS (
     run_at = CASE WHEN status = 'CANCELLED' AND attempts = 0 AND run_at > now()
                   THEN run_at END,
     retry_count = 0, cancel_requested = false, result = NULL, finished_at = NULL,
-    lease_expires_at = NULL, held_by = NULL, updated_at = now()
+    lease_expires_at = NULL, updated_at = now()
     FROM unnest($1::uuid[], $2::int4[]) AS u(id, attempt)
     WHERE j.id = u.id AND j.attempts = u.attempt AND j.status = 'FAILED'
     RETURNING j.id, j.job_type, j.priority, j.status
@@ -102,9 +89,9 @@ WITH u AS (
                          :max_retries::int4[], :timeout_seconds::float8[],
                          :run_at::timestamptz[], :delay::float8[], :idempotency_key::text[],
                          :request_hash::text[], :meta::text[], :unique_key::text[],
-                         :unique_for::float8[]) WITH ORDINALITY
+                         :unique_for::float8[], :partition_key::text[]) WITH ORDINALITY
         AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
-             ikey, rhash, meta, ukey, ufor, ord)
+             ikey, rhash, meta, ukey, ufor, given_key, ord)
 ), firsts AS (  -- two rows of one statement with the same key: the first one claims it
     SELECT DISTINCT ON (ukey) id, ukey, ufor FROM u WHERE ukey IS NOT NULL ORDER BY ukey, ord
 ), won AS (
@@ -114,16 +101,19 @@ WITH u AS (
     WHERE k.expires_at <= now() OR k.job_id = ANY(:among::uuid[])
     RETURNING job_id
 ), v AS (
-    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
+    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due,
+           {{admission_key}}
+    FROM u {{admission_join}}
     WHERE u.ukey IS NULL OR u.id IN (SELECT job_id FROM won)
 ), ins AS (
     INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
                                  timeout_seconds, run_at, idempotency_key, request_hash, meta,
-                                 trace_context)
+                                 trace_context, partition_key, admit_seq)
     SELECT id, job_type,
-           (CASE WHEN due > now() THEN 'SCHEDULED' ELSE 'PENDING' END)::__schema__.job_status,
+           (CASE WHEN pkey IS NOT NULL THEN 'WAITING' WHEN due > now() THEN 'SCHEDULED'
+                 ELSE 'PENDING' END)::__schema__.job_status,
            priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, meta::jsonb,
-           :trace_context::text
+           :trace_context::text, pkey, seq
     FROM v
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -134,8 +124,22 @@ WITH u AS (
 SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
     run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
+    partition_key
 FROM ins
+
+-- name: admission_join fragment
+-- A submit's rows (``u``: ``job_type``, ``payload``, ``given_key``: the submit's partition key) with
+-- their type's row when the type goes through admission (admission.sql): a type without limits
+-- finds no row, and its jobs no partition key.
+LEFT JOIN __schema__.job_types t ON t.name = u.job_type AND __schema__.admitted_type(t)
+
+-- name: admission_key fragment
+-- The columns ``admission_join`` adds: the partition key (NULL: no admission) and the ordered
+-- place to take at commit (0; NULL: not ordered).
+CASE WHEN t.name IS NOT NULL OR u.given_key IS NOT NULL
+     THEN __schema__.partition_key_for(t, u.given_key, u.payload::jsonb) END AS pkey,
+CASE WHEN t.ordered IS NOT NULL THEN 0::bigint END AS seq
 
 -- name: job_unique_holders
 -- The holders of keys: the job (NULL columns when it no longer exists) by key.

@@ -1,9 +1,8 @@
 -- The sweeper's statements (maintenance.py). A waiting job (PENDING/RETRYING) with a lease in
 -- the future is *held* (the fragment ``job_unheld`` is the opposite): a worker has its delivery
--- in hand, waiting for a slot (``job_touch_waiting``), or a type limit sent it through a holding
--- pen (``job_claim_controlled``). Its message is not among the queue's ready ones, and it is not
--- lost: the reconciler counts it neither as overdue nor as fresh. Held is for a bounded time only
--- (a holder that dies stops renewing it; a pen's hold ends with its delay plus a lease).
+-- in hand, waiting for a slot (``job_touch_waiting``). Its message is not among the queue's
+-- ready ones, and it is not lost: the reconciler counts it neither as overdue nor as fresh. Held
+-- is for a bounded time only (a holder that dies stops renewing it).
 -- Finishing statements record attempts as attempts.sql explains (``job_attempt_insert``).
 
 -- name: job_unheld fragment
@@ -16,10 +15,10 @@ WITH due AS (
 ), upd AS (
     UPDATE __schema__.jobs j SET status = 'PENDING', updated_at = now()
     FROM due WHERE j.id = due.id
-    RETURNING j.id, j.job_type, j.priority
-), ob AS (
+    RETURNING j.id, j.job_type, j.priority, j.status
+), ob AS (  -- a job under admission waits for it instead (admission.sql)
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM upd
+    SELECT id, job_type, priority FROM upd WHERE status = 'PENDING'
 )
 SELECT count(*) FROM upd
 
@@ -97,31 +96,6 @@ WITH exp AS (
 )
 SELECT id, status::text AS status, job_type FROM upd
 
--- name: job_republish_hand
--- Jobs held in a worker's hand (``held_by``, set by ``job_claim_controlled``) whose hold ran out:
--- the holder stopped renewing it (frozen: SIGSTOP, a VM pause; or dead). Their deliveries were
--- acknowledged when they were held, so no message is left anywhere: each gets an outbox row
--- (the work queue) in this statement, its hold and holder dropped, so it is published once;
--- from then on the reconciler sees it as any other waiting job. ``jobs_hand_idx``: a pass reads
--- the held jobs only (the status test is a CASE: ``jobs_waiting_idx`` cannot serve it). A claim wins a race: a row being claimed is skipped (SKIP LOCKED), and one
--- claimed since the statement's snapshot is re-checked after its lock (no longer waiting). A
--- holder that comes back claims from its hand with the same conditional claim: whichever claim
--- runs first runs the job, the other finds it taken.
-WITH exp AS (
-    SELECT id FROM __schema__.jobs j
-    WHERE j.held_by IS NOT NULL AND j.lease_expires_at <= now()
-      AND CASE j.status WHEN 'PENDING' THEN true WHEN 'RETRYING' THEN true ELSE false END
-    ORDER BY j.lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE __schema__.jobs j SET held_by = NULL, lease_expires_at = NULL, updated_at = now()
-    FROM exp WHERE j.id = exp.id
-    RETURNING j.id, j.job_type, j.priority
-), ob AS (
-    INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
-    SELECT id, job_type, priority FROM upd
-)
-SELECT id, job_type FROM upd
-
 -- name: job_count_overdue
 -- Jobs that should have reached a worker long ago and have no outbox row in flight: counted per
 -- type, so the reconciler can compare with the broker's queue depth before re-publishing. The
@@ -167,7 +141,7 @@ WITH o AS (
       AND {{job_unheld}} AND j.id = ANY($4::uuid[])
     ORDER BY COALESCE(j.run_at, j.created_at) LIMIT $3 FOR UPDATE SKIP LOCKED
 ), upd AS (
-    UPDATE __schema__.jobs j SET updated_at = now(), held_by = NULL FROM o WHERE j.id = o.id
+    UPDATE __schema__.jobs j SET updated_at = now() FROM o WHERE j.id = o.id
     RETURNING j.id, j.job_type, j.priority
 ), ob AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
@@ -250,3 +224,19 @@ SELECT EXISTS (
 -- a holder that stops turning (a frozen process on a host that still answers its keepalives)
 -- loses the lock to another process. SET for the session: its connection is its own.
 SELECT set_config('idle_session_timeout', $1, false)
+
+-- name: admission_types
+-- The types with jobs waiting for admission: one probe of ``jobs_admit_idx`` per type.
+WITH RECURSIVE t(name) AS (
+    SELECT min(job_type) FROM __schema__.jobs
+    WHERE status = 'WAITING' AND partition_key IS NOT NULL
+    UNION ALL
+    SELECT (SELECT min(job_type) FROM __schema__.jobs
+            WHERE status = 'WAITING' AND partition_key IS NOT NULL AND job_type > t.name)
+    FROM t WHERE t.name IS NOT NULL
+)
+SELECT name FROM t WHERE name IS NOT NULL
+
+-- name: admit
+-- One admission pass of a type (``admit`` in schema/admission.sql); ``$3``: count only.
+SELECT __schema__.admit($1, $2, $3)

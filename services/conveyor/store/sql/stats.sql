@@ -164,7 +164,6 @@ WITH d AS (
 ), r AS (
     UPDATE __schema__.jobs j SET status = 'PENDING', retry_count = 0, cancel_requested = false,
         result = NULL, finished_at = NULL, run_at = NULL, lease_expires_at = NULL,
-        held_by = NULL,
         updated_at = now()
     FROM d WHERE j.id = d.id
     RETURNING j.id, j.job_type, j.priority, j.status

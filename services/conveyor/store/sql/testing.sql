@@ -9,10 +9,22 @@ WHERE array_position($1::text[], job_type) IS NOT NULL
   AND status = 'SCHEDULED' AND ($2 OR run_at <= now())
 
 -- name: testing_skip_retry_delay
--- RETRYING jobs of the types waiting out their retry delay are due now.
+-- RETRYING jobs of the types waiting out their retry delay are due now (and so are the retries
+-- waiting for admission).
 UPDATE __schema__.jobs SET run_at = now(), updated_at = now()
+WHERE array_position($1::text[], job_type) IS NOT NULL AND run_at > now()
+  AND (status = 'RETRYING' OR (status = 'WAITING' AND partition_key IS NOT NULL
+                               AND retry_count > 0))
+
+-- name: testing_admit_scheduled
+-- Jobs of the types waiting for admission and scheduled later are due now.
+UPDATE __schema__.jobs SET run_at = now()
 WHERE array_position($1::text[], job_type) IS NOT NULL
-  AND status = 'RETRYING' AND run_at > now()
+  AND status = 'WAITING' AND partition_key IS NOT NULL AND run_at > now()
+
+-- name: testing_admit
+-- Each type's admission pass, with no window (the drain claims the rows itself).
+SELECT __schema__.admit(t, 2147483647) FROM unnest($1::text[]) t
 
 -- name: testing_due_ids
 -- The claimable jobs of the types (as job_claim_many tests them), in the order workers favour:

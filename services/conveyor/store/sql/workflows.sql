@@ -133,20 +133,24 @@ WITH w AS (
     SELECT * FROM unnest(:id::uuid[], :job_type::text[], :payload::text[], :priority::int2[],
                          :max_retries::int4[], :timeout_seconds::float8[],
                          :run_at::timestamptz[], :delay::float8[], :idempotency_key::text[],
-                         :request_hash::text[], :meta::text[], :job_key::text[], :deps::int4[])
+                         :request_hash::text[], :meta::text[], :job_key::text[], :deps::int4[],
+                         :partition_key::text[])
         AS u(id, job_type, payload, priority, max_retries, timeout_seconds, run_at, delay,
-             ikey, rhash, meta, key, deps)
+             ikey, rhash, meta, key, deps, given_key)
 ), v AS (
-    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due FROM u
+    SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => u.delay)) AS due,
+           {{admission_key}}
+    FROM u {{admission_join}}
 ), ins AS (
     INSERT INTO __schema__.jobs (id, job_type, status, priority, payload, max_retries,
                                  timeout_seconds, run_at, idempotency_key, request_hash, meta,
-                                 trace_context, workflow_id, workflow_key, deps_pending)
+                                 trace_context, workflow_id, workflow_key, deps_pending,
+                                 partition_key, admit_seq)
     SELECT id, job_type,
-           (CASE WHEN deps > 0 THEN 'WAITING' WHEN due > now() THEN 'SCHEDULED'
+           (CASE WHEN deps > 0 OR pkey IS NOT NULL THEN 'WAITING' WHEN due > now() THEN 'SCHEDULED'
                  ELSE 'PENDING' END)::__schema__.job_status,
            priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, meta::jsonb,
-           :trace_context::text, :workflow_id, key, deps
+           :trace_context::text, :workflow_id, key, deps, pkey, seq
     FROM v
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, job_type, priority, status

@@ -9,19 +9,29 @@ CREATE TABLE __schema__.job_types (
     retry_delays integer[],
     first_seen timestamptz NOT NULL DEFAULT now(),
     last_seen timestamptz NOT NULL DEFAULT now(),
-    -- pause and fleet-wide limits (the claim enforces them)
+    -- pause and fleet-wide limits (admission.sql enforces them)
     paused boolean NOT NULL DEFAULT false,
     concurrency integer CONSTRAINT job_types_concurrency_positive CHECK (concurrency > 0),
     rate_limit integer,
     rate_period integer,
     -- an operator changed the limits at run time, so registering workers keep them
     limits_set_at timestamptz,
-    recent_starts timestamptz[] NOT NULL DEFAULT '{}',  -- a rate limit's sliding window
-    -- the claims of a concurrency limit, (id, attempt) pairs: exact under concurrent claims
-    claim_ids uuid[] NOT NULL DEFAULT '{}',
-    claim_attempts integer[] NOT NULL DEFAULT '{}',
+    -- the partition key's payload fields, and the limits of each key
+    partition_by text[],
+    partition_concurrency integer
+        CONSTRAINT job_types_partition_concurrency_positive CHECK (partition_concurrency > 0),
+    partition_rate_limit integer,
+    partition_rate_period integer,
+    -- each key's jobs one at a time in commit order; a FAILED head holds its key ('hold') or
+    -- is passed over ('continue')
+    ordered text CONSTRAINT job_types_ordered_check CHECK (ordered IN ('hold', 'continue')),
+    -- the key last served by admission's round robin
+    admit_cursor text,
     CONSTRAINT job_types_rate_positive
-        CHECK ((rate_limit IS NULL) = (rate_period IS NULL) AND rate_limit > 0 AND rate_period > 0)
+        CHECK ((rate_limit IS NULL) = (rate_period IS NULL) AND rate_limit > 0 AND rate_period > 0),
+    CONSTRAINT job_types_partition_rate_positive
+        CHECK ((partition_rate_limit IS NULL) = (partition_rate_period IS NULL)
+               AND partition_rate_limit > 0 AND partition_rate_period > 0)
 );
 
 CREATE TABLE __schema__.schedules (

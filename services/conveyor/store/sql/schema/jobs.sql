@@ -2,7 +2,7 @@
 -- (``__schema__``: CONVEYOR_DB_SCHEMA, default ``conveyor``) beside the application's tables.
 
 CREATE TYPE __schema__.job_status AS ENUM (
-    'WAITING',      -- a workflow job whose dependencies have not all completed
+    'WAITING',      -- for its dependencies (a workflow), or for admission (a limit)
     'PENDING',      -- due: its outbox row or its message is on the way to a worker
     'SCHEDULED',    -- due at run_at
     'IN_PROGRESS',  -- claimed: a worker runs it under a lease
@@ -47,12 +47,12 @@ CREATE TABLE __schema__.jobs (
     workflow_id uuid,
     workflow_key text,
     deps_pending integer,
-    -- the worker holding this waiting job in its hand (a full concurrency limit): its hold is
-    -- lease_expires_at; NULL when no worker's hand has it
-    held_by text,
-    -- since when that worker holds it (kept while the same worker holds it again): another
-    -- worker's claim takes a job held longer than a holder's retries
-    held_since timestamptz
+    -- admission (admission.sql): the job's partition key ('' for a type limited as a whole);
+    -- NULL for a job of a type without limits, which never waits for admission
+    partition_key text,
+    -- an ordered type's job: its place among its key's jobs, in the order their submits
+    -- committed (0 until its transaction commits)
+    admit_seq bigint
 ) WITH (
     -- Every status change leaves a dead row version (status is indexed, so no update is HOT):
     -- the default 20 % scale factor lets 2M dead rows pile up at 10M rows before a vacuum,
@@ -76,12 +76,6 @@ CREATE UNIQUE INDEX jobs_idempotency_key_idx ON __schema__.jobs (idempotency_key
 -- Maintenance: due scheduled and retrying jobs, expired leases.
 CREATE INDEX jobs_due_idx ON __schema__.jobs (run_at) WHERE status IN ('SCHEDULED', 'RETRYING');
 CREATE INDEX jobs_lease_idx ON __schema__.jobs (lease_expires_at) WHERE status = 'IN_PROGRESS';
--- The lease sweep: jobs held in a worker's hand, by hold; one whose hold ran out (its holder
--- frozen or dead: the delivery was acknowledged) is published again. No status in the
--- predicate: the statements test the status with a CASE, so that no other partial index
--- (jobs_waiting_idx) can serve them. A claim clears held_by; a finished job that kept one has
--- no lease and is never read.
-CREATE INDEX jobs_hand_idx ON __schema__.jobs (lease_expires_at) WHERE held_by IS NOT NULL;
 -- Retention, oldest first: COMPLETED and CANCELLED after retention_days, FAILED after
 -- failed_retention_days, each from its own index, so an idle pass reads no row not yet due.
 CREATE INDEX jobs_done_idx ON __schema__.jobs (finished_at)

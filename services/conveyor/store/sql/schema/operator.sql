@@ -55,8 +55,12 @@ END
 $fn$;
 
 -- POST /jobs/{id}/cancel: a waiting job is CANCELLED; a running one is asked to stop (its status
--- stays IN_PROGRESS until its attempt ends). Returns the status after the call, NULL when the
--- job is finished or missing.
+-- stays IN_PROGRESS until its attempt ends); a FAILED job of an ordered type is CANCELLED too,
+-- which lets its key go on. Returns the status after the call, NULL when the job is finished
+-- or missing. A waiting job may be *held* (a lease on a PENDING/RETRYING job in a worker's
+-- inbox: maintenance.sql's ``job_unheld``): the hold goes, so a redrive leaves the reconciler
+-- nothing to wait for; only a SCHEDULED job keeps its ``run_at`` (a redrive brings a cancelled
+-- job that never ran back SCHEDULED only while that is ahead).
 CREATE FUNCTION __schema__.cancel_job(job_id uuid) RETURNS text LANGUAGE sql AS $fn$
 UPDATE __schema__.jobs SET
     status = (CASE WHEN status = 'IN_PROGRESS' THEN 'IN_PROGRESS' ELSE 'CANCELLED' END)
@@ -66,7 +70,8 @@ UPDATE __schema__.jobs SET
     lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
     run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS', 'WAITING') THEN run_at END,
     updated_at = now()
-WHERE id = job_id AND status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
+WHERE id = job_id AND (status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
+                       OR (status = 'FAILED' AND admit_seq IS NOT NULL))
 RETURNING status::text
 $fn$;
 

@@ -439,8 +439,8 @@ END
 $fn$;
 
 -- The outbox rows the completing statement's release wrote (listed in the setting wf_released
--- by workflow_jobs_finished): at most ``room`` of them, of ``types`` and of no paused or
--- limited type, highest priority first, deleted and their jobs returned for the completing
+-- by workflow_jobs_finished): at most ``room`` of them, of ``types`` and of no paused type,
+-- highest priority first, deleted and their jobs returned for the completing
 -- worker to claim. The list is parsed once and each row found by its primary key (planned
 -- with the statistics of a nearly empty outbox, a lookup in the claim itself was a sequential
 -- scan that parsed the list again for every row: 9.5-11 s for a 9,999-job release).
@@ -464,9 +464,7 @@ BEGIN
           AND o.destination = 'work'
           AND array_position(types, o.job_type) IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM __schema__.job_types t
-                          WHERE t.name = o.job_type
-                            AND (t.paused OR t.concurrency IS NOT NULL
-                                 OR t.rate_limit IS NOT NULL))
+                          WHERE t.name = o.job_type AND t.paused)
         ORDER BY o.priority DESC, o.id
         LIMIT room
     ), gone AS (
