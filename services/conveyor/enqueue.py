@@ -56,6 +56,8 @@ async def enqueue_many(
             out.append(row.id)
         elif row.id in result.duplicates:  # a unique job another submit holds
             out.append(result.duplicates[row.id].id)
+        elif row.id in result.debounced:  # folded into the job of its key still waiting
+            out.append(result.debounced[row.id].id)
         else:
             conflict = f"idempotency key {row.idempotency_key!r} was used with different arguments"
             out.append((await replayed(store, raw, row, conflict)).id)

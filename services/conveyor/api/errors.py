@@ -22,6 +22,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..core.errors import (
+    DebounceBusy,
     IdempotencyConflict,
     InvalidJob,
     InvalidTransition,
@@ -88,6 +89,7 @@ PLAIN: dict[type[Exception], tuple[int, str]] = {
     InvalidJob: (422, "invalid_job"),
     InvalidSchedule: (422, "invalid_schedule"),
     IdempotencyConflict: (409, "idempotency_conflict"),
+    DebounceBusy: (409, "debounce_busy"),
     JobNotFound: (404, "not_found"),
     ServiceUnavailable: (503, "service_unavailable"),
 }

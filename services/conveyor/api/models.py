@@ -33,6 +33,7 @@ from typing_extensions import TypeAliasType
 
 from ..core.jobs import MAX_PRIORITY, MIN_PRIORITY, TYPE_PATTERN, Status
 from ..jobs.spec import (
+    MAX_DEBOUNCE,
     MAX_DELAY_SECONDS,
     MAX_META_BYTES,
     MAX_PARTITION_KEY,
@@ -162,12 +163,38 @@ class SubmitOptions(BaseModel):
         examples=["account-42"],
     )
 
+    debounce_seconds: Annotated[Seconds, Field(gt=0, le=MAX_DEBOUNCE)] | None = Field(
+        default=None,
+        description="Debounce: while a job of this type and `debounce_key` has not started, a "
+        "submit replaces its payload and `meta` and moves its start to this many seconds from "
+        "now (answer 200, `debounced: true`); once it started, a submit makes a new job. Not "
+        "with `run_at`, `delay_seconds`, `unique_for` or an Idempotency-Key.",
+        examples=[1.0],
+    )
+    debounce_max_seconds: Annotated[Seconds, Field(gt=0, le=10 * MAX_DEBOUNCE)] | None = Field(
+        default=None,
+        description="The latest start of a debounced job, in seconds after its first submit "
+        "(default: 10 times `debounce_seconds`), however many submits keep coming.",
+        examples=[10.0],
+    )
+    debounce_key: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PARTITION_KEY)] | (
+        None
+    ) = Field(
+        default=None,
+        description="What makes submits the same debounced job; default: the partition key, "
+        "else the type.",
+        examples=["document-7"],
+    )
+
     def options(self) -> dict[str, Any]:
         return {
             "meta": self.meta,
             "unique_for": self.unique_for,
             "unique_key": self.unique_key,
             "partition_key": self.partition_key,
+            "debounce_seconds": self.debounce_seconds,
+            "debounce_max_seconds": self.debounce_max_seconds,
+            "debounce_key": self.debounce_key,
         }
 
 
@@ -179,6 +206,11 @@ class ResourceOptions(BaseModel):
         default=None,
         description="Only in submit answers: true when a unique job already held the key (the "
         "answer is that job, status 200), false for a new job.",
+    )
+    debounced: bool | None = Field(
+        default=None,
+        description="Only in answers to a debounced submit: true when it was folded into the "
+        "job of its key still waiting (the answer is that job, status 200), false for a new job.",
     )
 
 
@@ -287,6 +319,9 @@ class SubmitJob(SubmitOptions):
             unique_for=self.unique_for,
             unique_key=self.unique_key,
             partition_key=self.partition_key,
+            debounce_seconds=self.debounce_seconds,
+            debounce_max_seconds=self.debounce_max_seconds,
+            debounce_key=self.debounce_key,
         )
 
 

@@ -148,9 +148,12 @@ class Api:
             if new.id in done.inserted:
                 self._wake()
                 self.metrics.jobs_submitted.labels(new.job_type).inc()
-                return 201, self.render(done.inserted[new.id], duplicate=False)
+                debounced = False if new.debounce is not None else None
+                return 201, self.render(done.inserted[new.id], duplicate=False, debounced=debounced)
             if new.id in done.duplicates:  # a unique job: the one holding the key
                 return 200, self.render(done.duplicates[new.id], duplicate=True)
+            if new.id in done.debounced:  # folded into the job of its key still waiting
+                return 200, self.render(done.debounced[new.id], duplicate=False, debounced=True)
             existing = await replayed(self.store, conn, new, DIFFERENT_BODY)
         return 200, self.render(existing)
 
@@ -187,7 +190,7 @@ class Api:
                     with contextlib.suppress(Exception):  # the connection may be terminated
                         await tx.rollback()
                     raise
-                if len(done.inserted) + len(done.duplicates) != len(rows):
+                if len(done.inserted) + len(done.duplicates) + len(done.debounced) != len(rows):
                     await tx.rollback()  # a replay (idempotency keys exist) inserts nothing
                     return 200, await self._replay(conn, rows)
                 await tx.commit()
@@ -199,8 +202,10 @@ class Api:
         ).items():
             self.metrics.jobs_submitted.labels(job_type).inc(count)
         jobs = [
-            self.render(found[r.id], duplicate=False)
+            self.render(found[r.id], duplicate=False, debounced=False if r.debounce else None)
             if r.id in found
+            else self.render(done.debounced[r.id], duplicate=False, debounced=True)
+            if r.id in done.debounced
             else self.render(dups[r.id], duplicate=True)
             for r in rows
         ]
@@ -220,10 +225,14 @@ class Api:
             ]
         }
 
-    def render(self, row: JobRow, *, duplicate: bool | None = None) -> dict[str, Any]:
+    def render(
+        self, row: JobRow, *, duplicate: bool | None = None, debounced: bool | None = None
+    ) -> dict[str, Any]:
         body = resource(row, tracebacks=full_errors(self.settings))
         if duplicate is not None:  # submit answers only
             body["duplicate"] = duplicate
+        if debounced is not None:  # a debounced submit's answer only
+            body["debounced"] = debounced
         return body
 
     async def get(self, job_id: uuid.UUID) -> dict[str, Any]:

@@ -11,6 +11,11 @@ class InvalidJob(ConveyorError, ValueError):
     """A submitted job is malformed (bad type name, priority, payload, schedule)."""
 
 
+class DebounceBusy(ConveyorError):
+    """A debounced submit waited too long for another transaction that submits with the same
+    key and has not committed yet."""
+
+
 class MissingPartitionKey(InvalidJob):
     """A job of a partitioned type has no partition key (neither given nor in its payload)."""
 

@@ -42,6 +42,10 @@ class JobOptions(TypedDict, total=False):
     unique_for: float | None  # seconds a second submit of the same job returns this one
     unique_key: str | None  # default: type + canonical payload
     partition_key: str | None  # 1-200 characters; default: the type's partition_by fields
+    # while a job of this debounce key waits, a submit replaces its payload and moves its start
+    debounce_seconds: float | None  # the start: this long after the last submit ...
+    debounce_max_seconds: float | None  # ... at most this long after the first (default 10x)
+    debounce_key: str | None  # default: the partition key, else the type
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})

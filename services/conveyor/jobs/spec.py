@@ -22,7 +22,7 @@ import orjson
 
 from ..core.errors import IdempotencyConflict, InvalidJob, PayloadTooLarge
 from ..core.jobs import check_type, new_job_id, parse_priority
-from ..store import Connection, JobRow, NewJob, Store
+from ..store import Connection, Debounce, JobRow, NewJob, Store
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024
 MAX_DELAY_SECONDS = 10 * 365 * 86400
@@ -33,6 +33,7 @@ MAX_META_BYTES = 8 * 1024
 MAX_UNIQUE_FOR = 366 * 86400  # a year (and a day)
 MAX_UNIQUE_KEY = 255
 MAX_PARTITION_KEY = 200
+MAX_DEBOUNCE = 86400.0  # a day
 
 # A real NUL in a string or key, as orjson writes it: ``\u0000`` preceded by an even number of
 # backslashes (the text ``\\u0000``, a backslash then "u0000", is not a NUL and is allowed).
@@ -141,6 +142,9 @@ class JobSpec:
     unique_for: float | None = None  # seconds a second submit returns this job
     unique_key: str | None = None  # default: type + canonical payload
     partition_key: str | None = None  # default: the type's partition_by fields
+    debounce_seconds: float | None = None
+    debounce_max_seconds: float | None = None
+    debounce_key: str | None = None
 
 
 def check_idempotency_key(key: str) -> str:
@@ -191,6 +195,7 @@ def build_job(
         isinstance(spec.partition_key, str) and 0 < len(spec.partition_key) <= MAX_PARTITION_KEY
     ):
         raise InvalidJob(f"partition_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
+    debounce = debounce_of(spec)
     unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
     meta = spec.meta
     meta_json = None if meta is None else encode_object(meta, "meta", MAX_META_BYTES).decode()
@@ -209,7 +214,31 @@ def build_job(
         unique_key=unique,
         unique_for=spec.unique_for if unique is not None else None,
         partition_key=spec.partition_key,
+        debounce=debounce,
     )
+
+
+def debounce_of(spec: JobSpec) -> Debounce | None:
+    """The checked debounce options of ``spec`` (None: not debounced)."""
+    if spec.debounce_seconds is None:
+        if spec.debounce_max_seconds is not None or spec.debounce_key is not None:
+            raise InvalidJob("debounce_max_seconds and debounce_key need debounce_seconds")
+        return None
+    seconds, most = spec.debounce_seconds, spec.debounce_max_seconds
+    if not (_is_number(seconds) and math.isfinite(seconds) and 0 < seconds <= MAX_DEBOUNCE):
+        raise InvalidJob(f"debounce_seconds must be a number above 0, at most {MAX_DEBOUNCE}")
+    most = 10 * seconds if most is None else most
+    if not (_is_number(most) and math.isfinite(most) and seconds <= most <= 10 * MAX_DEBOUNCE):
+        raise InvalidJob(
+            f"debounce_max_seconds must be a number from debounce_seconds to {10 * MAX_DEBOUNCE}"
+        )
+    key = spec.debounce_key
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_PARTITION_KEY):
+        raise InvalidJob(f"debounce_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
+    for name in ("run_at", "delay_seconds", "unique_for", "idempotency_key"):
+        if getattr(spec, name) is not None:
+            raise InvalidJob(f"a debounced submit takes no {name}: its start is the debounce's")
+    return Debounce(float(seconds), float(most), key)
 
 
 def spec_hash(spec: JobSpec) -> str:

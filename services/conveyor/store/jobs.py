@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
+
+from ..core.errors import DebounceBusy
 from ..core.jobs import Status
 from .base import Connection, Statements, affected
 from .connect import partition_key_checked
@@ -35,6 +38,9 @@ JOB_FENCE_MANY = named("job_fence_many")
 JOB_UNIQUE_HOLDERS = named("job_unique_holders")
 JOB_UNIQUE_DELETE_EXPIRED = named("job_unique_delete_expired")
 JOB_UNIQUE_WAIT_BOUND = named("job_unique_wait_bound")
+JOB_DEBOUNCE = named("job_debounce")
+# how long a debounced submit waits for another transaction submitting with its key
+DEBOUNCE_WAIT = 2.0
 
 # Takeovers of keys whose job vanished, in one call: more would mean keys keep vanishing.
 _TAKEOVER_ROUNDS = 3
@@ -65,6 +71,7 @@ class Inserted:
 
     inserted: dict[uuid.UUID, JobRow]
     duplicates: dict[uuid.UUID, JobRow]
+    debounced: dict[uuid.UUID, JobRow] = field(default_factory=dict)  # folded into that job
 
 
 def has_unique_keys(rows: Sequence[NewJob]) -> bool:
@@ -157,10 +164,42 @@ class JobStatements(Statements):
             for r in rows
         }
 
-    async def job_unique_wait_bound(self, conn: Connection, seconds: float) -> None:
+    async def job_unique_wait_bound(self, conn: Connection, seconds: float) -> str:
         """``SET LOCAL lock_timeout``: the rest of this transaction waits at most ``seconds`` for
-        a key (or any lock) another transaction holds, then fails (``LockNotAvailableError``)."""
-        await conn.fetchval(self.sql[JOB_UNIQUE_WAIT_BOUND], f"{round(seconds * 1000)}ms")
+        a key (or any lock) another transaction holds, then fails (``LockNotAvailableError``).
+        Returns the bound it replaced."""
+        row = await conn.fetchrow(self.sql[JOB_UNIQUE_WAIT_BOUND], f"{round(seconds * 1000)}ms")
+        return str(row["before"])
+
+    async def job_debounce(
+        self, conn: Connection, job: NewJob, trace_context: str | None = None
+    ) -> tuple[JobRow, bool]:
+        """A debounced submit (``job.debounce``): the new job, or the waiting one it folded into
+        (then True). Waits at most ``DEBOUNCE_WAIT`` for another transaction submitting with
+        its key (an application's open transaction), then raises ``DebounceBusy``."""
+        assert job.debounce is not None
+        values = insert_arrays([job]) | {
+            "meta": job.meta_json,
+            "trace_context": trace_context,
+            "debounce_seconds": job.debounce.seconds,
+            "debounce_max": job.debounce.max_seconds,
+            "debounce_key": job.debounce.key,
+        }
+        values = {k: v[0] if isinstance(v, list) else v for k, v in values.items()}
+        for name in ("run_at", "delay", "idempotency_key", "request_hash"):  # none with debounce
+            del values[name]
+        values["wait_bound"] = f"{round(DEBOUNCE_WAIT * 1000)}ms"
+        try:
+            with partition_key_checked():
+                row = await conn.fetchrow(self.sql[JOB_DEBOUNCE], *bind(JOB_DEBOUNCE, values))
+        except asyncpg.LockNotAvailableError:
+            raise DebounceBusy(
+                f"another transaction is submitting a {job.job_type} job with this debounce key "
+                "and has not committed: try again"
+            ) from None
+        # the caller's transaction, if any, keeps its own bound
+        await conn.fetchrow(self.sql[JOB_UNIQUE_WAIT_BOUND], row["bound_before"])
+        return JobRow.from_record(row), bool(row["debounced"])
 
     async def job_unique_delete_expired(self, conn: Connection, *, limit: int) -> int:
         return affected(await conn.execute(self.sql[JOB_UNIQUE_DELETE_EXPIRED], limit))
@@ -172,8 +211,14 @@ class JobStatements(Statements):
         holds. A row missing from both results was refused by its idempotency key. Run it in a
         transaction when ``jobs`` has unique keys and must be all or none: a key whose job
         vanished is taken over by a second statement."""
-        inserted = await self.job_insert(conn, jobs, trace_context=trace_context)
+        plain = [j for j in jobs if j.debounce is None]
+        inserted = await self.job_insert(conn, plain, trace_context=trace_context) if plain else {}
         duplicates: dict[uuid.UUID, JobRow] = {}
+        debounced: dict[uuid.UUID, JobRow] = {}
+        for j in jobs:
+            if j.debounce is not None:
+                row, folded = await self.job_debounce(conn, j, trace_context)
+                (debounced if folded else inserted)[j.id] = row
         pending = [j for j in jobs if j.unique_key is not None and j.id not in inserted]
         for _ in range(_TAKEOVER_ROUNDS):
             if not pending:
@@ -200,4 +245,4 @@ class JobStatements(Statements):
             more = await self.job_insert(conn, firsts, among=vanished, trace_context=trace_context)
             inserted.update(more)
             pending = [j for j in retry if j.id not in more]
-        return Inserted(inserted, duplicates)
+        return Inserted(inserted, duplicates, debounced)

@@ -14,6 +14,15 @@ from ..core.limits import Partitioning
 
 
 @dataclass(frozen=True, slots=True)
+class Debounce:
+    """A debounced submit: it folds into the job of its key still waiting, if any."""
+
+    seconds: float  # the job starts this long after the last submit ...
+    max_seconds: float  # ... but no later than this long after the first
+    key: str | None = None  # default: the partition key, else the type
+
+
+@dataclass(frozen=True, slots=True)
 class NewJob:
     """A validated job ready to insert (see ``conveyor.jobs.spec.build_job``)."""
 
@@ -31,6 +40,7 @@ class NewJob:
     unique_key: str | None = None  # held by this job for ``unique_for`` seconds (store/jobs.py)
     unique_for: float | None = None
     partition_key: str | None = None  # given at submit (else the type's fields decide)
+    debounce: Debounce | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,43 @@ SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
     partition_key
 FROM ins
 
+-- name: job_debounce
+-- A debounced submit (one job): inserted WAITING for admission, due ``:debounce_seconds`` from
+-- now; or, while a job of its type and debounce key waits (never started), folded into it: that
+-- job takes this payload and meta, and its run_at moves to ``:debounce_seconds`` from now but
+-- never past its ``debounce_until`` (the first submit plus ``:debounce_max``). ``debounced``:
+-- folded. Concurrent submits with one key wait for each other on ``jobs_debounce_idx``, at most
+-- ``:wait_bound`` (``lock_timeout``, set before the insert reads its row and returned as
+-- ``bound_before`` for the caller to restore): an application's open transaction that
+-- submitted with the key makes this one fail with 55P03 rather than hang.
+WITH b AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS before, set_config('lock_timeout', :wait_bound, true)
+), u AS (
+    SELECT :id::uuid AS id, :job_type::text AS job_type, :payload::text AS payload,
+           :priority::int2 AS priority, :max_retries::int4 AS max_retries,
+           :timeout_seconds::float8 AS timeout_seconds, :meta::text AS meta,
+           :partition_key::text AS given_key
+), v AS (
+    SELECT u.*, b.before, {{admission_key}} FROM b, u {{admission_join}}
+)
+INSERT INTO __schema__.jobs AS j (id, job_type, status, priority, payload, max_retries,
+                                  timeout_seconds, run_at, meta, trace_context, partition_key,
+                                  admit_seq, debounce_key, debounce_until)
+SELECT id, job_type, 'WAITING', priority, payload::jsonb, max_retries, timeout_seconds,
+       now() + make_interval(secs => :debounce_seconds), meta::jsonb, :trace_context::text,
+       COALESCE(pkey, ''), seq, COALESCE(:debounce_key::text, NULLIF(pkey, ''), job_type),
+       now() + make_interval(secs => :debounce_max)
+FROM v
+ON CONFLICT (job_type, debounce_key)
+    WHERE status = 'WAITING' AND debounce_key IS NOT NULL AND attempts = 0
+DO UPDATE SET payload = EXCLUDED.payload, meta = EXCLUDED.meta,
+    run_at = least(EXCLUDED.run_at, j.debounce_until), updated_at = now()
+RETURNING id, job_type, status::text AS status, priority, payload::text AS payload,
+    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
+    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
+    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
+    partition_key, NOT (xmax = 0) AS debounced, (SELECT before FROM b) AS bound_before
+
 -- name: admission_join fragment
 -- A submit's rows (``u``: ``job_type``, ``payload``, ``given_key``: the submit's partition key) with
 -- their type's row when the type goes through admission (admission.sql): a type without limits
@@ -164,4 +201,5 @@ DELETE FROM __schema__.job_uniques WHERE key IN (
 -- name: job_unique_wait_bound
 -- Inside a transaction: how long a statement may wait for a lock (a key another open
 -- transaction is claiming) before it fails with SQLSTATE 55P03; ends with the transaction.
-SELECT set_config('lock_timeout', $1, true)
+-- Returns the bound it replaces.
+SELECT current_setting('lock_timeout') AS before, set_config('lock_timeout', $1, true)

@@ -35,6 +35,10 @@ CREATE INDEX jobs_key_starts_idx ON __schema__.jobs (job_type, partition_key, st
     WHERE partition_key IS NOT NULL;
 CREATE INDEX jobs_type_starts_idx ON __schema__.jobs (job_type, started_at)
     WHERE partition_key IS NOT NULL;
+-- The job a debounced submit folds into: the one of its type and key waiting, never started (a
+-- retry waiting again is not one: it started).
+CREATE UNIQUE INDEX jobs_debounce_idx ON __schema__.jobs (job_type, debounce_key)
+    WHERE status = 'WAITING' AND debounce_key IS NOT NULL AND attempts = 0;
 -- An ordered key's head: its first job, by commit order, not finished.
 CREATE INDEX jobs_ordered_idx ON __schema__.jobs (job_type, partition_key, admit_seq)
     WHERE admit_seq IS NOT NULL AND status NOT IN ('COMPLETED', 'CANCELLED');

@@ -52,7 +52,11 @@ CREATE TABLE __schema__.jobs (
     partition_key text,
     -- an ordered type's job: its place among its key's jobs, in the order their submits
     -- committed (0 until its transaction commits)
-    admit_seq bigint
+    admit_seq bigint,
+    -- a debounced submit's key (admission.sql): while the job waits, a submit with the same key
+    -- replaces its payload and moves its run_at, never past debounce_until
+    debounce_key text,
+    debounce_until timestamptz
 ) WITH (
     -- Every status change leaves a dead row version (status is indexed, so no update is HOT):
     -- the default 20 % scale factor lets 2M dead rows pile up at 10M rows before a vacuum,

@@ -69,6 +69,7 @@ UPDATE __schema__.jobs SET
     finished_at = CASE WHEN status = 'IN_PROGRESS' THEN NULL ELSE now() END,
     lease_expires_at = CASE WHEN status = 'IN_PROGRESS' THEN lease_expires_at END,
     run_at = CASE WHEN status IN ('SCHEDULED', 'IN_PROGRESS', 'WAITING') THEN run_at END,
+    debounce_key = NULL,  -- a redriven job is no submit to fold into
     updated_at = now()
 WHERE id = job_id AND (status IN ('WAITING', 'PENDING', 'SCHEDULED', 'RETRYING', 'IN_PROGRESS')
                        OR (status = 'FAILED' AND admit_seq IS NOT NULL))
