@@ -323,3 +323,28 @@ async def test_operator_limits_survive_a_worker_registering_the_type(
                             "WHERE name = 'adm_ol'")  # fmt: skip
     assert row["concurrency"] == 2 and row["rate_limit"] is None
     assert row["limits_set_at"] is not None
+
+
+async def test_the_turn_goes_round_every_key_though_a_pass_reads_a_few(
+    db: asyncpg.Connection,
+) -> None:
+    """300 keys with two jobs each, a window of 10: each pass reads at most 2 x 10 + 100 keys
+    from where the last one stopped, so the turn goes round all keys: no key's second job
+    before every key's first."""
+    await _register(db, "adm_round", partition_by="k")
+    await db.execute(
+        "INSERT INTO jobs (id, job_type, status, priority, payload, partition_key) "
+        "SELECT gen_random_uuid(), 'adm_round', 'WAITING', 5, '{}', 'k' || lpad(i::text, 3, '0') "
+        "FROM generate_series(1, 300) i, generate_series(1, 2)"
+    )
+    served: list[str] = []
+    for _ in range(31):
+        assert await _admit(db, "adm_round", window=10) == 10
+        rows = await db.fetch(
+            "UPDATE jobs SET status = 'COMPLETED' WHERE job_type = 'adm_round' "
+            "AND status = 'PENDING' RETURNING partition_key"
+        )
+        served += sorted(r["partition_key"] for r in rows)
+    firsts = served[:300]
+    assert sorted(firsts) == [f"k{i:03d}" for i in range(1, 301)]  # every key once ...
+    assert served[300:310] == [f"k{i:03d}" for i in range(1, 11)]  # ... then round again

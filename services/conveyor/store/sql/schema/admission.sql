@@ -169,6 +169,7 @@ DECLARE
     type_gap interval;
     picked uuid[];
     last_key text;
+    budget int;
     n int;
 BEGIN
     IF NOT dry THEN
@@ -201,14 +202,33 @@ BEGIN
     IF room <= 0 THEN
         RETURN 0;
     END IF;
-    WITH RECURSIVE keys(k) AS (
+    -- the keys with waiting jobs, in turn: those after the key served last, then from the first
+    -- one (a probe of jobs_admit_idx each; all from the first one when none was served yet), at
+    -- most ``budget`` of them: a pass reads the keys it may serve, not every key of the type
+    WITH RECURSIVE after(k) AS (
+        SELECT min(x.partition_key) FROM __schema__.jobs x
+        WHERE x.job_type = type_name AND x.status = 'WAITING'
+          AND x.partition_key > t.admit_cursor
+        UNION ALL
+        SELECT (SELECT min(x.partition_key) FROM __schema__.jobs x
+                WHERE x.job_type = type_name AND x.status = 'WAITING'
+                  AND x.partition_key > after.k)
+        FROM after WHERE after.k IS NOT NULL
+    ), wrapped(k) AS (
         SELECT min(x.partition_key) FROM __schema__.jobs x
         WHERE x.job_type = type_name AND x.status = 'WAITING' AND x.partition_key IS NOT NULL
         UNION ALL
         SELECT (SELECT min(x.partition_key) FROM __schema__.jobs x
                 WHERE x.job_type = type_name AND x.status = 'WAITING'
-                  AND x.partition_key > keys.k)
-        FROM keys WHERE keys.k IS NOT NULL
+                  AND x.partition_key > wrapped.k)
+        FROM wrapped WHERE wrapped.k <= COALESCE(t.admit_cursor, wrapped.k)
+    ), keys(k) AS (
+        SELECT y.k FROM (
+            (SELECT after.k FROM after WHERE after.k IS NOT NULL)
+            UNION ALL
+            (SELECT wrapped.k FROM wrapped
+             WHERE wrapped.k <= COALESCE(t.admit_cursor, wrapped.k))
+        ) y LIMIT budget
     ), kr AS (
         SELECT keys.k, b.busy, least(
             COALESCE(p.concurrency, t.partition_concurrency) - b.busy,
