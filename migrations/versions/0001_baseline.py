@@ -29,7 +29,6 @@ FUNCTIONS = (
     "workflow_job_redriven()",
     "admit(text, int, boolean)",
     "admission_wait()",
-    "admission_wake()",
     "ordered_place()",
 )
 TABLES = (

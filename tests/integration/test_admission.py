@@ -12,10 +12,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from conveyor import JobRouter, Workflow, enqueue, enqueue_workflow
+from conveyor import Job, JobRouter, Workflow, enqueue, enqueue_workflow
 from conveyor.core.errors import MissingPartitionKey
+from conveyor.core.metrics import Metrics
 from conveyor.jobs.types import register_router_types, router_types
 from conveyor.store import Attempt, Failure, for_schema
+from conveyor.store.connect import create_pool
+from conveyor.worker import outcomes
+from conveyor.worker.completer import Completer, Pending
+from conveyor.worker.running import Running
 
 from .. import db as tdb
 
@@ -348,3 +353,35 @@ async def test_the_turn_goes_round_every_key_though_a_pass_reads_a_few(
     firsts = served[:300]
     assert sorted(firsts) == [f"k{i:03d}" for i in range(1, 301)]  # every key once ...
     assert served[300:310] == [f"k{i:03d}" for i in range(1, 11)]  # ... then round again
+
+
+async def test_an_outcome_admits_the_next_job_in_its_own_transaction(
+    db: asyncpg.Connection, db_url: str
+) -> None:
+    """The worker's completion of a limited job frees its slot and admits the key's next job in
+    the same commit: no admission duty runs here."""
+    await _register(db, "adm_next", partition_by="k", partition_concurrency=1)
+    ids = [await enqueue(db, "adm_next", {"k": "a", "i": i}) for i in range(3)]
+    assert await _admit(db, "adm_next") == 1
+    await db.execute("DELETE FROM job_outbox")  # the relay published it
+    [claimed] = await store.job_claim_many(
+        db, [ids[0]], lease_seconds=30.0, worker_id="w", types=["adm_next"],
+        handler_defaults={}, default_max_retries=3,
+    )  # fmt: skip
+    assert claimed.admitted
+    pool = await create_pool(db_url, application_name="test-admission", max_size=2)
+    written: list[Pending] = []
+
+    async def record(batch: list[Pending]) -> None:
+        written.extend(batch)
+
+    completer = Completer(pool, store, Metrics(), done=record, admission_window=10)
+    try:
+        running = Running(Job(ids[0], "adm_next", {}, claimed.attempts, 5, 0, 3), None, None, 0.0)
+        running.admitted = True
+        completer.put(running, outcomes.completed({"ok": True}))
+        assert await completer.flush_once() == 1
+    finally:
+        await pool.close()
+    assert await _outbox(db, "adm_next") == {ids[1]}
+    assert await _by_status(db, "adm_next") == {"COMPLETED": 1, "PENDING": 1, "WAITING": 1}

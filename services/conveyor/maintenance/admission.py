@@ -1,8 +1,10 @@
 """The admission duty: jobs of limited or partitioned types wait in PostgreSQL (WAITING, no
 outbox row) until ``admit`` (``store/sql/schema/admission.sql``) makes them PENDING with their
-outbox rows, one type at a time, keys in turn, within every limit. A pass runs when a job under
-admission arrives or frees a slot (the jobs' triggers NOTIFY ``<schema>_admit``), and every
-``admission_interval`` seconds while jobs wait (a retry's or a rate window's time comes).
+outbox rows, one type at a time, keys in turn, within every limit. A worker's outcome admits the
+next jobs of the types it freed slots of in its own transaction (``worker/completer.py``); this
+duty's pass, every ``admission_interval`` seconds (0.05), admits the rest: new jobs, places in
+the window freed by claims, retries and rate windows coming due. An idle pass is one probe of an
+empty index.
 
 Each pass of a type is one statement, so an admitter frozen or killed mid-pass holds nothing:
 the server finishes the statement (and commits it) or rolls it back; the next admitter, in this
@@ -11,8 +13,6 @@ process or another, counts the slots again from the jobs. Any number of admitter
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -21,16 +21,10 @@ from ..core.config import Settings
 from ..core.logging import event
 from ..core.metrics import Metrics
 from ..store import Store
-from ..store.connect import listen, listen_url
 
 log = logging.getLogger("conveyor.admission")
 
 GAUGE_INTERVAL = 5.0  # seconds between two computations of the admissible gauge
-
-
-def admit_channel(schema: str) -> str:
-    """The NOTIFY channel that wakes the admitters of the install in ``schema``."""
-    return f"{schema}_admit"
 
 
 class Admitter:
@@ -39,33 +33,12 @@ class Admitter:
         self.store = store
         self.metrics = metrics
         self.pool = pool
-        self.wake = asyncio.Event()
-        self._listener: Any = None
         self._gauged = 0.0
         self._gauge_types: set[str] = set()
-
-    async def listen(self) -> None:
-        """LISTEN on the admission channel when a session of its own is possible (else the
-        interval alone drives the passes)."""
-        s = self.settings
-        url = listen_url(s.database_url, s.db_pooler, s.listen_database_url)
-        if url is None or (self._listener is not None and not self._listener.is_closed()):
-            return
-        with contextlib.suppress(Exception):
-            self._listener = await listen(
-                url, admit_channel(s.db_schema), self.wake.set, name="conveyor-admission-listen"
-            )
-
-    async def close(self) -> None:
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._listener.close(timeout=2)
-            self._listener = None
 
     async def step(self) -> int:
         """One pass: admit what may start of every type with waiting jobs. Returns how many
         jobs it admitted."""
-        self.wake.clear()
         async with self.pool.acquire() as conn:
             types = await self.store.admission_types(conn)
             admitted = 0

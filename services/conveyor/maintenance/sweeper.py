@@ -92,13 +92,13 @@ class Sweeper:
         self.aside = isolate.Aside(clock)  # jobs whose lease recovery failed, till their next try
 
     async def start(self) -> None:
-        # seven duties on 4 connections; admission passes every 0.05 s, promote and schedules
-        # every 0.25-0.5 s
+        # seven duties on 3 connections; admission passes every 0.05 s (an idle one: a probe of an
+        # empty index), promote and schedules every 0.25-0.5 s
         s = self.settings
         self.pool = await create_pool(
             s.database_url,
             application_name="conveyor-sweeper",
-            max_size=4,
+            max_size=3,
             command_timeout=s.command_timeout,
             pooler=s.db_pooler,
             bounds=SessionBounds.of(s),
@@ -113,8 +113,6 @@ class Sweeper:
 
     async def close(self) -> None:
         await self.notifier.stop()
-        if self.admitter is not None:
-            await self.admitter.close()
         await self.inspector.close()
         if self.pool is not None:
             with contextlib.suppress(Exception):
@@ -388,7 +386,7 @@ class Sweeper:
         }
         loops = [self._every(stop, n, f) for n, f in duties.items()]
         if self.admitter is not None:
-            loops.append(self._every(stop, "admission", self.admit, self.admitter.wake))
+            loops.append(self._every(stop, "admission", self.admit))
         if self.gauges is not None:
             loops.append(self.gauges.run(stop))
         await asyncio.gather(*loops)
@@ -396,19 +394,13 @@ class Sweeper:
     async def admit(self) -> int:
         """One admission pass (``admission.py``): the jobs that may start now, admitted."""
         assert self.admitter is not None
-        await self.admitter.listen()
         n = await self.admitter.step()
         self._count("admission", n)
         return n
 
     async def _every(
-        self,
-        stop: asyncio.Event,
-        name: str,
-        duty: Callable[[], Awaitable[Any]],
-        wake: asyncio.Event | None = None,
+        self, stop: asyncio.Event, name: str, duty: Callable[[], Awaitable[Any]]
     ) -> None:
-        """``duty`` every interval, and at once when ``wake`` is set."""
         while not stop.is_set():
             try:
                 await duty()
@@ -417,11 +409,5 @@ class Sweeper:
             except Exception as exc:
                 self._errors[name] = repr(exc)[:300]
                 event(log, "maintenance_failed", logging.WARNING, duty=name, error=repr(exc))
-            waits = [asyncio.ensure_future(stop.wait())]
-            if wake is not None:
-                waits.append(asyncio.ensure_future(wake.wait()))
-            _, idle = await asyncio.wait(
-                waits, timeout=self.intervals[name], return_when="FIRST_COMPLETED"
-            )
-            for w in idle:
-                w.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.intervals[name])

@@ -127,10 +127,11 @@ class ClaimedJob:
     workflow_id: uuid.UUID | None = None
     # a workflow job's dependencies: key -> {"status", "result"}
     parents: dict[str, dict[str, Any]] | None = None
+    admitted: bool = False  # under admission: its end frees a slot (admission.sql)
 
     @classmethod
     def from_record(cls, r: Any) -> ClaimedJob:
-        """A row of a claim statement (``job_claim_many``, ``job_claim_controlled``)."""
+        """A row of a claim statement (``job_claim_many``, ``job_claim_released``)."""
         meta, parents = r["meta"], r["parents"]
         return cls(
             r["id"],
@@ -146,6 +147,7 @@ class ClaimedJob:
             None if meta is None else orjson.loads(meta),
             r["workflow_id"],
             None if parents is None else orjson.loads(parents),
+            r["admitted"],
         )
 
 

@@ -49,6 +49,12 @@ of a chain, or a fan-out's first leaf, starts without waiting for the relay and 
 others go through the relay as usual. No free slot is set aside for them (the broker may fill
 any free slot), so nothing waits for the write.
 
+A batch that ends jobs under admission (a limited or partitioned type: ``running.admitted``)
+frees their slots, and its transaction runs the admission pass of their types
+(``store.admit``), so the next job of a key is admitted with the commit that freed its slot, as a
+workflow's release is; the admission duty's passes cover the rest (a claim freeing a window
+place, a retry coming due).
+
 Error texts are always cleaned (no NUL, no lone surrogates) before they are written.
 """
 
@@ -198,8 +204,10 @@ class Completer:
         apart: int = 2,
         lease_seconds: float | None = None,
         log_tracebacks: bool = False,
+        admission_window: int = 200,
     ) -> None:
         self.pool = pool
+        self.admission_window = admission_window  # the admission pass after a freed slot
         self.log_tracebacks = log_tracebacks  # a failure's whole traceback below its log line
         self.lease_seconds = lease_seconds  # what a try held by a key extends its leases to
         self.store = store
@@ -483,7 +491,11 @@ class Completer:
         # One statement is atomic by itself: a batch of one kind, with no progress report, no
         # follow-up job to write beside it and no released job to claim, skips BEGIN/COMMIT
         # (two round trips per batch)
-        alone = not extra and not follow and bool(done) + bool(fail) + bool(release) == 1
+        # the types whose slots this batch frees: admitted again in its transaction
+        admit = sorted({p.running.job.type for p in batch if p.running.admitted})
+        alone = (
+            not extra and not follow and not admit and bool(done) + bool(fail) + bool(release) == 1
+        )
         claimed: list[ClaimedJob] = []
         sent = False  # every statement ran: an error from here on is the COMMIT's
         try:
@@ -532,6 +544,9 @@ class Completer:
                     written |= await self.store.job_release_many(
                         conn, [Attempt(p.running.job.id, p.running.job.attempt) for p in release]
                     )
+                for job_type in admit:  # a freed slot goes to the next job at once
+                    admitted = await self.store.admit(conn, job_type, self.admission_window)
+                    self.metrics.jobs_admitted.labels(job_type).inc(admitted)
                 sent = True
         except Exception:
             if sent and claimed and followed is not None:
@@ -542,7 +557,7 @@ class Completer:
             raise
         if followed is not None:  # committed: this worker runs them
             followed.jobs.extend(claimed)
-        if fail or release:  # retries, dead letters, hand-backs: outbox rows, committed
+        if fail or release or admit:  # retries, dead letters, admissions: outbox rows
             self.wake_relay()
         return written
 

@@ -70,6 +70,7 @@ def attempt_of(
         dependencies=row.parents or {},
     )
     running = Running(job, router.handlers.get(job.type), row.timeout_seconds, started, delivery)
+    running.admitted = row.admitted
     job._hooks = AttemptHooks(
         running, progress, known_types=known_types, max_payload_bytes=max_payload_bytes
     )

@@ -42,6 +42,7 @@ class Running:
     lingering: list[asyncio.Future[Any]] = field(default_factory=list, repr=False)
     given_up_at: float | None = None  # the worker's clock when its work was given up on
     note: str | None = None  # why its job is held: written to ``last_error`` by the heartbeater
+    admitted: bool = False  # a job under admission: its outcome's transaction admits the next
     noted: bool = False
 
     @property

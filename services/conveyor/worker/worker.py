@@ -168,6 +168,7 @@ class Worker:
             apart=POOL_SIZE // 2,  # the other half: the batch, the claims, the heartbeats
             lease_seconds=settings.visibility_timeout,
             log_tracebacks=settings.log_tracebacks,
+            admission_window=settings.admission_window,
         )
         self.heartbeater = Heartbeater(
             None,

@@ -75,7 +75,7 @@ j.id, j.job_type, j.payload::text AS payload, j.priority, j.attempts, j.retry_co
 j.max_retries, j.timeout_seconds, j.meta::text AS meta,
 greatest(0, extract(epoch FROM statement_timestamp()
                                 - COALESCE(j.run_at, j.created_at)))::float8 AS wait,
-j.trace_context, j.workflow_id
+j.trace_context, j.workflow_id, j.partition_key IS NOT NULL AS admitted
 
 -- name: job_claim_many
 -- The claim: one conditional UPDATE for a batch of delivered ids (``job_claimable``).

@@ -104,24 +104,6 @@ WHEN (NEW.partition_key IS NOT NULL AND NEW.status IN ('PENDING', 'SCHEDULED', '
                AND COALESCE(OLD.deps_pending, 0) = 0))
 EXECUTE FUNCTION __schema__.admission_wait();
 
--- Wake the admitters (channel ``<schema>_admit``, the type as payload; one notification per
--- type and transaction) when a job under admission arrives or a slot or window place frees.
-CREATE FUNCTION __schema__.admission_wake() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM pg_notify('__schema___admit', NEW.job_type);
-    RETURN NULL;
-END
-$fn$;
-
-CREATE TRIGGER jobs_admission_arrived AFTER INSERT ON __schema__.jobs FOR EACH ROW
-WHEN (NEW.partition_key IS NOT NULL)
-EXECUTE FUNCTION __schema__.admission_wake();
-
-CREATE TRIGGER jobs_admission_moved AFTER UPDATE OF status ON __schema__.jobs FOR EACH ROW
-WHEN (NEW.partition_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
-      AND NEW.status <> 'PENDING')
-EXECUTE FUNCTION __schema__.admission_wake();
-
 -- An ordered type's job takes its place among its key's jobs when its transaction commits
 -- (a deferred trigger): the key's row is locked from here to the commit, so the places follow
 -- the order in which the submits committed. The lock is held for the commit only, never
