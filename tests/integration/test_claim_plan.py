@@ -17,7 +17,6 @@ import asyncpg
 import pytest
 
 from conveyor import JobSpec, enqueue_many
-from conveyor.core.jobs import PEN_LADDER
 from conveyor.store import Attempt, Completion, for_schema
 from conveyor.store.registry import bind
 
@@ -54,9 +53,6 @@ def _nodes(plan: Any) -> list[dict[str, Any]]:
 _NAMED = {
     "job_claim_many": ("ids", "lease_seconds", "worker_id", "handler_defaults",
                        "default_max_retries", "types"),
-    "job_claim_controlled": ("ids", "lease_seconds", "worker_id", "handler_defaults",
-                             "default_max_retries", "types", "pen_ladder", "room", "steal",
-                             "steal_after"),
     "job_fail_many": ("job_id", "attempt", "error", "delay", "consume"),
 }  # fmt: skip
 
@@ -101,40 +97,16 @@ async def test_the_claim_reads_its_ids_not_the_types_range(db: asyncpg.Connectio
     assert read <= 20, read
 
 
-async def test_the_controlled_claim_reads_its_ids_not_the_types_range(
-    db: asyncpg.Connection,
-) -> None:
-    # the claim of a type with a concurrency/rate limit or pause (job_claim_controlled) has the
-    # same type test in its candidates: it must not walk the unanalyzed type's range either
-    ids = await _ghosts(db)
-    args = (ids, 30.0, "w", "{}", 3, ["ghost"], list(PEN_LADDER), [0], False, 2.0)
-    plan = await _explain(db, "job_claim_controlled", *args)
-    scans = [
-        n for n in _nodes(plan) if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
-    ]
-    seen = [(n.get("Index Name"), n["Actual Rows"] + n.get("Rows Removed by Filter", 0))
-            for n in scans]  # fmt: skip
-    assert "jobs_type_status_id_idx" not in {name for name, _ in seen}, seen
-    # (the limits' own reads, e.g. running jobs through jobs_lease_idx, are not the candidates')
-    assert sum(read for name, read in seen if name == "jobs_pkey") <= 60, seen
-
-
 # The hot path's statements by id, with statistics taken before a backlog arrived (ANALYZE saw an
 # empty table, as after a quiet night; the bench's fresh database never has any). The partial
 # index ``jobs_waiting_idx`` (PENDING/RETRYING) looks like a few rows then, and a status test
 # that implied its predicate let the planner AND a scan of the whole index with the ids: a claim
 # of 8 ids read all 20,000 waiting jobs' entries (O(backlog) per claim: in the batch benchmark
 # 85-98 us of PostgreSQL CPU per job for the claim instead of 46).
-_CONTROLLED = (30.0, "w", "{}", 3, ["hot"], list(PEN_LADDER), [0])
-
-
 def _args(name: str, ids: list[Any]) -> tuple[Any, ...]:
     n = len(ids)
     return {
         "job_claim_many": (ids, 30.0, "w", "{}", 3, ["hot"]),
-        "job_claim_controlled": (ids, *_CONTROLLED, False, 2.0),
-        # a hand's claim, which also reads the jobs in other hands (``jobs_hand_idx``)
-        "job_claim_controlled steal": (ids, *_CONTROLLED, True, 2.0),
         "job_touch_waiting": (ids, 30.0),
         "job_fence_many": (ids,),
         "job_complete_many": (ids, [1] * n, ["null"] * n),
@@ -145,8 +117,7 @@ def _args(name: str, ids: list[Any]) -> tuple[Any, ...]:
 
 
 _OF_WAITING = (
-    "job_claim_many", "job_claim_controlled", "job_claim_controlled steal", "job_touch_waiting",
-    "job_fence_many",
+    "job_claim_many", "job_touch_waiting", "job_fence_many",
 )  # fmt: skip
 _OF_RUNNING = ("job_complete_many", "job_heartbeat_many", "job_release_many", "job_fail_many")
 

@@ -1,5 +1,6 @@
-"""Fleet-wide limits of a job type, as pure values: ``rate_limit="100/m"`` parsed and printed,
-and the sliding-window arithmetic the claim uses (``store/attempts.py``)."""
+"""Limits of a job type and of its partition keys, as pure values: ``rate_limit="100/m"``
+parsed and printed, the partition settings checked (admission enforces them:
+``store/sql/schema/admission.sql``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ from dataclasses import dataclass
 _RATE = re.compile(r"^\s*([1-9][0-9]{0,8})\s*/\s*([1-9][0-9]{0,2})?\s*(s|m|h|d)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_PERIOD = 999 * 86400
-MAX_RATE = 100_000  # starts per window: the window's log is an array of start times
-# Jobs IN_PROGRESS at once per type: the limited claim counts the type's running jobs, so its
-# cost grows with the limit (about 7 ms at 100, 20 ms at 2,000, 140 ms at 20,000; at a full
-# type, ``bench/limited_claim.py``: 2-8 ms at 100, 9-36 ms at 2,000, 50-120 ms at 10,000 on two
-# cores under a load of 4-5).
+# Starts per window, and jobs IN_PROGRESS at once: each admission pass counts a limited type's
+# admitted jobs and the starts in its window, so its cost grows with the limit.
+MAX_RATE = 100_000
 MAX_CONCURRENCY = 10_000
 
 
@@ -52,31 +51,6 @@ def check_concurrency(value: object) -> int | None:
             f"concurrency must be an integer from 1 to {MAX_CONCURRENCY} (or null: no limit)"
         )
     return value
-
-
-def allowed_starts(
-    *,
-    running: int,
-    concurrency: int | None,
-    recent: Sequence[float],
-    now: float,
-    rate: Rate | None,
-) -> tuple[int | None, float]:
-    """How many jobs may start now (None: no limit), and, when none may, how many seconds
-    until one could (0 when only the concurrency limit is full: it frees when a job ends).
-    ``recent`` are the start times (seconds, same clock as ``now``) still in the window."""
-    allowed: int | None = None
-    wait = 0.0
-    if concurrency is not None:
-        allowed = max(0, concurrency - running)
-    if rate is not None:
-        in_window = sorted(t for t in recent if t > now - rate.period)
-        free = max(0, rate.limit - len(in_window))
-        if free == 0 and in_window:
-            # the oldest start of the window leaves it after this long
-            wait = max(wait, in_window[len(in_window) - rate.limit] + rate.period - now)
-        allowed = free if allowed is None else min(allowed, free)
-    return allowed, wait
 
 
 def shares(

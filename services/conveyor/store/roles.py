@@ -49,7 +49,10 @@ _SWEEPER = [
     # UPDATE: the reconciler finds rows a stopped relay holds with FOR KEY SHARE SKIP LOCKED
     # (``outbox_held_ids``), which PostgreSQL allows only with UPDATE; no statement updates one
     ("SELECT, INSERT, UPDATE", "job_outbox"),
-    ("SELECT", "job_types"),
+    # the admission duty: admit() moves the type's round-robin cursor
+    ("SELECT, UPDATE (admit_cursor)", "job_types"),
+    # admit() reads the keys' overrides; a schedule's tick of an ordered type takes its place
+    ("SELECT, INSERT, UPDATE", "partitions"),
     ("SELECT, INSERT, UPDATE, DELETE", "job_uniques"),  # retention drops expired keys
     ("SELECT, UPDATE", "schedules"),  # the schedules duty advances next_run_at
     # the workflow triggers run as whoever changes a job's status (lease recovery, here); the
@@ -66,10 +69,11 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT, INSERT", "job_outbox"),
         # pause/resume and limits (admin): only those columns, not the handlers' defaults
         (
-            "SELECT, UPDATE (paused, concurrency, rate_limit, rate_period, limits_set_at, "
-            "recent_starts)",
+            "SELECT, UPDATE (paused, concurrency, rate_limit, rate_period, limits_set_at)",
             "job_types",
         ),
+        # the keys' overrides (admin); a submit of an ordered type takes its key's next place
+        ("SELECT, INSERT, UPDATE, DELETE", "partitions"),
         ("SELECT", "api_keys"),
         ("SELECT, INSERT, UPDATE", "api_rate"),  # the fleet-wide submit quota's buckets
         ("SELECT, INSERT, UPDATE", "job_uniques"),  # unique jobs: the submit claims the key
@@ -86,6 +90,8 @@ GRANTS: dict[str, list[tuple[str, str]]] = {
         # runs itself (job_claim_released), in the transaction that wrote them
         ("SELECT, INSERT, DELETE", "job_outbox"),
         ("SELECT, INSERT, UPDATE", "job_types"),
+        # an outcome runs the admission pass of its type; an ordered follow-up takes its place
+        ("SELECT, INSERT, UPDATE", "partitions"),
         ("SELECT, INSERT, UPDATE", "job_uniques"),
         ("SELECT, INSERT, UPDATE", "schedules"),  # handler-declared schedules, at start
         # a completion releases dependents and finishes workflows (the triggers, as this role)
