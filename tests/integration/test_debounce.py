@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from conveyor import JobRouter, enqueue
-from conveyor.core.errors import DebounceBusy, InvalidJob
+from conveyor.core.errors import DebounceBusy, IdempotencyConflict, InvalidJob
 from conveyor.jobs.types import register_router_types
 from conveyor.store import for_schema
 
@@ -125,13 +125,12 @@ async def test_a_submit_in_a_transaction_keeps_the_transactions_lock_bound(
     [
         {"debounce_seconds": 0},
         {"debounce_seconds": float("nan")},
-        {"debounce_seconds": 5, "debounce_max_seconds": 1},
+        {"debounce_seconds": 5, "debounce_max_seconds": 0},
         {"debounce_max_seconds": 5},
         {"debounce_key": "k"},
         {"debounce_seconds": 1, "debounce_key": ""},
         {"debounce_seconds": 1, "delay_seconds": 3},
         {"debounce_seconds": 1, "unique_for": 3},
-        {"debounce_seconds": 1, "idempotency_key": "x"},
     ],
 )
 async def test_bad_debounce_options_are_refused(db: asyncpg.Connection, options: dict) -> None:
@@ -139,3 +138,15 @@ async def test_bad_debounce_options_are_refused(db: asyncpg.Connection, options:
     with pytest.raises(InvalidJob):
         await enqueue(db, "deb_bad", {}, **options)
     assert await db.fetchval("SELECT count(*) FROM jobs WHERE job_type = 'deb_bad'") == 0
+
+
+async def test_an_idempotency_key_replays_the_job_its_submit_created(
+    db: asyncpg.Connection,
+) -> None:
+    await _register(db, "deb_i")
+    first = await enqueue(db, "deb_i", {"v": 1}, debounce_seconds=5, idempotency_key="k1")
+    assert await enqueue(db, "deb_i", {"v": 1}, debounce_seconds=5, idempotency_key="k1") == first
+    folded = await enqueue(db, "deb_i", {"v": 2}, debounce_seconds=5, idempotency_key="k2")
+    assert folded == first  # folded: k2 names no job of its own
+    with pytest.raises(IdempotencyConflict):  # k1 with other arguments
+        await enqueue(db, "deb_i", {"v": 3}, debounce_seconds=5, idempotency_key="k1")

@@ -238,6 +238,11 @@ async def test_paused_and_limited_types_are_left_to_the_relay(
         key = await _submit(db, _chain("step", "limited"))
         await _first_published(relay)
         await wait_for(settings.database_url, [key["0"]], timeout=10)
+        if control == "concurrency":  # released to admission: no outbox row until admitted
+            status = await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", key["1"])
+            assert status == "WAITING"
+            assert await db.fetchval("SELECT count(*) FROM job_outbox") == 0
+            assert await w.store.admit(db, "limited", 10) == 1
         assert await db.fetchval("SELECT status::text FROM jobs WHERE id = $1", key["1"]) == (
             "PENDING"
         )

@@ -105,5 +105,6 @@ def test_snap_and_pen_names() -> None:
 def test_every_status_has_transitions_and_terminal_ones_only_redrive() -> None:
     assert set(TRANSITIONS) == set(Status)
     assert TRANSITIONS[Status.COMPLETED] == frozenset()
-    # a redriven workflow job whose dependencies are unmet waits for them (WAITING)
-    assert TRANSITIONS[Status.FAILED] == {Status.PENDING, Status.WAITING}
+    # a redriven workflow job whose dependencies are unmet waits for them, a limited type's for
+    # admission (WAITING); an ordered type's failed head is cancelled to let its key go on
+    assert TRANSITIONS[Status.FAILED] == {Status.PENDING, Status.WAITING, Status.CANCELLED}

@@ -109,15 +109,33 @@ def _iso_text(value: Any) -> Any:
 RunAt = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(check_run_at)]
 Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
+
 # The job features' fields (``meta``, unique jobs): ``SubmitJob`` and ``JobResource`` inherit them.
-# valid when unique_key is absent or null, or unique_for is a number
-UNIQUE_KEY_NEEDS_WINDOW: dict[str, Any] = {
-    "anyOf": [
-        {"not": {"required": ["unique_key"]}},
-        {"properties": {"unique_key": {"type": "null"}}},
-        {"required": ["unique_for"], "properties": {"unique_for": {"type": "number"}}},
-    ]
-}
+def _unset(name: str) -> list[dict[str, Any]]:
+    """JSON Schema: ``name`` absent or null (either clause)."""
+    return [{"not": {"required": [name]}}, {"properties": {name: {"type": "null"}}}]
+
+
+def _needs(name: str, number: str) -> dict[str, Any]:
+    """JSON Schema: ``name`` absent or null, or ``number`` given as a number."""
+    return {
+        "anyOf": [*_unset(name), {"required": [number], "properties": {number: {"type": "number"}}}]
+    }
+
+
+# what a job's options need and exclude, beside their own types
+OPTION_RULES: list[dict[str, Any]] = [
+    _needs("unique_key", "unique_for"),
+    _needs("debounce_key", "debounce_seconds"),
+    _needs("debounce_max_seconds", "debounce_seconds"),
+    # a debounced job's start is the debounce's, and a debounce is its own kind of uniqueness
+    {
+        "anyOf": [
+            *_unset("debounce_seconds"),
+            {"allOf": [{"anyOf": _unset(f)} for f in ("run_at", "delay_seconds", "unique_for")]},
+        ]
+    },
+]
 
 
 class SubmitOptions(BaseModel):
@@ -146,10 +164,11 @@ class SubmitOptions(BaseModel):
     def __get_pydantic_json_schema__(
         cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        """States that ``unique_key`` needs ``unique_for`` (beside the subclass's own rules)."""
+        """States what the options need and exclude (``OPTION_RULES``), beside the subclass's
+        own rules."""
         schema = handler(core_schema)
         target = handler.resolve_ref_schema(schema)
-        target.setdefault("allOf", []).append(UNIQUE_KEY_NEEDS_WINDOW)
+        target.setdefault("allOf", []).extend(OPTION_RULES)
         return schema
 
     partition_key: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PARTITION_KEY)] | (

@@ -228,14 +228,14 @@ def debounce_of(spec: JobSpec) -> Debounce | None:
     if not (_is_number(seconds) and math.isfinite(seconds) and 0 < seconds <= MAX_DEBOUNCE):
         raise InvalidJob(f"debounce_seconds must be a number above 0, at most {MAX_DEBOUNCE}")
     most = 10 * seconds if most is None else most
-    if not (_is_number(most) and math.isfinite(most) and seconds <= most <= 10 * MAX_DEBOUNCE):
+    if not (_is_number(most) and math.isfinite(most) and 0 < most <= 10 * MAX_DEBOUNCE):
         raise InvalidJob(
-            f"debounce_max_seconds must be a number from debounce_seconds to {10 * MAX_DEBOUNCE}"
+            f"debounce_max_seconds must be a number above 0, at most {10 * MAX_DEBOUNCE}"
         )
     key = spec.debounce_key
     if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_PARTITION_KEY):
         raise InvalidJob(f"debounce_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
-    for name in ("run_at", "delay_seconds", "unique_for", "idempotency_key"):
+    for name in ("run_at", "delay_seconds", "unique_for"):
         if getattr(spec, name) is not None:
             raise InvalidJob(f"a debounced submit takes no {name}: its start is the debounce's")
     return Debounce(float(seconds), float(most), key)

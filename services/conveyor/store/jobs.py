@@ -173,10 +173,16 @@ class JobStatements(Statements):
 
     async def job_debounce(
         self, conn: Connection, job: NewJob, trace_context: str | None = None
-    ) -> tuple[JobRow, bool]:
+    ) -> tuple[JobRow | None, bool]:
         """A debounced submit (``job.debounce``): the new job, or the waiting one it folded into
-        (then True). Waits at most ``DEBOUNCE_WAIT`` for another transaction submitting with
-        its key (an application's open transaction), then raises ``DebounceBusy``."""
+        (then True); None when its idempotency key is an earlier submit's (the caller replays
+        that one; a key is kept by the job a submit created, never by one it folded into).
+        Waits at most ``DEBOUNCE_WAIT`` for another transaction submitting with its key (an
+        application's open transaction), then raises ``DebounceBusy``."""
+        if job.idempotency_key is not None and await self.job_get_by_idempotency_key(
+            conn, job.idempotency_key
+        ):
+            return None, False
         assert job.debounce is not None
         values = insert_arrays([job]) | {
             "meta": job.meta_json,
@@ -186,12 +192,16 @@ class JobStatements(Statements):
             "debounce_key": job.debounce.key,
         }
         values = {k: v[0] if isinstance(v, list) else v for k, v in values.items()}
-        for name in ("run_at", "delay", "idempotency_key", "request_hash"):  # none with debounce
+        for name in ("run_at", "delay"):  # the debounce's own
             del values[name]
         values["wait_bound"] = f"{round(DEBOUNCE_WAIT * 1000)}ms"
         try:
             with partition_key_checked():
                 row = await conn.fetchrow(self.sql[JOB_DEBOUNCE], *bind(JOB_DEBOUNCE, values))
+        except asyncpg.UniqueViolationError as exc:
+            if getattr(exc, "constraint_name", None) != "jobs_idempotency_key_idx":
+                raise
+            return None, False  # a concurrent submit with its idempotency key won
         except asyncpg.LockNotAvailableError:
             raise DebounceBusy(
                 f"another transaction is submitting a {job.job_type} job with this debounce key "
@@ -218,7 +228,8 @@ class JobStatements(Statements):
         for j in jobs:
             if j.debounce is not None:
                 row, folded = await self.job_debounce(conn, j, trace_context)
-                (debounced if folded else inserted)[j.id] = row
+                if row is not None:
+                    (debounced if folded else inserted)[j.id] = row
         pending = [j for j in jobs if j.unique_key is not None and j.id not in inserted]
         for _ in range(_TAKEOVER_ROUNDS):
             if not pending:

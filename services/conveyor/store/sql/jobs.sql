@@ -114,7 +114,7 @@ WITH u AS (
                  ELSE 'PENDING' END)::__schema__.job_status,
            priority, payload::jsonb, max_retries, timeout_seconds, due, ikey, rhash, meta::jsonb,
            :trace_context::text, pkey, seq
-    FROM v
+    FROM v ORDER BY ord  -- the submit's order: its outbox rows, hence its messages, follow it
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
 ), ob AS (
@@ -143,14 +143,16 @@ WITH b AS MATERIALIZED (
     SELECT :id::uuid AS id, :job_type::text AS job_type, :payload::text AS payload,
            :priority::int2 AS priority, :max_retries::int4 AS max_retries,
            :timeout_seconds::float8 AS timeout_seconds, :meta::text AS meta,
-           :partition_key::text AS given_key
+           :partition_key::text AS given_key, :idempotency_key::text AS ikey,
+           :request_hash::text AS rhash
 ), v AS (
     SELECT u.*, b.before, {{admission_key}} FROM b, u {{admission_join}}
 )
 INSERT INTO __schema__.jobs AS j (id, job_type, status, priority, payload, max_retries,
-                                  timeout_seconds, run_at, meta, trace_context, partition_key,
-                                  admit_seq, debounce_key, debounce_until)
-SELECT id, job_type, 'WAITING', priority, payload::jsonb, max_retries, timeout_seconds,
+                                  timeout_seconds, idempotency_key, request_hash, run_at, meta,
+                                  trace_context, partition_key, admit_seq, debounce_key,
+                                  debounce_until)
+SELECT id, job_type, 'WAITING', priority, payload::jsonb, max_retries, timeout_seconds, ikey, rhash,
        now() + make_interval(secs => :debounce_seconds), meta::jsonb, :trace_context::text,
        COALESCE(pkey, ''), seq, COALESCE(:debounce_key::text, NULLIF(pkey, ''), job_type),
        now() + make_interval(secs => :debounce_max)
