@@ -1,18 +1,18 @@
+-- name: job_row fragment
+-- The columns of a job as ``JobRow.from_record`` reads them (the jobs row's own names).
+id, job_type, status::text AS status, priority, payload::text AS payload, result::text AS result,
+max_retries, timeout_seconds, retry_count, attempts, last_error, run_at, lease_expires_at,
+worker_id, cancel_requested, idempotency_key, request_hash, created_at, updated_at, started_at,
+finished_at, progress::text AS progress, meta::text AS meta, workflow_id, partition_key
+
 -- name: job_get
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
-    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+SELECT {{job_row}}, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
                        WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on,
-    partition_key, __schema__.waiting_for(jobs) AS waiting_for
+    __schema__.waiting_for(jobs) AS waiting_for
 FROM __schema__.jobs WHERE id = $1
 
 -- name: job_get_by_idempotency_key
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta
+SELECT {{job_row}}
 FROM __schema__.jobs WHERE idempotency_key = $1
 
 -- name: job_cancel
@@ -121,11 +121,7 @@ WITH u AS (
     INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
     SELECT id, job_type, priority FROM ins WHERE status = 'PENDING'
 )
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
-    partition_key
+SELECT {{job_row}}
 FROM ins
 
 -- name: job_debounce
@@ -161,11 +157,7 @@ ON CONFLICT (job_type, debounce_key)
     WHERE status = 'WAITING' AND debounce_key IS NOT NULL AND attempts = 0
 DO UPDATE SET payload = EXCLUDED.payload, meta = EXCLUDED.meta,
     run_at = least(EXCLUDED.run_at, j.debounce_until), updated_at = now()
-RETURNING id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
-    partition_key, NOT (xmax = 0) AS debounced, (SELECT before FROM b) AS bound_before
+RETURNING {{job_row}}, NOT (xmax = 0) AS debounced, (SELECT before FROM b) AS bound_before
 
 -- name: admission_join fragment
 -- A submit's rows (``u``: ``job_type``, ``payload``, ``given_key``: the submit's partition key) with
@@ -185,11 +177,7 @@ CASE WHEN t.ordered IS NOT NULL THEN 0::bigint END AS seq
 SELECT k.key AS unique_key, k.job_id AS holder, j.*
 FROM __schema__.job_uniques k
 LEFT JOIN LATERAL (
-    SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-        result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-        run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-        created_at, updated_at, started_at, finished_at, progress::text AS progress,
-            meta::text AS meta
+    SELECT {{job_row}}
     FROM __schema__.jobs WHERE id = k.job_id
 ) j ON true
 WHERE k.key = ANY($1::text[])

@@ -81,11 +81,7 @@ GROUP BY job_type ORDER BY job_type
 -- page's rows are then looked up by id: read whole, a range's rows cost a heap fetch each, and
 -- when the statistics had seen no backlog the planner preferred walking the primary key back
 -- from the cursor, filtering type and status, to find them (a rare pair: half the table).
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
-    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+SELECT {{job_row}}, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
                        WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
 FROM __schema__.jobs
 WHERE id < COALESCE(:before::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
@@ -116,11 +112,7 @@ WITH RECURSIVE t(job_type) AS (
     ORDER BY x.id DESC
     LIMIT :limit
 )
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-    result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-    run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-    created_at, updated_at, started_at, finished_at, progress::text AS progress, meta::text AS meta,
-    workflow_id, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
+SELECT {{job_row}}, ARRAY(SELECT d.depends_on FROM __schema__.job_dependencies d
                        WHERE d.job_id = jobs.id ORDER BY d.depends_on) AS depends_on
 FROM __schema__.jobs
 WHERE id = ANY(ARRAY(SELECT id FROM page))

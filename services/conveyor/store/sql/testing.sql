@@ -39,11 +39,7 @@ LIMIT $2
 -- Waiting jobs (PENDING, SCHEDULED, RETRYING) of a type, or of all types; payload and meta
 -- match by containment (the keys given, with those values); unique_key matches the key a
 -- unique job holds (unique_key= of a submit, stored as <type>/key/<key>).
-SELECT id, job_type, status::text AS status, priority, payload::text AS payload,
-       result::text AS result, max_retries, timeout_seconds, retry_count, attempts, last_error,
-       run_at, lease_expires_at, worker_id, cancel_requested, idempotency_key, request_hash,
-       created_at, updated_at, started_at, finished_at, progress::text AS progress,
-       meta::text AS meta
+SELECT {{job_row}}
 FROM __schema__.jobs j
 WHERE ($1::text IS NULL OR j.job_type = $1)
   AND j.status IN ('PENDING', 'SCHEDULED', 'RETRYING')
