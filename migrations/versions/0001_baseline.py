@@ -27,6 +27,7 @@ FUNCTIONS = (
     "workflow_job_settled()",
     "workflow_jobs_finished()",
     "workflow_job_redriven()",
+    "admissible(text)",
     "admit(text, int, boolean)",
     "admission_wait()",
     "ordered_place()",

@@ -15,7 +15,8 @@ from .keda_checks import keda_problems, scaling_matches_worker_problems
 from .manifests import Doc
 
 POSTGRESQL_QUERY = (
-    "SELECT count(*) FROM conveyor.jobs WHERE job_type = 'send_email' "
+    "SELECT count(*) + conveyor.admissible('send_email') FROM conveyor.jobs "
+    "WHERE job_type = 'send_email' "
     "AND status IN ('PENDING','IN_PROGRESS')"
 )
 

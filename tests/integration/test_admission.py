@@ -87,6 +87,7 @@ async def test_the_type_concurrency_admits_up_to_its_limit(db: asyncpg.Connectio
     assert await _admit(db, "adm_c") == 2
     assert await _outbox(db, "adm_c") == set(ids[:2])  # submit order within the key
     assert await _waiting_for(db, ids[2]) == "type_limit"
+    assert await db.fetchval("SELECT admissible('adm_c')") == 0  # held by a limit: none
     assert await _admit(db, "adm_c") == 0  # admitted and not started hold their slots
     await _start(db, "adm_c")
     assert await _admit(db, "adm_c") == 0  # running ones too
@@ -108,6 +109,7 @@ async def test_the_window_bounds_what_is_admitted_ahead_of_the_workers(
     await _start(db, "adm_win")
     assert await _admit(db, "adm_win", window=3) == 3
     assert await store.admit(db, "adm_win", 0, dry=True) == 4  # no limit: all that wait
+    assert await db.fetchval("SELECT admissible('adm_win')") == 4  # KEDA's query
 
 
 async def test_the_rate_limit_counts_starts_in_a_sliding_window(db: asyncpg.Connection) -> None:
@@ -385,3 +387,16 @@ async def test_an_outcome_admits_the_next_job_in_its_own_transaction(
         await pool.close()
     assert await _outbox(db, "adm_next") == {ids[1]}
     assert await _by_status(db, "adm_next") == {"COMPLETED": 1, "PENDING": 1, "WAITING": 1}
+
+
+async def test_an_operators_retry_skips_the_delay_of_a_retry_waiting_for_admission(
+    db: asyncpg.Connection,
+) -> None:
+    await _register(db, "adm_rt", concurrency=1)
+    job_id = await enqueue(db, "adm_rt", {})
+    assert await _admit(db, "adm_rt") == 1
+    await _start(db, "adm_rt")
+    await store.job_fail_many(db, [Failure(job_id, 1, "boom", 3600, True)])
+    assert await _waiting_for(db, job_id) == "run_at"
+    assert await db.fetchval("SELECT conveyor.retry_job($1)", job_id) == "WAITING"
+    assert await _admit(db, "adm_rt") == 1

@@ -289,6 +289,14 @@ BEGIN
 END
 $fn$;
 
+-- The jobs of a type waiting for admission that its limits would admit if the fleet had room:
+-- the backlog an autoscaler should see (the gauge conveyor_jobs_admissible; KEDA's postgresql
+-- trigger in k8s/components/keda-postgresql). Jobs held back by a limit are not in it.
+CREATE FUNCTION __schema__.admissible(type_name text) RETURNS integer
+LANGUAGE sql AS $fn$
+SELECT __schema__.admit(type_name, 0, true)
+$fn$;
+
 -- Why a job waits (the job resource's ``waiting_for``): 'dependencies', 'run_at', 'paused',
 -- 'ordered', 'partition_limit', 'partition_rate', 'type_limit', 'type_rate'; NULL when it does
 -- not wait, or waits only for its turn in the admission window.

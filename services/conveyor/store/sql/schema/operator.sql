@@ -25,7 +25,11 @@ BEGIN
         RAISE EXCEPTION 'job % is COMPLETED: a re-run would replace its result; submit a new '
             'job instead', job_id;
     ELSIF j.status = 'WAITING' THEN
-        RETURN 'WAITING';  -- released when its dependencies complete
+        -- released when its dependencies complete, or admitted: a retry's delay is skipped
+        UPDATE __schema__.jobs SET run_at = now(), updated_at = now()
+        WHERE id = job_id AND partition_key IS NOT NULL AND COALESCE(deps_pending, 0) = 0
+          AND run_at > now();
+        RETURN 'WAITING';
     END IF;
     new_status := CASE WHEN j.status = 'CANCELLED' AND j.attempts = 0 AND j.run_at > now()
                        THEN 'SCHEDULED' WHEN j.status = 'RETRYING' THEN 'RETRYING'
