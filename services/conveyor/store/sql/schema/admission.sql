@@ -92,7 +92,6 @@ BEGIN
     NEW.run_at := CASE WHEN NEW.status IN ('SCHEDULED', 'RETRYING') THEN NEW.run_at END;
     NEW.status := 'WAITING';
     NEW.lease_expires_at := NULL;
-    NEW.deps_pending := CASE WHEN NEW.deps_pending IS NOT NULL THEN 0 END;
     RETURN NEW;
 END
 $fn$;
@@ -154,8 +153,12 @@ DECLARE
     budget int;
     n int;
 BEGIN
-    IF NOT dry THEN
-        PERFORM pg_advisory_xact_lock(hashtext('__schema__.admit'), hashtext(type_name));
+    -- one admitter of a type at a time; while another holds it (a pass in progress, or a
+    -- worker's outcome transaction, which admits what it frees) this one leaves the type to it
+    -- and goes on: a frozen holder delays its type by its session bound at most, never others
+    IF NOT dry AND NOT pg_try_advisory_xact_lock(hashtext('__schema__.admit'),
+                                                  hashtext(type_name)) THEN
+        RETURN 0;
     END IF;
     SELECT * INTO t FROM __schema__.job_types y WHERE y.name = type_name;
     IF t.paused THEN
