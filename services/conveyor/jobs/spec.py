@@ -143,6 +143,16 @@ class JobSpec:
     partition_key: str | None = None  # default: the type's partition_by fields
 
 
+def check_partition_key(key: object) -> str:
+    """A partition key as a submit gives it and an operator names it: 1 to
+    ``MAX_PARTITION_KEY`` characters, no NUL (PostgreSQL's text refuses it)."""
+    if not (isinstance(key, str) and 0 < len(key) <= MAX_PARTITION_KEY):
+        raise InvalidJob(f"partition_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
+    if "\x00" in key:
+        raise InvalidJob("partition_key must not contain NUL characters")
+    return key
+
+
 def check_idempotency_key(key: str) -> str:
     if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
         raise InvalidJob(f"an idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
