@@ -13,10 +13,12 @@ from urllib.parse import quote
 
 import asyncpg
 import httpx
+import pytest
 
-from conveyor import JobRouter
+from conveyor import JobRouter, enqueue
 from conveyor.api.partitions import PartitionResource
 from conveyor.core.config import Settings
+from conveyor.core.errors import InvalidJob
 from conveyor.jobs.types import register_router_types
 from conveyor.maintenance.admission import admit_channel
 from conveyor.store import for_schema
@@ -243,3 +245,23 @@ async def test_openapi_declares_the_routes(settings: Settings) -> None:
     key = next(p for p in put["parameters"] if p["name"] == "key")
     assert key["schema"]["maxLength"] == 200 and key["in"] == "path"
     assert {"200", "400", "404", "422"} <= set(put["responses"])
+
+
+async def test_a_submits_partition_key_with_a_nul_is_refused(
+    settings: Settings, db: asyncpg.Connection
+) -> None:
+    """PostgreSQL's text holds no NUL: such a key is the submitter's error (422 through the API,
+    ``InvalidJob`` from ``enqueue()``), not the server's (it was a 500)."""
+    await register_router_types(db, router)
+    async with running_stack(settings, None, maintenance=False, relays=0) as stack:
+        for body in (
+            {"type": "pa_sync", "payload": {"acct": "a"}, "partition_key": "a\x00b"},
+            {"type": "pa_plain", "partition_key": "\x00"},
+        ):
+            r = await stack.client.post("/jobs", json=body)
+            assert r.status_code == 422, r.text
+            r = await stack.client.post("/jobs/batch", json={"jobs": [body]})
+            assert r.status_code == 422, r.text
+    with pytest.raises(InvalidJob, match="NUL"):
+        await enqueue(db, "pa_sync", {"acct": "a"}, partition_key="a\x00b")
+    assert await db.fetchval("SELECT count(*) FROM jobs") == 0

@@ -197,10 +197,8 @@ def build_job(
         check_idempotency_key(spec.idempotency_key)
         if request_hash is None:
             request_hash = spec_hash(spec)
-    if spec.partition_key is not None and not (
-        isinstance(spec.partition_key, str) and 0 < len(spec.partition_key) <= MAX_PARTITION_KEY
-    ):
-        raise InvalidJob(f"partition_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
+    if spec.partition_key is not None:
+        check_partition_key(spec.partition_key)
     unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
     meta = spec.meta
     meta_json = None if meta is None else encode_object(meta, "meta", MAX_META_BYTES).decode()
