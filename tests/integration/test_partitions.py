@@ -185,7 +185,10 @@ async def test_removing_an_ordered_keys_override_keeps_its_commit_counter(
     assert seq[first] < seq[second]
     # and a counter alone is no override: the key is listed for its jobs only
     page = await store.partition_page(db, "pk_ord", after=None, limit=10)
-    assert [(r.key, r.waiting) for r in page] == [("a", 2)]
+    assert [(r.key, r.waiting, r.limit) for r in page] == [("a", 2, 1)]  # one at a time
+    row = await _set(db, "pk_ord", "a", concurrency=5)  # an override cannot lift that
+    assert row is not None and (row.concurrency, row.limit) == (5, 1)
+    await _set(db, "pk_ord", "a", concurrency=None)
     await db.execute("UPDATE jobs SET status = 'COMPLETED' WHERE job_type = 'pk_ord'")
     assert await store.partition_page(db, "pk_ord", after=None, limit=10) == []
 

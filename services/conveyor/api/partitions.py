@@ -57,7 +57,8 @@ class PartitionResource(BaseModel):
     )
     limit: int | None = Field(
         description="How many of its jobs may be admitted or run at once: the operator's "
-        "`concurrency`, else the type's `partition_concurrency`; null: no limit of its own."
+        "`concurrency`, else the type's `partition_concurrency`, and 1 for an `ordered` type "
+        "whatever they say; null: no limit of its own."
     )
     concurrency: int | None = Field(
         description="The operator's concurrency of this key (PUT); null: the type's applies."

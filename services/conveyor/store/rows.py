@@ -249,7 +249,7 @@ class PartitionRow:
     oldest_wait_seconds: float | None
     concurrency: int | None  # the operator's override (None: the type's)
     paused: bool  # the operator's pause of this key
-    limit: int | None  # the key's concurrency: the override, else the type's (None: none)
+    limit: int | None  # the key's concurrency as admission applies it (None: none)
 
     @classmethod
     def of(cls, r: Any) -> PartitionRow:

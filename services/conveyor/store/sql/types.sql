@@ -63,11 +63,14 @@ min(greatest(x.created_at, x.run_at))
 
 -- name: partition_columns fragment
 -- A key's view (GET /types/{type}/partitions) from ``v`` (its counts, ``since``, and its
--- override row's ``concurrency`` and ``paused``) and its type ``t``: the key's limit is the
--- operator's override, else the type's ``partition_concurrency`` (NULL: none).
+-- override row's ``concurrency`` and ``paused``) and its type ``t``: the key's limit as
+-- ``admit`` applies it, the operator's override, else the type's ``partition_concurrency``
+-- (NULL: none), and 1 for an ordered type whatever they say.
 v.key, v.waiting, v.admitted, v.running, v.since,
 round(extract(epoch FROM now() - v.since), 3)::float8 AS oldest_wait_seconds,
-v.concurrency, v.paused, COALESCE(v.concurrency, t.partition_concurrency) AS key_limit
+v.concurrency, v.paused,
+least(COALESCE(v.concurrency, t.partition_concurrency),
+      CASE WHEN t.ordered IS NOT NULL THEN 1 END) AS key_limit
 
 -- name: partition_page
 -- The keys of a type (GET /types/{type}/partitions): those with jobs WAITING, PENDING
