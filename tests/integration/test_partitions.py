@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -24,6 +26,7 @@ from .. import db as tdb
 from .plans import scans
 
 store = for_schema()
+ADMISSION_DOC = (Path(__file__).resolve().parents[2] / "docs" / "admission.md").read_text()
 
 
 async def _noop(job: object) -> None:
@@ -312,3 +315,29 @@ async def test_the_list_reads_indexes_only_at_ten_thousand_keys(db: asyncpg.Conn
     assert not seq, seq
     used = {s[2] for found in on_jobs.values() for s in found if s[2]}  # a bitmap heap scan: ""
     assert used <= {"jobs_admit_idx", "jobs_admitted_idx"}, seen
+
+
+async def test_the_operator_sql_of_the_admission_page_runs(db: asyncpg.Connection) -> None:
+    """Each statement of docs/admission.md's SQL blocks, on the `make dev` app's types with
+    jobs waiting, a key paused: it runs, and the dry admission changes nothing."""
+    from examples.app import router as example_router
+
+    blocks = re.findall(r"```sql\n(.*?)```", ADMISSION_DOC, flags=re.S)
+    statements = [s.strip() for b in blocks for s in b.split(";\n") if s.strip()]
+    statements = [s.rstrip(";") for s in statements if not all(
+        line.startswith("--") for line in s.splitlines())]  # fmt: skip
+    assert len(statements) >= 4, statements
+    await register_router_types(db, example_router)
+    for i in range(6):
+        await enqueue(db, "sync_account", {"account": f"acct-{i % 3}"})
+    await _set(db, "sync_account", "acct-1", paused=True)
+    before = await db.fetch("SELECT id, status::text FROM jobs ORDER BY id")
+    results = {}
+    for sql in statements:
+        results[sql.splitlines()[-1]] = await db.fetch(sql)
+    assert await db.fetch("SELECT id, status::text FROM jobs ORDER BY id") == before
+    assert any(r and r[0][0] == 2 for r in results.values())  # acct-0 and acct-2 admissible
+    by_key = next(r for r in results.values() if r and "count" in dict(r[0]))
+    assert {(x["partition_key"], x["count"]) for x in by_key} == {
+        ("acct-0", 2), ("acct-1", 2), ("acct-2", 2),
+    }  # fmt: skip
