@@ -23,7 +23,7 @@ from conveyor.store import PartitionRow, for_schema
 from conveyor.store.registry import bind
 
 from .. import db as tdb
-from .plans import scans
+from .plans import partition_keys_sql, scans
 
 store = for_schema()
 ADMISSION_DOC = (Path(__file__).resolve().parents[2] / "docs" / "admission.md").read_text()
@@ -253,29 +253,18 @@ async def test_a_change_wakes_the_admitters_at_commit(db: asyncpg.Connection, db
 
 # ---------------------------------------------------------------------- the plan at 10,000 keys
 
-KEYS = 10_000
-# 10,000 keys of 10 WAITING jobs each (their submits spread over the last 1,000 s), 2,000 of
-# them with an admitted and a running job, 100 overrides; beside them the history of the type and
-# of another (200,000 finished jobs: an install keeps a week of them). On a table of nothing but
-# these keys' waiting jobs, reading it whole is the cheaper plan, and PostgreSQL rightly takes it.
-GENERATE = [
-    "INSERT INTO jobs (id, job_type, status, priority, payload, created_at, partition_key) "
-    "SELECT gen_random_uuid(), 'pk_big', 'WAITING', 5, '{}', "
-    "  now() - make_interval(secs => (100000 - i) * 0.01), 'acct-' || (i % 10000) "
-    "FROM generate_series(1, 100000) i",
-    "INSERT INTO jobs (id, job_type, status, priority, payload, started_at, partition_key) "
-    "SELECT gen_random_uuid(), 'pk_big', s::job_status, 5, '{}', "
-    "  CASE WHEN s = 'IN_PROGRESS' THEN now() END, 'acct-' || (i * 5) "
-    "FROM generate_series(0, 1999) i, unnest(ARRAY['PENDING', 'IN_PROGRESS']) s",
+# ``plans.partition_keys_sql``: 10,000 keys of 10 WAITING jobs each, 2,000 of them with an admitted
+# and a running job, 100 overrides; beside them the history of the type and of another (200,000
+# finished jobs: an install keeps a week of them). On a table of nothing but these keys' waiting
+# jobs, reading it whole is the cheaper plan, and PostgreSQL rightly takes it.
+HISTORY = (
     "INSERT INTO jobs (id, job_type, status, priority, payload, created_at, started_at, "
     "                  finished_at, partition_key) "
     "SELECT gen_random_uuid(), CASE WHEN i % 2 = 0 THEN 'pk_big' ELSE 'pk_other' END, "
     "  'COMPLETED', 5, '{}', now() - interval '1 day', now(), now(), "
     "  CASE WHEN i % 2 = 0 THEN 'acct-' || (i % 10000) END "
-    "FROM generate_series(1, 200000) i",
-    "INSERT INTO partitions (job_type, key, concurrency, paused) "
-    "SELECT 'pk_big', 'acct-' || (i * 7), 3, i % 2 = 0 FROM generate_series(1, 100) i",
-]
+    "FROM generate_series(1, 200000) i"
+)
 
 
 @pytest.mark.timeout(300)
@@ -286,7 +275,7 @@ async def test_the_list_reads_indexes_only_at_ten_thousand_keys(db: asyncpg.Conn
     await _register(db, "pk_big", partition_by="acct", partition_concurrency=2)
     await _register(db, "pk_other")
     await db.execute("SET session_replication_role = replica")  # no trigger: rows as they are
-    for sql in GENERATE:
+    for sql in [*partition_keys_sql("pk_big"), HISTORY]:
         await db.execute(sql, timeout=240)
     await db.execute("RESET session_replication_role")
     await db.execute("ANALYZE jobs; ANALYZE partitions")
