@@ -147,6 +147,9 @@ async def test_keys_are_listed_changed_and_obeyed(
         assert "idle" in {k["key"] for k in await _walk(c, "pa_sync", 100)}
         await c.put(_path("idle"), json={"paused": False, "concurrency": None})
         assert "idle" not in {k["key"] for k in await _walk(c, "pa_sync", 100)}
+        r = await c.put(_path("a"), json={})  # nothing to change: the key's view, as it is
+        assert (r.status_code, r.json()["waiting"], r.json()["admitted"]) == (200, 2, 1)
+        assert await db.fetchval("SELECT count(*) FROM partitions") == 0
 
         # pages of one: every key once, as the full page orders them
         whole = [k["key"] for k in await _walk(c, "pa_sync", 1000)]

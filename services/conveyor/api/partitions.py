@@ -165,13 +165,16 @@ async def set_partition(
     concurrency: int | Unchanged | None = UNCHANGED,
     paused: bool | None = None,
 ) -> dict[str, Any]:
-    """Change one key's settings (in the caller's transaction) and return its view;
-    ``JobNotFound`` for an unknown type, ``InvalidJob`` / ``ValueError`` for a bad key or
-    concurrency."""
+    """Change one key's settings (in the caller's transaction) and return its view (nothing
+    to change: only read it); ``JobNotFound`` for an unknown type, ``InvalidJob`` /
+    ``ValueError`` for a bad key or concurrency."""
     check_partition_key(key)
-    if not isinstance(concurrency, Unchanged):
-        check_concurrency(concurrency)
-    row = await store.partition_set(conn, job_type, key, concurrency=concurrency, paused=paused)
+    if isinstance(concurrency, Unchanged) and paused is None:
+        row = await store.partition_get(conn, job_type, key)
+    else:
+        if not isinstance(concurrency, Unchanged):
+            check_concurrency(concurrency)
+        row = await store.partition_set(conn, job_type, key, concurrency=concurrency, paused=paused)
     if row is None:
         raise JobNotFound(f"no job type {job_type!r}")
     return partition_dict(row)
