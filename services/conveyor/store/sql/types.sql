@@ -79,8 +79,9 @@ least(COALESCE(v.concurrency, t.partition_concurrency),
 -- wait first (keys with no job waiting for admission last), then by key; a keyset page after
 -- (``:after_since``, ``:after_key``) (``:after_key`` NULL: the first page). Each page counts every
 -- key of the type: ``jobs_admit_idx`` for the waiting jobs (the wait needs their rows),
--- ``jobs_admitted_idx`` for the admitted and running ones (index only); about 40 ms at 10,000
--- keys of 10 waiting jobs each.
+-- ``jobs_admitted_idx`` for the admitted and running ones (index only): about 50 ms on two idle
+-- cores at 10,000 keys of 10 waiting jobs each (``bench/scale.py``). Beside few other rows (a
+-- table of little but these keys' waiting jobs) the planner rightly reads the table whole.
 WITH k AS (
     SELECT x.partition_key AS key, count(*)::int AS waiting, 0 AS admitted, 0 AS running,
            {{partition_since}} AS since, NULL::int AS concurrency, false AS paused
