@@ -18,6 +18,10 @@ at the end unless ``--keep``; ``--reuse`` starts from a kept one that still has 
    million) beside the batch workload, in windows of ``--retention-seconds`` with retention on
    and paused in turn, until it is done or ``--retention-limit`` seconds: rows deleted per
    second and the median ratio of the pairs of windows (target ≥ 80 %).
+6. ``GET /types/{type}/partitions``' statement at 10,000 keys of 10 waiting jobs each
+   (``--partition-keys``; 0: skip), beside the full table and on the empty one: the first page
+   of 100 and one from the middle of the walk (median of 7; target ≤ 200 ms), and its plan (no
+   sequential scan of ``jobs`` beside the full table); the keys' jobs are deleted after.
 
 Every run records the load average beside it: the figures are only as quiet as the machine.
 Prints a markdown table and writes ``bench/results/scale.json``. Kept out of ``make test`` and
@@ -40,13 +44,22 @@ import asyncpg
 
 from conveyor.core.config import Settings
 from conveyor.core.jobs import new_job_id
+from conveyor.core.limits import Partitioning
 from conveyor.core.metrics import Metrics
 from conveyor.maintenance.gauges import EXACT_UP_TO, Gauges
 from conveyor.maintenance.sweeper import Sweeper
-from conveyor.store import Completion, NewJob, for_schema
+from conveyor.store import Completion, JobTypeDefaults, NewJob, for_schema
 from conveyor.store.connect import create_pool, with_database
 from conveyor.store.migrate import upgrade
-from tests.integration.plans import OUTBOX, explain_all, explain_triggers, generate
+from conveyor.store.registry import bind
+from tests.integration.plans import (
+    OUTBOX,
+    explain_all,
+    explain_triggers,
+    generate,
+    partition_keys_sql,
+    scans,
+)
 
 DATABASE = "conveyor_scale_bench"
 RESULTS = Path(__file__).parent / "results" / "scale.json"
@@ -91,6 +104,53 @@ async def _idle_passes(settings: Settings, repeat: int = 7) -> dict[str, float]:
             out[name] = round(statistics.median(times), 2)
     finally:
         await sweeper.close()
+    return out
+
+
+PARTITIONED = "bench_partitioned"
+
+
+async def _partition_list(url: str, keys: int, repeat: int = 7) -> dict[str, Any]:
+    """The partitions list (``partition_page``, as ``GET /types/{type}/partitions`` runs it) at
+    ``keys`` keys of 10 waiting jobs each: the first page of 100 and a page from the middle of
+    the walk, median of ``repeat`` in milliseconds (jit off, as Conveyor's pools), and the
+    scans of ``jobs`` in the plan. The keys' jobs are deleted afterwards."""
+    conn = await asyncpg.connect(
+        url, server_settings={"search_path": "conveyor, public", "jit": "off"}
+    )
+    try:
+        kind = JobTypeDefaults(PARTITIONED, partition=Partitioning(("acct",), 2))
+        await store.job_type_register_many(conn, [kind])
+        for sql in partition_keys_sql(PARTITIONED, keys):
+            await conn.execute(sql, timeout=600)
+        await conn.execute("VACUUM ANALYZE jobs", timeout=7200)  # as autovacuum would by then
+        first = await store.partition_page(conn, PARTITIONED, after=None, limit=keys // 2)
+        middle = (first[-1].since, first[-1].key)
+        out: dict[str, Any] = {"keys": keys, "waiting": keys * 10}
+        for name, after in (("first_page_ms", None), ("middle_page_ms", middle)):
+            times = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                page = await store.partition_page(conn, PARTITIONED, after=after, limit=101)
+                times.append((time.perf_counter() - t) * 1000)
+                assert len(page) == 101, len(page)
+            out[name] = round(statistics.median(times), 1)
+        values = {"job_type": PARTITIONED, "after_since": middle[0], "after_key": middle[1],
+                  "limit": 101}  # fmt: skip
+        plan = await conn.fetchval(
+            f"EXPLAIN (FORMAT JSON) {store.sql['partition_page']}",
+            *bind("partition_page", values),
+        )
+        out["jobs_scans"] = sorted({f"{n} {i}".strip() for n, r, i in scans(json.loads(plan))
+                                    if r == "jobs"})  # fmt: skip
+    finally:
+        await conn.execute("DELETE FROM jobs WHERE job_type = $1", PARTITIONED, timeout=600)
+        await conn.execute("DELETE FROM partitions WHERE job_type = $1", PARTITIONED)
+        await conn.execute("DELETE FROM job_types WHERE name = $1", PARTITIONED)
+        # the next steps find the table as before: the deleted rows' space reusable, fresh
+        # statistics (the pages this step touched only: the rest stays all-visible)
+        await conn.execute("VACUUM ANALYZE jobs", timeout=7200)
+        await conn.close()
     return out
 
 
@@ -434,6 +494,12 @@ async def main(opts: argparse.Namespace) -> dict[str, Any]:
         # ... and published (a relay that keeps up)
         out["full_idle_ms"] = await _idle_passes(settings)
         out["gauge_accuracy"] = await _gauge_accuracy(settings)
+        if opts.partition_keys > 0:
+            _say(f"the partitions list at {opts.partition_keys:,} keys ...")
+            out["partitions"] = {
+                "empty": await _partition_list(empty, opts.partition_keys),
+                "full": await _partition_list(url, opts.partition_keys),
+            }
         if opts.rounds > 0:
             _say("batch rate, empty and full in turn ...")
             out["batch"] = await _rates(empty, url, opts.seconds, opts.rounds, vacuum)
@@ -479,6 +545,14 @@ def report(r: dict[str, Any]) -> str:
         f"| jobs gauges: exact / estimated pairs (estimate errors) | | {g['exact']} / "
         f"{g['estimated']} ({g['estimate_errors']}) | |"
     )
+    parts = r.get("partitions")
+    if parts:
+        e, f = parts["empty"], parts["full"]
+        lines.append(
+            f"| partitions list, {f['keys']:,} keys x 10 waiting: a page of 100, first / middle "
+            f"(ms) | {e['first_page_ms']} / {e['middle_page_ms']} | {f['first_page_ms']} / "
+            f"{f['middle_page_ms']} ({', '.join(f['jobs_scans'])}) | ≤ 200 |"
+        )
     lines.append(f"| sequential scans in plans | | {len(r['sequential_scans'])} | 0 |")
     return "\n".join(lines)
 
@@ -491,6 +565,8 @@ if __name__ == "__main__":
     p.add_argument("--retention-seconds", type=float, default=20.0, help="per window")
     p.add_argument("--retention-limit", type=float, default=2400.0,
                    help="stop retention after this many seconds (0: skip the step)")  # fmt: skip
+    p.add_argument("--partition-keys", type=int, default=10_000,
+                   help="keys (10 waiting jobs each) for the partitions list; 0: skip")  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the database afterwards")
     p.add_argument("--reuse", action="store_true",
                    help="use a database --keep left if it still has --rows jobs")  # fmt: skip

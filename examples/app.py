@@ -46,3 +46,12 @@ async def poll_upstream(job: Job) -> None:
     """Asks to be tried again later without using up a retry."""
     if job.attempt < 3:
         raise Retry(delay=1, reason="upstream not ready")
+
+
+@router.job("sync_account", partition_by="account", partition_concurrency=1)
+async def sync_account(job: Job) -> dict[str, object]:
+    """Per-key limits: one job of an account at a time (its key: the payload's `account`, or
+    the submit's `partition_key`), the accounts in turn; `conveyor types partitions
+    sync_account` lists them (docs/admission.md)."""
+    await asyncio.sleep(0.2)
+    return {"account": job.payload.get("account"), "synced": True}

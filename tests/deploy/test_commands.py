@@ -49,6 +49,7 @@ def test_compose_services_run_real_conveyor_commands(service: str) -> None:
             "poll_upstream",
             "resize_image",
             "send_email",
+            "sync_account",
         ]
 
 

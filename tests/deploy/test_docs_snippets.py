@@ -1,5 +1,6 @@
 """The Python examples in the docs compile, and the client snippets (those that open a
-``Client``) define every name they use: pasted alone, they run."""
+``Client``) define every name they use: pasted alone, they run. The examples of the workflow and
+admission pages use the job types of the app `make dev` serves."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from .checks import ROOT
 
 PAGES = ["client.md", "workflows.md"]
+COMPILED = [*PAGES, "admission.md"]  # pages with Python examples (the client's: in PAGES)
 
 
 def python_blocks(page: str) -> list[str]:
@@ -33,7 +35,7 @@ def undefined_names(tree: ast.AST) -> set[str]:
     return used - defined
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", COMPILED)
 def test_every_python_example_compiles(page: str) -> None:
     blocks = python_blocks(page)
     assert blocks
@@ -74,3 +76,31 @@ def test_the_workflow_examples_use_the_make_dev_apps_types() -> None:
     used = job_types(tried_first("workflows.md"))
     assert used, "no job type found in the examples"
     assert used - set(router.types) == set()
+
+
+def admission_types(text: str) -> set[str]:
+    """Job types the admission page's examples use: in JSON bodies, in ``/types/<type>/``
+    paths, in ``conveyor types partition[s] <type>`` and in its SQL (``job_type = '<type>'``,
+    ``admit('<type>'``)."""
+    found = job_types(text)
+    found |= set(re.findall(r"/types/([a-z_]+)/", text))
+    found |= set(re.findall(r"conveyor types partitions? ([a-z_]+)", text))
+    found |= set(re.findall(r"job_type = '([a-z_]+)'", text))
+    found |= set(re.findall(r"admit\('([a-z_]+)'", text))
+    return found
+
+
+def test_the_admission_examples_use_the_make_dev_apps_types() -> None:
+    """Pasted into a `make dev` session, the admission page's commands, requests and SQL name
+    a type the app serves, and the partitioned handler it shows is the app's own."""
+    from examples.app import router
+
+    text = (ROOT / "docs" / "admission.md").read_text()
+    used = admission_types(text)
+    assert "sync_account" in used
+    assert used - set(router.types) == set()
+    app = (ROOT / "examples" / "app.py").read_text()
+    shown = re.findall(r"^@router\.job\(.*\)$", text, flags=re.M)
+    assert shown and all(line in app for line in shown), shown
+    spec = router.handlers["sync_account"]
+    assert spec.partition is not None and spec.partition.by == ("account",)

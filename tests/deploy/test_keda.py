@@ -62,7 +62,13 @@ def test_the_overlay_splits_the_job_types_between_two_workers(
     found = {name: worker_types(args) for name, args in workers(rendered["overlay"]).items()}
     assert found == {
         "worker-email": ["send_email"],
-        "worker-default": ["hello", "never_succeeds", "poll_upstream", "resize_image"],
+        "worker-default": [
+            "hello",
+            "never_succeeds",
+            "poll_upstream",
+            "resize_image",
+            "sync_account",
+        ],
     }
     so = scaled_object(rendered["overlay"], "worker-email")
     (trigger,) = so["spec"]["triggers"]

@@ -46,6 +46,7 @@ async def test_types_page_shows_defaults_and_counts(
             "poll_upstream",
             "resize_image",
             "send_email",
+            "sync_account",
         }
         header = (await text("#types thead")).split("\t")
         email = dict(zip(header, rows["send_email"], strict=True))

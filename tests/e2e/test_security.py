@@ -60,6 +60,9 @@ def _requests(job: str, cancelled: str, wf: str) -> dict[tuple[str, str], tuple[
         ("POST", "/types/{name}/resume"): (("POST", "/types/echo/resume", {}), 200),
         ("PUT", "/types/{name}/limits"): (
             ("PUT", "/types/echo/limits", {"json": {"concurrency": 3}}), 200),
+        ("GET", "/types/{name}/partitions"): (("GET", "/types/echo/partitions", {}), 200),
+        ("PUT", "/types/{name}/partitions/{key}"): (
+            ("PUT", "/types/echo/partitions/a%2Fb", {"json": {"paused": True}}), 200),
         ("GET", "/schedules"): (("GET", "/schedules", {}), 200),
         ("GET", "/schedules/{name}"): (("GET", "/schedules/m-get", {}), 200),
         ("POST", "/schedules"): (("POST", "/schedules", {"json": _schedule("m-new")}), 201),

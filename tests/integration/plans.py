@@ -187,6 +187,26 @@ async def generate(
         await conn.execute("; ".join(f"ANALYZE {table}" for table in BIG), timeout=7200)
 
 
+def partition_keys_sql(job_type: str, keys: int = 10_000, per_key: int = 10) -> list[str]:
+    """A partitioned type's backlog (GET /types/{type}/partitions at scale: ``test_partitions.py``
+    and ``bench/scale.py``): ``keys`` keys ``acct-<n>`` of ``per_key`` WAITING jobs each, their
+    submits spread over the last ``keys * per_key / 100`` seconds; one key in five with an
+    admitted and a running job; 100 operator overrides. The type's row must exist."""
+    waiting = keys * per_key
+    return [
+        "INSERT INTO jobs (id, job_type, status, priority, payload, created_at, partition_key) "
+        f"SELECT gen_random_uuid(), '{job_type}', 'WAITING', 5, '{{}}', "
+        f"  now() - make_interval(secs => ({waiting} - i) * 0.01), 'acct-' || (i % {keys}) "
+        f"FROM generate_series(1, {waiting}) i",
+        "INSERT INTO jobs (id, job_type, status, priority, payload, started_at, partition_key) "
+        f"SELECT gen_random_uuid(), '{job_type}', s::job_status, 5, '{{}}', "
+        "  CASE WHEN s = 'IN_PROGRESS' THEN now() END, 'acct-' || (i * 5) "
+        f"FROM generate_series(0, {keys // 5 - 1}) i, unnest(ARRAY['PENDING', 'IN_PROGRESS']) s",
+        "INSERT INTO partitions (job_type, key, concurrency, paused) "
+        f"SELECT '{job_type}', 'acct-' || (i * 7), 3, i % 2 = 0 FROM generate_series(1, 100) i",
+    ]
+
+
 BIG = ("jobs", "job_attempts", "job_outbox", "workflows", "job_dependencies")
 LOOKUP = re.compile(r"\((\w+\.)?id = (ANY )?\(?[$\w.]+\)?\)")
 # The outbox is small by design (the relay drains it); these read all of it on purpose: the

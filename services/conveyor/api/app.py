@@ -19,6 +19,7 @@ from .attempts import add_attempt_routes
 from .body import BodyLimit, TooManyJobs, count_batch_items
 from .docs import install_docs
 from .models import SubmitBatch, SubmitJob
+from .partitions import add_partition_routes
 from .routes import add_routes
 from .schedules import add_schedule_routes
 from .service import Api
@@ -65,6 +66,7 @@ def create_app(
     add_routes(app, api, metrics, None if background is None else background.details)
     add_attempt_routes(app, api)
     add_type_routes(app, api)
+    add_partition_routes(app, api)
     add_schedule_routes(app, api)
     add_workflow_routes(app, api)
     add_ui(app, api)

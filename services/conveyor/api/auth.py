@@ -55,11 +55,13 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/jobs/{job_id}/attempts"): READ,
     ("POST", "/jobs/{job_id}/cancel"): WRITE,
     ("POST", "/jobs/{job_id}/retry"): ADMIN,
-    # job types: reading is jobs:read, changing pause/limits is admin
+    # job types: reading is jobs:read, changing pause/limits (of the type, of a key) is admin
     ("GET", "/types"): READ,
     ("POST", "/types/{name}/pause"): ADMIN,
     ("POST", "/types/{name}/resume"): ADMIN,
     ("PUT", "/types/{name}/limits"): ADMIN,
+    ("GET", "/types/{name}/partitions"): READ,
+    ("PUT", "/types/{name}/partitions/{key}"): ADMIN,
     # schedules: reading is jobs:read, every change is admin
     ("GET", "/schedules"): READ,
     ("GET", "/schedules/{name}"): READ,

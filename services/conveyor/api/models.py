@@ -171,8 +171,9 @@ class SubmitOptions(BaseModel):
         target.setdefault("allOf", []).extend(OPTION_RULES)
         return schema
 
-    partition_key: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PARTITION_KEY)] | (
-        None
+    partition_key: (
+        Annotated[StrictStr, Field(min_length=1, max_length=MAX_PARTITION_KEY, pattern=NO_NUL)]
+        | None
     ) = Field(
         default=None,
         description="The job's partition key, for a type with per-key limits (its `partition_by` "

@@ -1,7 +1,7 @@
 """``GET /types``, ``POST /types/{type}/pause|resume``, ``PUT /types/{type}/limits``: the
-known job types, their fleet-wide limits and pause flag. Scopes: reading is ``jobs:read``,
-every change is ``admin``. Workers apply a change within
-``CONVEYOR_TYPE_REFRESH_INTERVAL`` (2 s)."""
+known job types, their fleet-wide limits, partition settings and pause flag (a type's keys:
+``partitions.py``). Scopes: reading is ``jobs:read``, every change is ``admin``. Workers apply a
+change within ``CONVEYOR_TYPE_REFRESH_INTERVAL`` (2 s)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_v
 
 from ..core.errors import InvalidJob, JobNotFound
 from ..core.jobs import TYPE_PATTERN
-from ..core.limits import MAX_CONCURRENCY, Rate, parse_rate
+from ..core.limits import MAX_CONCURRENCY, Partitioning, Rate, parse_rate
 from ..store import JobType
 from .attempts import HasConnection
 from .body import BodyError
@@ -43,6 +43,23 @@ class TypeResource(BaseModel):
         "(set at run time; registering workers keep it)."
     )
     running: int = Field(description="Jobs IN_PROGRESS now.")
+    partition_by: list[str] | None = Field(
+        description="The payload fields its jobs' partition keys are made of (joined by `/`); "
+        "null: keys come from the submit's `partition_key` only.",
+        examples=[["account"]],
+    )
+    partition_concurrency: int | None = Field(
+        description="At most N jobs of one key admitted or running at once (an operator may set "
+        "another per key: `PUT /types/{type}/partitions/{key}`)."
+    )
+    partition_rate_limit: str | None = Field(
+        description="At most N starts of one key per window.", examples=["10/m"]
+    )
+    ordered: str | None = Field(
+        description="The jobs of one key run one at a time in the order their submits "
+        "committed: `hold` (a FAILED job holds its key until retried or cancelled) or "
+        "`continue` (the next goes on); null: not ordered."
+    )
     first_seen: datetime
     last_seen: datetime
 
@@ -79,6 +96,8 @@ TypeName = Annotated[str, Path(pattern=TYPE_PATTERN, description="The job type."
 
 def type_dict(t: JobType) -> dict[str, Any]:
     rate = Rate(t.rate_limit, t.rate_period) if t.rate_limit and t.rate_period else None
+    p = t.partition or Partitioning()
+    key_rate = Rate(p.rate_limit, p.rate_period) if p.rate_limit and p.rate_period else None
     return {
         "name": t.name,
         "max_retries": t.max_retries,
@@ -89,6 +108,10 @@ def type_dict(t: JobType) -> dict[str, Any]:
         "rate_limit": None if rate is None else str(rate),
         "limits_source": "handler" if t.limits_set_at is None else "operator",
         "running": t.running,
+        "partition_by": None if p.by is None else list(p.by),
+        "partition_concurrency": p.concurrency,
+        "partition_rate_limit": None if key_rate is None else str(key_rate),
+        "ordered": p.ordered,
         "first_seen": t.first_seen,
         "last_seen": t.last_seen,
     }
@@ -109,7 +132,9 @@ def add_type_routes(app: FastAPI, api: HasConnection) -> None:
         operation_id="list_types",
         summary="Known job types",
         description="Every registered type with its handler's defaults, its fleet-wide limits "
-        "(`concurrency`, `rate_limit`), whether it is paused, and its running jobs.",
+        "(`concurrency`, `rate_limit`), its partition settings (`partition_by`, "
+        "`partition_concurrency`, `partition_rate_limit`, `ordered`), whether it is paused, and "
+        "its running jobs.",
         responses=errors(503),
     )
     async def list_types() -> Response:

@@ -147,6 +147,16 @@ class JobSpec:
     debounce_key: str | None = None
 
 
+def check_partition_key(key: object) -> str:
+    """A partition key as a submit gives it and an operator names it: 1 to
+    ``MAX_PARTITION_KEY`` characters, no NUL (PostgreSQL's text refuses it)."""
+    if not (isinstance(key, str) and 0 < len(key) <= MAX_PARTITION_KEY):
+        raise InvalidJob(f"partition_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
+    if "\x00" in key:
+        raise InvalidJob("partition_key must not contain NUL characters")
+    return key
+
+
 def check_idempotency_key(key: str) -> str:
     if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
         raise InvalidJob(f"an idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
@@ -191,10 +201,8 @@ def build_job(
         check_idempotency_key(spec.idempotency_key)
         if request_hash is None:
             request_hash = spec_hash(spec)
-    if spec.partition_key is not None and not (
-        isinstance(spec.partition_key, str) and 0 < len(spec.partition_key) <= MAX_PARTITION_KEY
-    ):
-        raise InvalidJob(f"partition_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
+    if spec.partition_key is not None:
+        check_partition_key(spec.partition_key)
     debounce = debounce_of(spec)
     unique = unique_key_for(spec.type, payload, spec.unique_for, spec.unique_key)
     meta = spec.meta
@@ -233,8 +241,12 @@ def debounce_of(spec: JobSpec) -> Debounce | None:
             f"debounce_max_seconds must be a number above 0, at most {10 * MAX_DEBOUNCE}"
         )
     key = spec.debounce_key
-    if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_PARTITION_KEY):
-        raise InvalidJob(f"debounce_key must be a string of 1 to {MAX_PARTITION_KEY} characters")
+    if key is not None and not (
+        isinstance(key, str) and 0 < len(key) <= MAX_PARTITION_KEY and "\x00" not in key
+    ):
+        raise InvalidJob(
+            f"debounce_key must be a string of 1 to {MAX_PARTITION_KEY} characters, no NUL"
+        )
     for name in ("run_at", "delay_seconds", "unique_for"):
         if getattr(spec, name) is not None:
             raise InvalidJob(f"a debounced submit takes no {name}: its start is the debounce's")

@@ -10,7 +10,8 @@ methods to ``Store``, all on one typed base (``base.Statements``: ``schema`` and
 - ``jobs``: submit (plain, unique keys and meta), read, cancel, redrive;
 - ``attempts``: what workers do: the claims (plain and limited), heartbeat, progress, outcomes,
   and a job's attempt history;
-- ``types``: registered job types and their controls (pause, fleet-wide limits);
+- ``types``: registered job types and their controls (pause, fleet-wide limits), the keys of
+  partitioned types and an operator's settings of each;
 - ``outbox``: the relay's rows; ``maintenance``: the sweeper's duties; ``schedules``;
 - ``stats``: counts, gauges and the dashboard's reads and bulk actions;
 - ``keys``: API keys and rate buckets; ``probes``: readiness; ``testing``: ``conveyor.testing``."""
@@ -40,6 +41,7 @@ from .rows import (
     JobTypeDefaults,
     NewJob,
     OutboxRow,
+    PartitionRow,
     TypeControl,
 )
 from .schedules import ScheduleStatements
@@ -101,6 +103,7 @@ __all__ = [
     "JobTypeDefaults",
     "NewJob",
     "OutboxRow",
+    "PartitionRow",
     "ProgressReport",
     "Store",
     "TypeControl",

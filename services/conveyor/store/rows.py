@@ -250,6 +250,35 @@ class JobType:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionRow:
+    """One partition key of a type as operators see it (GET /types/{type}/partitions)."""
+
+    key: str
+    waiting: int  # WAITING
+    admitted: int  # PENDING: admitted, not started
+    running: int  # IN_PROGRESS
+    since: datetime | None  # its oldest job waiting for admission waits since (None: none)
+    oldest_wait_seconds: float | None
+    concurrency: int | None  # the operator's override (None: the type's)
+    paused: bool  # the operator's pause of this key
+    limit: int | None  # the key's concurrency as admission applies it (None: none)
+
+    @classmethod
+    def of(cls, r: Any) -> PartitionRow:
+        return cls(
+            r["key"],
+            r["waiting"],
+            r["admitted"],
+            r["running"],
+            r["since"],
+            r["oldest_wait_seconds"],
+            r["concurrency"],
+            r["paused"],
+            r["key_limit"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TypeControl:
     """What a worker needs to know about a type: whether to consume its queue."""
 

@@ -1,17 +1,21 @@
 """Job types: the ones workers (or a deploy step) registered, with their handlers' defaults,
-and their controls (pause, fleet-wide limits; the claim enforces them, ``attempts.py``). The API
-and ``enqueue()`` accept only these types (see ``conveyor.jobs.types``)."""
+and their controls (pause, fleet-wide limits; admission enforces them,
+``sql/schema/admission.sql``). The API and ``enqueue()`` accept only these types (see
+``conveyor.jobs.types``). The keys of a partitioned type and an operator's settings of each
+(``partitions``): read and changed here, for the API and the CLI alike."""
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from ..core.limits import Partitioning
 from .base import Connection, Statements
 from .registry import bind, named
-from .rows import JobType, JobTypeDefaults, TypeControl
+from .rows import JobType, JobTypeDefaults, PartitionRow, TypeControl
 
 JOB_TYPE_REGISTER_MANY = named("job_type_register_many")
 JOB_TYPE_NAMES = named("job_type_names")
@@ -19,6 +23,19 @@ JOB_TYPE_LIST = named("job_type_list")
 TYPE_CONTROLS = named("type_controls")
 TYPE_SET_PAUSED = named("type_set_paused")
 TYPE_SET_LIMITS = named("type_set_limits")
+PARTITION_PAGE = named("partition_page")
+PARTITION_GET = named("partition_get")
+PARTITION_SET = named("partition_set")
+PARTITION_PRUNE = named("partition_prune")
+
+
+class Unchanged(enum.Enum):
+    """A setting left as it is (``partition_set``)."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED
 
 
 def partitioning(r: Mapping[str, Any]) -> Partitioning | None:
@@ -105,3 +122,55 @@ class TypeStatements(Statements):
             self.sql[TYPE_SET_LIMITS], name, concurrency, rate_limit, rate_period
         )
         return found is not None
+
+    async def partition_page(
+        self,
+        conn: Connection,
+        job_type: str,
+        *,
+        after: tuple[datetime | None, str] | None,
+        limit: int,
+    ) -> list[PartitionRow]:
+        """Up to ``limit`` keys of ``job_type``, oldest wait first, after the key ``after``
+        (its ``since`` and its key: the last row of the previous page); none for an unknown
+        type (``job_type_names`` tells). Which keys, and how each is counted:
+        ``partition_page`` in ``sql/types.sql``."""
+        since, key = after if after is not None else (None, None)
+        values = {"job_type": job_type, "after_since": since, "after_key": key, "limit": limit}
+        rows = await conn.fetch(self.sql[PARTITION_PAGE], *bind(PARTITION_PAGE, values))
+        return [PartitionRow.of(r) for r in rows]
+
+    async def partition_get(self, conn: Connection, job_type: str, key: str) -> PartitionRow | None:
+        """One key of ``job_type`` (with no job and no override: all zero); None when the type
+        is unknown."""
+        name = PARTITION_GET
+        row = await conn.fetchrow(self.sql[name], *bind(name, {"job_type": job_type, "key": key}))
+        return None if row is None else PartitionRow.of(row)
+
+    async def partition_set(
+        self,
+        conn: Connection,
+        job_type: str,
+        key: str,
+        *,
+        concurrency: int | Unchanged | None = UNCHANGED,
+        paused: bool | None = None,
+    ) -> PartitionRow | None:
+        """An operator's settings of one key, kept until removed: ``concurrency`` (None: no
+        override, the type's ``partition_concurrency`` applies) and ``paused`` (None: as it
+        is). A row left holding nothing is deleted, unless it keeps an ordered key's commit
+        counter. Wakes the type's admitters at commit. Run it in a transaction. Returns the
+        key's view; None when the type is unknown."""
+        values = {
+            "job_type": job_type,
+            "key": key,
+            "set_concurrency": concurrency is not UNCHANGED,
+            "concurrency": None if isinstance(concurrency, Unchanged) else concurrency,
+            "paused": paused,
+        }
+        empty = await conn.fetchval(self.sql[PARTITION_SET], *bind(PARTITION_SET, values))
+        if empty is None:
+            return None
+        if empty:
+            await conn.execute(self.sql[PARTITION_PRUNE], job_type, key)
+        return await self.partition_get(conn, job_type, key)
