@@ -227,7 +227,7 @@ def add_partition_routes(app: FastAPI, api: HasConnection) -> None:
         "instead of the type's `partition_concurrency` (`null`: the type's again); `paused`: "
         "admit none of its jobs (those admitted or running go on). A field left out keeps its "
         'value; the setting is kept, jobs or not, until removed (`{"concurrency": null, '
-        '"paused": false}`). The admitters are woken at once. Answers the key\'s view.',
+        '"paused": false}`). The next admission pass applies it. Answers the key\'s view.',
         responses=errors(400, 404, 422, 503),
         openapi_extra={
             "requestBody": {

@@ -142,10 +142,10 @@ WHERE t.name = :job_type
 -- name: partition_set
 -- An operator's settings of one key (PUT /types/{type}/partitions/{key}), kept until removed:
 -- its concurrency when ``:set_concurrency`` (``:concurrency`` NULL: none, the type's
--- ``partition_concurrency`` applies), its pause unless ``:paused`` is NULL. Wakes the type's
--- admitters (channel ``<schema>_admit``, as the jobs' triggers do) when the transaction
--- commits. Returns whether the row is left holding nothing (no override, no ordered commit
--- counter ``seq``), for ``partition_prune``; no row when the type is unknown.
+-- ``partition_concurrency`` applies), its pause unless ``:paused`` is NULL; the admission
+-- duty's next pass (0.05 s) applies it. Returns whether the row is left holding nothing (no
+-- override, no ordered commit counter ``seq``), for ``partition_prune``; no row when the type
+-- is unknown.
 WITH t AS (
     SELECT y.name FROM __schema__.job_types y WHERE y.name = :job_type
 ), up AS (
@@ -160,7 +160,7 @@ WITH t AS (
         updated_at = now()
     RETURNING p.job_type, p.concurrency IS NULL AND NOT p.paused AND p.seq = 0 AS empty
 )
-SELECT up.empty FROM up CROSS JOIN LATERAL (SELECT pg_notify('__schema___admit', up.job_type)) n
+SELECT up.empty FROM up
 
 -- name: partition_prune
 -- A key's row once it holds nothing: no override, and no ordered commit counter (``seq`` > 0
