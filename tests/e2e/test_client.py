@@ -42,6 +42,11 @@ async def square(job: Job) -> dict[str, int]:
     return {"square": job.payload["n"] ** 2}
 
 
+@router.job("client_keyed", partition_by="account", partition_concurrency=1)
+async def keyed(job: Job) -> None:
+    await asyncio.sleep(job.payload.get("sleep", 0))
+
+
 @router.job("client_fail", max_retries=0)
 def fail(job: Job) -> None:
     raise ValueError("no such recipient")
@@ -107,6 +112,27 @@ async def test_async_client_against_the_stack(settings: Settings) -> None:
             assert 2.0 <= time.monotonic() - started < 3.5
             assert late.value.job.status == "PENDING"
             assert 5 <= len(requests) <= 12, len(requests)
+
+
+async def test_the_client_sends_partition_keys_and_debounces(settings: Settings) -> None:
+    """The client's submits take the admission options, and its jobs show why they wait."""
+    await _register(settings.database_url)
+    async with (
+        running_stack(settings, router) as stack,
+        AsyncClient(str(stack.client.base_url)) as c,
+    ):
+        first = await c.submit("client_keyed", {"account": "a", "sleep": 3})
+        given = await c.submit("client_keyed", {}, partition_key="a")
+        assert (first.partition_key, given.partition_key) == ("a", "a")
+        deadline = time.monotonic() + 10
+        while (await c.get(given.id)).waiting_for != "partition_limit":  # the first one runs
+            assert time.monotonic() < deadline, await c.get(given.id)
+            await asyncio.sleep(0.1)
+        d1 = await c.submit("client_keyed", {"account": "b", "v": 1}, debounce_seconds=30)
+        d2 = await c.submit("client_keyed", {"account": "b", "v": 2}, debounce_seconds=30)
+        assert (d1.debounced, d2.debounced, d2.id, d2.payload) == (False, True, d1.id, {
+            "account": "b", "v": 2})  # fmt: skip
+        assert (await c.get(d1.id)).waiting_for == "run_at"
 
 
 def _recorder(into: list[float]):  # type: ignore[no-untyped-def]

@@ -326,6 +326,8 @@ _OVERRIDES: dict[str, tuple[Any, ...] | dict[str, Any]] = {
         "timeout_seconds": None,
         "meta": None,
         "partition_key": None,
+        "idempotency_key": None,
+        "request_hash": None,
         "trace_context": None,
         "debounce_seconds": 1.0,
         "debounce_max": 10.0,

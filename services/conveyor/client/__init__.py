@@ -136,7 +136,8 @@ class Client:
         **options: Any,
     ) -> JobInfo:
         """``options``: priority, max_retries, timeout_seconds, run_at, delay_seconds, meta,
-        unique_for, unique_key (see ``job_body``)."""
+        unique_for, unique_key, partition_key, debounce_seconds, debounce_max_seconds,
+        debounce_key (see ``job_body``)."""
         return self._send(common.submit(job_type, payload, idempotency_key, options))
 
     def submit_batch(

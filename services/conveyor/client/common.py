@@ -31,6 +31,9 @@ class JobInfo:
     workflow_id: uuid.UUID | None
     depends_on: list[uuid.UUID]
     raw: dict[str, Any]
+    partition_key: str | None = None
+    waiting_for: str | None = None  # why a WAITING job waits (GET /jobs/{id})
+    debounced: bool | None = None  # a debounced submit's answer: folded into a waiting job
 
     @property
     def finished(self) -> bool:
@@ -51,6 +54,9 @@ class JobInfo:
             workflow_id=uuid.UUID(d["workflow_id"]) if d.get("workflow_id") else None,
             depends_on=[uuid.UUID(i) for i in d.get("depends_on", ())],
             raw=d,
+            partition_key=d.get("partition_key"),
+            waiting_for=d.get("waiting_for"),
+            debounced=d.get("debounced"),
         )
 
 
@@ -101,6 +107,10 @@ def job_body(
     meta: Mapping[str, Any] | None = None,
     unique_for: float | None = None,
     unique_key: str | None = None,
+    partition_key: str | None = None,
+    debounce_seconds: float | None = None,
+    debounce_max_seconds: float | None = None,
+    debounce_key: str | None = None,
 ) -> dict[str, Any]:
     """One job as ``POST /jobs`` takes it (also an item of ``submit_batch``)."""
     body: dict[str, Any] = {"type": job_type, "payload": dict(payload or {})}
@@ -113,6 +123,10 @@ def job_body(
         "meta": dict(meta) if meta is not None else None,
         "unique_for": unique_for,
         "unique_key": unique_key,
+        "partition_key": partition_key,
+        "debounce_seconds": debounce_seconds,
+        "debounce_max_seconds": debounce_max_seconds,
+        "debounce_key": debounce_key,
     }
     body.update({k: v for k, v in options.items() if v is not None})
     return body

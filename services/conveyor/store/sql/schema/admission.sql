@@ -187,7 +187,7 @@ BEGIN
     IF room <= 0 THEN
         RETURN 0;
     END IF;
-    budget := CASE WHEN NOT dry THEN 2 * room + 100 END;
+    budget := CASE WHEN NOT dry THEN 2 * least(room, 100000) + 100 END;
     -- the keys with waiting jobs, in turn: those after the key served last, then from the first
     -- one (a probe of jobs_admit_idx each; all from the first one when none was served yet), at
     -- most ``budget`` of them: a pass reads the keys it may serve, not every key of the type
