@@ -878,21 +878,33 @@ def _server_log(postmaster: int | None) -> Path | None:
     return None
 
 
+_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d ")  # a line of its own (else a statement's next line)
 _LOGGED = re.compile(r"@(\S+) LOG:  (?:statement|execute [^:]*): (.*)$")
 
 
 def _statements(log: Path, start: int, dbname: str) -> tuple[int, dict[str, int]]:
     """The statements ``dbname``'s sessions logged after byte ``start``: how many, and how many
-    of each (by their first 60 characters)."""
-    by: dict[str, int] = {}
+    of each (by their first 60 characters, the lines after the first one included)."""
+    texts: list[str] = []
+    current: list[str] | None = None
     with log.open("rb") as f:
         f.seek(start)
         for raw in f:
-            m = _LOGGED.search(raw.decode(errors="replace"))
-            if m and m.group(1) == dbname:
-                text = " ".join(m.group(2).split())[:60]
-                by[text] = by.get(text, 0) + 1
-    return sum(by.values()), dict(sorted(by.items(), key=lambda kv: -kv[1]))
+            line = raw.decode(errors="replace").rstrip("\n")
+            if not _PREFIX.match(line):
+                if current is not None:
+                    current.append(line)
+                continue
+            if current is not None:
+                texts.append(" ".join(" ".join(current).split())[:60])
+            m = _LOGGED.search(line)
+            current = [m.group(2)] if m and m.group(1) == dbname else None
+        if current is not None:
+            texts.append(" ".join(" ".join(current).split())[:60])
+    by: dict[str, int] = {}
+    for text in texts:
+        by[text] = by.get(text, 0) + 1
+    return len(texts), dict(sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 def _delta(before: Sequence[Any], after: Sequence[Any]) -> dict[str, int]:
