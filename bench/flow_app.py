@@ -34,8 +34,9 @@ _type("flow_c4", concurrency=4)  # throughput (c): limited as a whole
 _type("flow_hot", partition_by="k")  # hot_cold
 _type("flow_fair", partition_by="k")  # fair
 _type("flow_rate", partition_by="k", partition_rate_limit="5/s")  # rate
-_type("flow_backlog", partition_by="k", partition_rate_limit="1/h")  # others: waits beside
+_type("flow_backlog", partition_by="k", partition_concurrency=1)  # others: waits beside
 _type("flow_ordered", partition_by="k", ordered=True)  # ordered
+_type("flow_hourly", partition_by="k", partition_rate_limit="1/h")  # bench.flow_pass only
 
 # what workers other than the first consume (flow_solo's 16 slots are the first worker's)
 SHARED = [t for t in router.handlers if t != "flow_solo"]
