@@ -505,7 +505,7 @@ class Flow:
         created before the window began and started after it ended (or never). Whole windows
         from the first start until the first key runs out of jobs (``JAIN``)."""
         keys = self.n(10_000, 1000)
-        per_key = max(5, math.ceil(self.n(50_000, 20_000) / keys))
+        per_key = max(5, math.ceil(self.n(50_000, 40_000) / keys))
         jobs = [(f"f{i}", {"s": FAIR_SECONDS}) for _ in range(per_key) for i in range(keys)]
         await self.settle()
         since = await self.submit("flow_fair", jobs)
