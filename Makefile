@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: help install system-packages dev test test-all lint format bench bench-scale clean
+.PHONY: help install system-packages dev test test-all lint format bench bench-flow bench-scale clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/$$(PORT)/$(PORT)/g' \
@@ -60,6 +60,10 @@ format: install ## apply ruff's formatting and fixes
 bench: install ## benchmark against Celery, with the 10-million-row batch step (QUICK=1: ~1 minute, no backfill)
 	$(PIP) install -q -e '.[test,bench]'
 	$(PY) -m bench.run $(if $(QUICK),--quick,--with-backfill)
+
+bench-flow: install ## admission: throughput, hot and cold keys, fairness, rates, others' cost, ordered keys (QUICK=1: ~5 minutes; the table goes into bench/README.md)
+	$(PIP) install -q -e '.[test,bench]'
+	$(PY) -m bench.flow $(if $(QUICK),--quick) --readme
 
 bench-scale: install ## the database at 10 million jobs: duties' idle passes, plans, gauges, batch rate vs empty, retention of 5M rows (ROWS=…; 23 min on a fast machine, ~35 on a slow one)
 	$(PY) -m bench.scale --rows $(or $(ROWS),10000000)

@@ -114,14 +114,28 @@ class LoadGens:
 
 
 class Harness:
-    def __init__(self, opts: Options) -> None:
+    """``database``, ``prefix``, ``logs``, ``app``: another benchmark's own (``bench.flow``):
+    its database, namespace prefix, log directory and handlers (whose types ``app_types``
+    names, for the queues deleted at the end)."""
+
+    def __init__(
+        self,
+        opts: Options,
+        *,
+        database: str | None = None,
+        prefix: str = "bench",
+        logs: Path | None = None,
+        app: str = "bench.app:router",
+        app_types: tuple[str, ...] = ("noop",),
+    ) -> None:
         self.opts = opts
-        self.namespace = "bench" + secrets.token_hex(4)
+        self.namespace = prefix + secrets.token_hex(4)
         # CONVEYOR_BENCH_DATABASE: another name, so two checkouts can benchmark side by side
         # (each run drops and recreates its database)
-        name = os.environ.get("CONVEYOR_BENCH_DATABASE", "conveyor_bench")
+        name = database or os.environ.get("CONVEYOR_BENCH_DATABASE", "conveyor_bench")
         self.db_url = with_database(opts.database_url, name)
-        self.logs = RESULTS / "logs"
+        self.logs = logs or RESULTS / "logs"
+        self.app, self.app_types = app, app_types
         self.env = {
             **os.environ,
             "CONVEYOR_DATABASE_URL": self.db_url,
@@ -174,7 +188,7 @@ class Harness:
         # start; the REST workloads may submit before the worker runs)
         proc = await asyncio.to_thread(
             subprocess.run,
-            [self.conveyor, "types", "register", "--app", "bench.app:router"],
+            [self.conveyor, "types", "register", "--app", self.app],
             env=self.env,
             cwd=ROOT,
             capture_output=True,
@@ -229,7 +243,11 @@ class Harness:
 
     async def delete_broker_objects(self) -> list[str]:
         ns = self.namespace
-        queues = [f"{ns}.queue.noop", f"{ns}.dead_letter.queue", self.celery_queue]
+        queues = [
+            *(f"{ns}.queue.{t}" for t in self.app_types),
+            f"{ns}.dead_letter.queue",
+            self.celery_queue,
+        ]
         exchanges = [f"{ns}.exchange", f"{ns}.retry", f"{ns}.dead_letter", self.celery_queue]
         extra_q, extra_x = await asyncio.to_thread(_listed_with_prefix, ns)
         return await broker.delete(

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .celery_app import records, span
 from .harness import Harness
 
 Result = dict[str, Any]
@@ -254,6 +253,8 @@ async def celery(h: Harness, n: int, repeat: int = 1, pool: str = "solo") -> Res
     starts and drains them (from the first task's finish to the last's: the worker's own rate).
     Then, worker warm, ``n`` more (``repeat`` times, the best kept): first publish to the poll
     that sees the last task done, the number compared with Conveyor's batch workload."""
+    from .celery_app import records, span  # Celery only here: bench.flow runs without it
+
     counter = h.logs / f"celery-{h.namespace}.count"
     counter.unlink(missing_ok=True)
     broker = _celery_broker(h.opts.amqp_url)
@@ -331,6 +332,8 @@ async def _celery_e2e(
     h: Harness, publish_argv: list[str], counter: Path, n: int, total: int
 ) -> Result:
     """Publish ``n`` tasks; from the start signal to the poll that sees ``total`` records."""
+    from .celery_app import records
+
     pub = await h.clients([publish_argv])
     finishing: asyncio.Task[list[Result]] | None = None
     try:
