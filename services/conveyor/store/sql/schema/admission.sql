@@ -275,9 +275,18 @@ BEGIN
     ELSIF dry THEN
         RETURN cardinality(picked);
     END IF;
-    WITH a AS (
-        UPDATE __schema__.jobs x SET status = 'PENDING', updated_at = now()
+    -- the picked jobs still waiting and due, locked; one whose row another transaction holds
+    -- (a debounced submit folding into it, in an application's open transaction) is left for a
+    -- later pass rather than waited for, and a row changed since this pass read it is checked
+    -- again as it is now (a fold moved its run_at)
+    WITH l AS (
+        SELECT x.id FROM __schema__.jobs x
         WHERE x.id = ANY(picked) AND x.status = 'WAITING'
+          AND COALESCE(x.deps_pending, 0) = 0 AND COALESCE(x.run_at <= now(), true)
+        FOR UPDATE SKIP LOCKED
+    ), a AS (
+        UPDATE __schema__.jobs x SET status = 'PENDING', updated_at = now()
+        FROM l WHERE x.id = l.id
         RETURNING x.id, x.job_type, x.priority
     ), ob AS (
         INSERT INTO __schema__.job_outbox (job_id, job_type, priority)
