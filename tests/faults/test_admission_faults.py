@@ -1,0 +1,445 @@
+"""Admission's guarantees under faults, with real ``conveyor worker`` processes
+(``admission_app.py``'s handlers) that are SIGKILLed and SIGSTOPped.
+
+A job of a limited or partitioned type waits WAITING until ``admit`` makes it PENDING
+(``store/sql/schema/admission.sql``); a worker's outcome admits in its own transaction, the duty
+holder's admission duty every 0.05 s. What each test holds:
+
+1. *Exact under faults*: a ``partition_concurrency=1`` type (200 keys, 4 jobs each) and a type
+   with ``concurrency=3``, three workers, one SIGKILLed (and replaced), another SIGSTOPped past
+   its lease: a sampler every 100 ms never sees a key with two jobs IN_PROGRESS, nor more
+   admitted (PENDING + IN_PROGRESS) than its limit; every job COMPLETED once (the checker, and
+   ``job_attempts``); no claim without an admission; handler bodies of one key overlap only
+   where one of them is the frozen worker's, run past its lease (documented: the lease is the
+   reservation, a frozen body cannot be stopped from outside).
+
+``-m soak``: test 1 with ``ADMISSION_SCALE`` (5) times the keys and rounds of faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from conveyor.core.config import Settings
+from conveyor.jobs.types import register_router_types
+
+from .. import db as tdb
+from .admission_app import router
+from .checker import Ledger, check
+from .harness import (
+    WorkerFleet,
+    running,
+    wait_until,
+)
+
+APP = "tests.faults.admission_app:router"
+KEYED, CAPPED, FLAKY, QUIET = "adm_keyed", "adm_capped", "adm_flaky", "adm_quiet"
+LIMITS = {
+    KEYED: 1,
+    CAPPED: 3,
+    FLAKY: 1,
+    QUIET: 2,
+}  # jobs of one key at once ('' for the whole type)
+LEASE = 5.0  # CONVEYOR_VISIBILITY_TIMEOUT of these tests
+START = 4.0  # a new holder's relay and sweeper connect and pass (a loaded machine)
+FREEZE = LEASE + 5.0  # test 1's freeze: past the lease, and the next job of a key started
+SCALE = int(os.environ.get("ADMISSION_SCALE", "5"))  # the soaks' multiplier
+
+
+# --------------------------------------------------------------------------- watching
+
+
+@dataclass
+class Sampler:
+    """Every 100 ms, one statement: the keys with more than one job admitted or running (the
+    limits are checked here, so a 3-limit type shows its keys' counts too)."""
+
+    url: str
+    types: Sequence[str]
+    samples: int = 0
+    over: list[str] = field(default_factory=list)  # the violations seen
+    peak: Counter[str] = field(default_factory=Counter)  # per type, the most running of a key
+
+    SQL = (
+        "SELECT job_type, partition_key AS key, count(*) AS admitted, "
+        "count(*) FILTER (WHERE status = 'IN_PROGRESS') AS running FROM jobs "
+        "WHERE job_type = ANY($1::text[]) AND status IN ('PENDING', 'IN_PROGRESS') "
+        "GROUP BY 1, 2 HAVING count(*) > 1"
+    )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        conn = await tdb.connect(self.url, timeout=10)
+        try:
+            while not stop.is_set():
+                for r in await conn.fetch(self.SQL, list(self.types)):
+                    limit = LIMITS[r["job_type"]]
+                    self.peak[r["job_type"]] = max(self.peak[r["job_type"]], r["running"])
+                    if r["admitted"] > limit or r["running"] > limit:
+                        self.over.append(
+                            f"{time.time():.3f} {r['job_type']} key={r['key']!r} "
+                            f"admitted={r['admitted']} running={r['running']}"
+                        )
+                self.samples += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.1)
+        finally:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def sampling(url: str, types: Sequence[str]) -> Any:
+    sampler, stop = Sampler(url, types), asyncio.Event()
+    task = asyncio.create_task(sampler.run(stop))
+    try:
+        yield sampler
+    finally:
+        stop.set()
+        await task
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # clock_timestamp() of the row change
+    seq: int
+    job_id: uuid.UUID
+    job_type: str
+    key: str
+    old: str | None
+    new: str
+    attempts: int
+
+
+async def _events(conn: asyncpg.Connection, types: Sequence[str]) -> list[Event]:
+    """The audit trail (``checker.install_audit``) of the types' jobs, in time order."""
+    rows = await conn.fetch(
+        "SELECT extract(epoch FROM a.at)::float8 AS at, a.seq, a.job_id, j.job_type, "
+        "j.partition_key AS key, a.old_status AS old, a.new_status AS new, a.attempts "
+        "FROM fault_audit a JOIN jobs j ON j.id = a.job_id "
+        "WHERE j.job_type = ANY($1::text[]) ORDER BY a.at, a.seq",
+        list(types),
+    )
+    return [Event(**dict(r)) for r in rows]
+
+
+def claims_without_admission(events: Iterable[Event]) -> list[str]:
+    """Every claim (attempts counted up, IN_PROGRESS) must follow its own admission
+    (WAITING → PENDING): two claims of one admission would be two runs under one slot. A job of
+    these types inserted other than WAITING bypassed admission."""
+    problems: list[str] = []
+    trail: dict[uuid.UUID, list[Event]] = defaultdict(list)
+    for e in events:
+        trail[e.job_id].append(e)
+    for job_id, evs in trail.items():
+        evs.sort(key=lambda e: e.seq)
+        admitted, attempts = False, 0
+        for e in evs:
+            if e.old is None and e.new != "WAITING":
+                problems.append(f"{job_id}: inserted {e.new}, not WAITING")
+            if e.old == "WAITING" and e.new == "PENDING":
+                admitted = True
+            if e.new == "IN_PROGRESS" and e.attempts > attempts:
+                if not admitted:
+                    problems.append(f"{job_id}: attempt {e.attempts} claimed without an "
+                                    f"admission since the last claim")  # fmt: skip
+                admitted = False
+            if e.new == "RETRYING":
+                problems.append(f"{job_id}: RETRYING (a retry outside admission)")
+            attempts = e.attempts
+    return problems
+
+
+async def attempt_problems(conn: asyncpg.Connection, types: Sequence[str]) -> list[str]:
+    """``job_attempts``: no job with two ``completed`` outcomes, and every finished job has one
+    row per attempt its ``attempts`` counts (a claim that left no row was overwritten by a
+    second claim)."""
+    rows = await conn.fetch(
+        "SELECT j.id, j.status::text AS status, j.attempts, "
+        "COALESCE(array_agg(a.attempt ORDER BY a.attempt) FILTER (WHERE a.attempt IS NOT NULL), "
+        "'{}') AS rows, count(*) FILTER (WHERE a.outcome = 'completed') AS completed "
+        "FROM jobs j LEFT JOIN job_attempts a ON a.job_id = j.id "
+        "WHERE j.job_type = ANY($1::text[]) GROUP BY 1, 2, 3",
+        list(types),
+    )
+    problems = []
+    for r in rows:
+        if r["completed"] > 1:
+            problems.append(f"{r['id']}: {r['completed']} completed attempts")
+        if r["status"] in ("COMPLETED", "FAILED") and list(r["rows"]) != list(
+            range(1, r["attempts"] + 1)
+        ):
+            problems.append(f"{r['id']}: attempts={r['attempts']}, attempt rows {r['rows']}")
+    return problems
+
+
+@dataclass
+class Gap:
+    seconds: float = 0.0
+    where: str = ""
+
+
+def longest_gaps(events: Iterable[Event]) -> tuple[Gap, Gap]:
+    """Per key, from the audit trail: the longest time it had room and waiting jobs but admitted
+    none (``admission``: WAITING > 0 and admitted < limit), and the longest it had room and
+    admitted or waiting jobs but started none (``start``: WAITING + PENDING > 0 and IN_PROGRESS <
+    limit: a job's wait from its submit, or from the end of its key's last run, to its start).
+    A job in a pen's delay counts as waiting (one or two seconds)."""
+    status: dict[uuid.UUID, str] = {}
+    counts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    since: dict[tuple[str, str, str], float] = {}
+    worst = {"admission": Gap(), "start": Gap()}
+    for e in events:
+        k = (e.job_type, e.key)
+        if e.job_id in status:
+            counts[k][status[e.job_id]] -= 1
+        status[e.job_id] = e.new
+        counts[k][e.new] += 1
+        c, limit = counts[k], LIMITS[e.job_type]
+        now = {
+            "admission": c["WAITING"] > 0 and c["PENDING"] + c["IN_PROGRESS"] < limit,
+            "start": c["WAITING"] + c["PENDING"] > 0 and c["IN_PROGRESS"] < limit,
+        }
+        for what, on in now.items():
+            began = since.get((*k, what))
+            if on and began is None:
+                since[(*k, what)] = e.at
+            elif not on and began is not None:
+                del since[(*k, what)]
+                if e.at - began > worst[what].seconds:
+                    worst[what] = Gap(e.at - began, f"{e.job_type} key={e.key!r} from {began:.3f}")
+    for (job_type, key, what), began in since.items():  # still open: ends now
+        worst[what] = max(worst[what], Gap(time.time() - began, f"{job_type} key={key!r} open"),
+                          key=lambda g: g.seconds)  # fmt: skip
+    return worst["admission"], worst["start"]
+
+
+@dataclass(frozen=True)
+class Span:
+    job: str
+    attempt: int
+    pid: int
+    key: str
+    begin: float
+    end: float | None
+    how: str
+
+
+def spans(path: Path) -> list[Span]:
+    """The handler bodies ``admission_app`` recorded (``begin`` / ``end`` lines)."""
+    begun: dict[tuple[str, int, int], tuple[str, float]] = {}
+    out: list[Span] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        what, job, attempt, pid, key, t, *how = line.split()
+        ident = (job, int(attempt), int(pid))
+        if what == "begin":
+            begun[ident] = (key, float(t))
+        elif what == "end" and ident in begun:
+            key, t0 = begun.pop(ident)
+            out.append(Span(job, int(attempt), int(pid), key, t0, float(t), how[0]))
+    out += [Span(j, a, p, k, t0, None, "gone") for (j, a, p), (k, t0) in begun.items()]
+    return out
+
+
+def overlaps(found: list[Span], died: dict[int, float]) -> list[tuple[Span, Span]]:
+    """Pairs of bodies of one key running at the same time. A body with no end was killed with
+    its process (``died``: pid → when)."""
+
+    def end(s: Span) -> float:
+        return s.end if s.end is not None else died.get(s.pid, float("inf"))
+
+    by_key: dict[str, list[Span]] = defaultdict(list)
+    for s in found:
+        if s.key != "-":  # a keyed type's body (a capped type's have no key: peak_bodies)
+            by_key[s.key].append(s)
+    pairs = []
+    for group in by_key.values():
+        group.sort(key=lambda s: s.begin)
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                if b.begin >= end(a):
+                    break
+                pairs.append((a, b))
+    return pairs
+
+
+def peak_bodies(found: Iterable[Span], died: dict[int, float]) -> int:
+    """The most bodies running at once."""
+    edges = []
+    for s in found:
+        edges += [(s.begin, 1), (s.end if s.end is not None else died.get(s.pid, 1e12), -1)]
+    running = peak = 0
+    for _, step in sorted(edges):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def _said(s: Span) -> str:
+    return f"{s.job} #{s.attempt} pid {s.pid} {s.begin:.3f}-{s.end} {s.how}"
+
+
+def _pid_of(worker_id: str | None) -> int:
+    return int((worker_id or "::").split(":")[1] or 0)
+
+
+async def _running_by_pid(conn: asyncpg.Connection) -> Counter[int]:
+    rows = await conn.fetch("SELECT worker_id FROM jobs WHERE status = 'IN_PROGRESS'")
+    return Counter(_pid_of(r["worker_id"]) for r in rows)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _settings(base: Settings, **overrides: Any) -> Settings:
+    """The fault suite's fast clocks with a 5 s lease; the API waits up to 10 s for PostgreSQL
+    (it shares two loaded cores with three workers); small pools (the server's 100 connections
+    are shared by every test running)."""
+    update = {"visibility_timeout": LEASE, "db_timeout": 10.0, "db_pool_size": 4}
+    return base.model_copy(update={**update, **overrides})
+
+
+async def _register(url: str) -> None:
+    conn = await tdb.connect(url, timeout=10)
+    try:
+        await register_router_types(conn, router)
+    finally:
+        await conn.close()
+
+
+def _payload(ledger: Ledger, span_file: Path, rng: random.Random, **kw: Any) -> dict[str, Any]:
+    return {"ledger": str(ledger), "spans": str(span_file),
+            "sleep": round(rng.uniform(0.05, 0.2), 3), **kw}  # fmt: skip
+
+
+async def _final_checks(url: str, types: Sequence[str]) -> tuple[list[Event], list[str]]:
+    conn = await tdb.connect(url, timeout=10)
+    try:
+        events = await _events(conn, types)
+        problems = claims_without_admission(events) + await attempt_problems(conn, types)
+    finally:
+        await conn.close()
+    return events, problems
+
+
+# --------------------------------------------------------------------------- 1. exact under faults
+
+
+async def _exact_under_faults(
+    settings: Settings, ledger: Ledger, tmp_path: Path, *, keys: int, per_key: int, rounds: int
+) -> None:
+    seed = int(os.environ.get("FAULTS_SEED", time.time()))
+    rng = random.Random(seed)
+    span_file = tmp_path / "spans.txt"
+    url = settings.database_url
+    await _register(url)
+    died: dict[int, float] = {}
+    frozen: list[tuple[int, float, float]] = []  # (pid, stopped at, continued at)
+    async with running(settings) as stack, sampling(url, [KEYED, CAPPED]) as sampler:
+        fleet = WorkerFleet(settings, tmp_path, 3, concurrency=4, app=APP)
+        await fleet.ready(60)
+        conn = await tdb.connect(url, timeout=10)
+        stop = asyncio.Event()
+        supervisor = asyncio.create_task(fleet.supervise(stop))
+        try:
+            capped_jobs = [_payload(ledger, span_file, rng) for _ in range(20 * rounds * per_key)]
+            keyed = [_payload(ledger, span_file, rng, acct=f"a{k:04d}")
+                     for _ in range(per_key) for k in range(keys)]  # fmt: skip
+            for start in range(0, len(keyed), 500):
+                await stack.submit_batch(KEYED, keyed[start : start + 500])
+            await stack.submit_batch(CAPPED, capped_jobs)
+            total = len(keyed) + len(capped_jobs)
+            share = 0.0
+
+            async def done() -> bool:
+                n = await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'COMPLETED'")
+                return bool(n >= share * total)
+
+            for r in range(rounds):
+                share = (r + 0.2) / (rounds + 0.5)  # a kill and a freeze, spread over the run
+                await wait_until(done, timeout=120, interval=0.2, what="jobs completing")
+                before = list(fleet.slots)
+                victim = await fleet.kill_one(rng)
+                died[victim.pid] = time.time()
+                await asyncio.sleep(1.0)
+                # freeze the worker (not the victim's replacement) running the most jobs
+                by_pid = await _running_by_pid(conn)
+                old = [p for p in before if p is not victim and p.alive()]
+                target = max(old, key=lambda p: by_pid[p.pid])
+                held = by_pid[target.pid]
+                stopped_at = time.time()
+                target.signal(signal.SIGSTOP)
+                await asyncio.sleep(FREEZE)
+                target.signal(signal.SIGCONT)
+                frozen.append((target.pid, stopped_at, time.time()))
+                print(f"[admission] round {r}: killed {victim.pid}; froze {target.pid} with "
+                      f"{held} jobs running for {FREEZE:.0f} s")  # fmt: skip
+            v = await check(url, stack.accepted, ledger, label="admission-exact", timeout=150)
+        finally:
+            stop.set()
+            await supervisor
+            await conn.close()
+        codes = await fleet.stop()
+    events, problems = await _final_checks(url, [KEYED, CAPPED])
+    recovered = sum(1 for e in events if e.old == "IN_PROGRESS" and e.new == "WAITING")
+    bodies = spans(span_file)
+    pairs = overlaps(bodies, died)
+    frozen_pids = {pid for pid, _, _ in frozen}
+
+    def frozen_body(s: Span) -> bool:  # began before a freeze of its process, ended after
+        end = s.end if s.end is not None else died.get(s.pid, float("inf"))
+        return any(s.pid == pid and s.begin < t0 < end for pid, t0, _ in frozen)
+
+    unexplained = [(a, b) for a, b in pairs if not (frozen_body(a) or frozen_body(b))]
+    capped = [s for s in bodies if s.key == "-"]
+    capped_peak = peak_bodies([s for s in capped if not frozen_body(s)], died)
+    print(f"[admission] exact under faults (seed {seed}): {sampler.samples} samples, "
+          f"{len(sampler.over)} over a limit (peak running of a key: {dict(sampler.peak)}); "
+          f"{recovered} leases recovered; {len(pairs)} overlapping bodies of one key, "
+          f"{len(pairs) - len(unexplained)} with a frozen worker's body {sorted(frozen_pids)}; "
+          f"{CAPPED}: at most {capped_peak} bodies at once besides the frozen worker's "
+          f"({peak_bodies(capped, died)} with them)")  # fmt: skip
+    for a, b in pairs[:10]:
+        print(f"  overlap key={a.key}: {_said(a)} / {_said(b)}")
+    v.assert_clean()
+    assert not sampler.over, sampler.over[:10]
+    assert sampler.samples >= 50, f"only {sampler.samples} samples"
+    assert not problems, problems[:10]
+    assert not unexplained, [(a, b) for a, b in unexplained[:5]]
+    assert capped_peak <= LIMITS[CAPPED]
+    assert recovered >= 1, "no lease expired: the faults hit no running job"
+    assert fleet.deaths == 0, f"workers died without being killed: {fleet.exit_codes}"
+    assert codes == [0, 0, 0], codes
+
+
+@pytest.mark.timeout(240)
+async def test_partition_limit_is_exact_under_kills_and_freezes(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """200 keys of four jobs, 80 jobs of the capped type, an admission window of 24 (about
+    twice the fleet's slots: keys wait their turn with room); one kill and one freeze."""
+    settings = _settings(fsettings, admission_window=24)
+    await _exact_under_faults(settings, ledger, tmp_path, keys=200, per_key=4, rounds=1)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+async def test_partition_limit_is_exact_under_kills_and_freezes_soak(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """``ADMISSION_SCALE`` (5) times the keys and as many rounds of a kill and a freeze."""
+    settings = _settings(fsettings, admission_window=24)
+    await _exact_under_faults(settings, ledger, tmp_path, keys=200 * SCALE, per_key=4, rounds=SCALE)
