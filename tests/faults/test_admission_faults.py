@@ -12,8 +12,24 @@ holder's admission duty every 0.05 s. What each test holds:
    ``job_attempts``); no claim without an admission; handler bodies of one key overlap only
    where one of them is the frozen worker's, run past its lease (documented: the lease is the
    reservation, a frozen body cannot be stopped from outside).
+2. *Frozen admitter*: the duty holder SIGSTOPped for longer than the bound: another worker takes
+   the duties over, jobs submitted during the freeze start before it ends, no key with room
+   waits longer than the bound (below); nothing admitted past a limit, no second claim of one
+   admission.
+3. *Dead admitter*: the duty holder SIGKILLed: another process takes the duties over at its next
+   election turn, admission goes on within the bound.
 
-``-m soak``: test 1 with ``ADMISSION_SCALE`` (5) times the keys and rounds of faults."""
+The bound of 2 and 3 (``bound``): a key with room and waiting jobs gets one started within two
+leases plus the duties' takeover. The takeover, from ``cli/duties.py``: a frozen holder keeps the
+election's session until ``idle_session_timeout`` (``IDLE_TURNS`` turns) ends it, a standby tries
+the lock at its next turn (one more turn), then starts the relay and the sweeper (``START``); a
+killed holder's session ends with its process, so only the turn and the start count. The two
+leases: a job the holder had claimed is its own until its lease runs out and a pass of lease
+recovery (the new holder's) sends it back to admission, with a pen delay of one or two seconds,
+and a delivery it had prefetched waits for the broker to hear no AMQP heartbeat.
+
+``-m soak``: test 1 with ``ADMISSION_SCALE`` (5) times the keys and rounds of faults; test 2
+with a 60 s freeze and the default election turn."""
 
 from __future__ import annotations
 
@@ -33,6 +49,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from conveyor import enqueue
+from conveyor.cli.duties import IDLE_TURNS, TICK
 from conveyor.core.config import Settings
 from conveyor.jobs.types import register_router_types
 
@@ -40,9 +58,11 @@ from .. import db as tdb
 from .admission_app import router
 from .checker import Ledger, check
 from .harness import (
+    Proc,
     WorkerFleet,
     running,
     wait_until,
+    worker_proc,
 )
 
 APP = "tests.faults.admission_app:router"
@@ -443,3 +463,212 @@ async def test_partition_limit_is_exact_under_kills_and_freezes_soak(
     """``ADMISSION_SCALE`` (5) times the keys and as many rounds of a kill and a freeze."""
     settings = _settings(fsettings, admission_window=24)
     await _exact_under_faults(settings, ledger, tmp_path, keys=200 * SCALE, per_key=4, rounds=SCALE)
+
+
+# --------------------------------------------------------------------------- 2, 3: the duty holder
+
+
+def _tick(settings: Settings) -> float:
+    """The duties' election turn (``Duties.tick``)."""
+    return min(TICK, settings.outbox_stale_after / 3)
+
+
+def takeover(settings: Settings, *, frozen: bool) -> float:
+    """Seconds from a holder's freeze (or death) to a standby's relay and sweeper running: the
+    frozen holder's election session ends ``IDLE_TURNS`` turns after its last one (a dead one's
+    at once), a standby tries the lock at its next turn, then starts."""
+    tick = _tick(settings)
+    return (IDLE_TURNS * tick if frozen else 0.0) + tick + START
+
+
+def bound(settings: Settings, *, frozen: bool) -> float:
+    """The longest a key with room may wait for a start (the module's docstring)."""
+    return 2 * settings.visibility_timeout + takeover(settings, frozen=frozen)
+
+
+@dataclass
+class Feeder:
+    """Submits ``per_tick`` jobs of random keys every 100 ms with ``enqueue()``."""
+
+    url: str
+    ledger: Ledger
+    span_file: Path
+    rng: random.Random
+    keys: int = 40
+    per_tick: int = 1
+    sleep: tuple[float, float] = (0.05, 0.2)  # a job's seconds, from-to
+    ids: list[uuid.UUID] = field(default_factory=list)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        conn = await tdb.connect(self.url, timeout=10)
+        try:
+            while not stop.is_set():
+                for _ in range(self.per_tick):
+                    acct = f"a{self.rng.randrange(self.keys):03d}"
+                    sleep = round(self.rng.uniform(*self.sleep), 3)
+                    payload = _payload(self.ledger, self.span_file, self.rng, acct=acct,
+                                       sleep=sleep)  # fmt: skip
+                    self.ids.append(await enqueue(conn, KEYED, payload))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.1)
+        finally:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def feeding(feeder: Feeder) -> Any:
+    stop = asyncio.Event()
+    task = asyncio.create_task(feeder.run(stop))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await task
+
+
+async def _duty_workers(settings: Settings, tmp_path: Path, n: int = 3) -> tuple[list[Proc], Proc]:
+    """``n`` workers that run the duties (one holds them); returns them and the holder."""
+    procs = [worker_proc(settings, tmp_path, f"worker-{i}", concurrency=4, app=APP).start()
+             for i in range(n)]  # fmt: skip
+    for p in procs:
+        await p.wait_for_log("worker_started", 60)
+
+    def holder() -> Proc | None:
+        held = [p for p in procs if "duties_running" in p.log()]
+        return held[0] if len(held) == 1 else None
+
+    return procs, await wait_until(holder, timeout=30, what="a duty holder")
+
+
+async def _took_over(others: Sequence[Proc], since: float, timeout: float) -> float | None:
+    """Seconds from ``since`` until one of ``others`` runs the duties (None: not within
+    ``timeout``)."""
+    marks = {p.name: len(p.log()) for p in others}
+    while time.time() - since < timeout:
+        if any("duties_running" in p.log()[marks[p.name] :] for p in others):
+            return time.time() - since
+        await asyncio.sleep(0.1)
+    return None
+
+
+def _duty_settings(base: Settings, **overrides: Any) -> Settings:
+    """Workers that run the duties; a 2 s AMQP heartbeat (a frozen worker's prefetched
+    deliveries go back to the queue within 4-6 s)."""
+    return _settings(base, run_duties=True, worker_amqp_heartbeat=2, **overrides)
+
+
+async def _started_during(url: str, ids: Sequence[uuid.UUID], t0: float, t1: float) -> int:
+    """Jobs submitted between ``t0`` and ``t1`` that started before ``t1``."""
+    conn = await tdb.connect(url, timeout=10)
+    try:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM jobs WHERE id = ANY($1::uuid[]) "
+            "AND created_at > to_timestamp($2) AND created_at < to_timestamp($3) "
+            "AND EXISTS (SELECT 1 FROM job_attempts a WHERE a.job_id = jobs.id "
+            "            AND a.started_at < to_timestamp($3))",
+            list(ids), t0, t1,
+        ))  # fmt: skip
+    finally:
+        await conn.close()
+
+
+async def _frozen_holder(settings: Settings, ledger: Ledger, tmp_path: Path, freeze: float) -> None:
+    url = settings.database_url
+    limit = bound(settings, frozen=True)
+    assert freeze >= max(3 * settings.visibility_timeout, limit + 5), "freeze past the bound"
+    await _register(url)
+    seed = int(os.environ.get("FAULTS_SEED", time.time()))
+    feeder = Feeder(url, ledger, tmp_path / "spans.txt", random.Random(seed))
+    procs, holder = await _duty_workers(settings, tmp_path)
+    others = [p for p in procs if p is not holder]
+    try:
+        async with sampling(url, [KEYED]) as sampler:
+            async with feeding(feeder):
+                await asyncio.sleep(4)
+                frozen_at = time.time()
+                holder.signal(signal.SIGSTOP)
+                took = await _took_over(others, frozen_at, freeze)
+                await asyncio.sleep(max(0.0, frozen_at + freeze - time.time()))
+                resumed_at = time.time()
+                holder.signal(signal.SIGCONT)
+                await asyncio.sleep(3)
+            v = await check(url, feeder.ids, ledger, label="admission-frozen-holder", timeout=90)
+        during = await _started_during(url, feeder.ids, frozen_at, resumed_at)
+        codes = await asyncio.gather(*(p.stop() for p in procs))
+    finally:
+        for p in procs:
+            p.signal(signal.SIGCONT)
+    events, problems = await _final_checks(url, [KEYED])
+    admission, start = longest_gaps(events)
+    print(f"[admission] frozen duty holder (seed {seed}) for {freeze:.0f} s: taken over after "
+          f"{took and round(took, 1)} s (bound {takeover(settings, frozen=True):.0f} s); "
+          f"{during} jobs submitted during the freeze started during it; longest wait of a key "
+          f"with room: to admission {admission.seconds:.1f} s ({admission.where}), to a start "
+          f"{start.seconds:.1f} s ({start.where}); bound {limit:.0f} s; {sampler.samples} "
+          f"samples, {len(sampler.over)} over the limit; resumed holder lost the duties: "
+          f"{'duties_lost' in holder.log()}")  # fmt: skip
+    v.assert_clean()
+    assert not sampler.over, sampler.over[:10]
+    assert not problems, problems[:10]
+    assert took is not None and took <= takeover(settings, frozen=True), took
+    assert during > 0, "nothing submitted during the freeze started before it ended"
+    assert start.seconds <= limit, (start, limit)
+    assert codes == [0, 0, 0], codes
+
+
+@pytest.mark.timeout(240)
+async def test_a_frozen_duty_holder_is_taken_over_and_admission_goes_on(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A 2 s election turn (``CONVEYOR_OUTBOX_STALE_AFTER=6``): the takeover bound is 6 + 2 +
+    4 s, the bound of a key's wait 10 + 12 s, the freeze 30 s (a holder never replaced fails)."""
+    settings = _duty_settings(fsettings, outbox_stale_after=6.0)
+    await _frozen_holder(settings, ledger, tmp_path, freeze=30.0)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(600)
+async def test_a_frozen_duty_holder_is_taken_over_soak(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """The default election turn (5 s, a frozen holder's session ends after 15 s): the takeover
+    bound is 15 + 5 + 4 s, the bound of a key's wait 10 + 24 s, the freeze 60 s."""
+    await _frozen_holder(_duty_settings(fsettings), ledger, tmp_path, freeze=60.0)
+
+
+@pytest.mark.timeout(180)
+async def test_a_killed_duty_holder_is_replaced_and_admission_goes_on(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """SIGKILL the holder (not restarted): a standby takes the duties at its next turn, and no
+    key with room waits past two leases plus that takeover."""
+    settings = _duty_settings(fsettings, outbox_stale_after=6.0)
+    url = settings.database_url
+    limit = bound(settings, frozen=False)
+    await _register(url)
+    seed = int(os.environ.get("FAULTS_SEED", time.time()))
+    feeder = Feeder(url, ledger, tmp_path / "spans.txt", random.Random(seed))
+    procs, holder = await _duty_workers(settings, tmp_path)
+    others = [p for p in procs if p is not holder]
+    async with sampling(url, [KEYED]) as sampler:
+        async with feeding(feeder):
+            await asyncio.sleep(4)
+            killed_at = time.time()
+            await holder.kill()
+            took = await _took_over(others, killed_at, 30)
+            await asyncio.sleep(8)
+        v = await check(url, feeder.ids, ledger, label="admission-killed-holder", timeout=90)
+    codes = await asyncio.gather(*(p.stop() for p in others))
+    events, problems = await _final_checks(url, [KEYED])
+    admission, start = longest_gaps(events)
+    print(f"[admission] killed duty holder (seed {seed}): taken over after "
+          f"{took and round(took, 1)} s (bound {takeover(settings, frozen=False):.0f} s); longest "
+          f"wait of a key with room: to admission {admission.seconds:.1f} s ({admission.where}), "
+          f"to a start {start.seconds:.1f} s ({start.where}); bound {limit:.0f} s; "
+          f"{sampler.samples} samples, {len(sampler.over)} over the limit")  # fmt: skip
+    v.assert_clean()
+    assert not sampler.over, sampler.over[:10]
+    assert not problems, problems[:10]
+    assert took is not None and took <= takeover(settings, frozen=False), took
+    assert start.seconds <= limit, (start, limit)
+    assert codes == [0, 0], codes
