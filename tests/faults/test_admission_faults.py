@@ -15,7 +15,11 @@ holder's admission duty every 0.05 s. What each test holds:
 2. *Frozen admitter*: the duty holder SIGSTOPped for longer than the bound: another worker takes
    the duties over, jobs submitted during the freeze start before it ends, no key with room
    waits longer than the bound (below); nothing admitted past a limit, no second claim of one
-   admission.
+   admission. A worker paused *inside* its outcome transaction just after its ``admit`` (the
+   one admitter inside a transaction) holds the type's advisory lock: briefly, the others wait
+   for it and admit nothing beside what it admitted (a higher-priority job submitted for such a
+   key meanwhile included); frozen, the session bound ends it and the type's keys are admitted
+   again within that bound.
 3. *Dead admitter*: the duty holder SIGKILLed: another process takes the duties over at its next
    election turn, admission goes on within the bound.
 
@@ -35,9 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import signal
+import sys
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -60,6 +66,7 @@ from .checker import Ledger, check
 from .harness import (
     Proc,
     WorkerFleet,
+    component_env,
     running,
     wait_until,
     worker_proc,
@@ -672,3 +679,162 @@ async def test_a_killed_duty_holder_is_replaced_and_admission_goes_on(
     assert took is not None and took <= takeover(settings, frozen=False), took
     assert start.seconds <= limit, (start, limit)
     assert codes == [0, 0], codes
+
+
+# --------------------------------------------------------------------------- 2b: paused in admit
+
+PAUSE_IN_TX = 2.0  # a pause shorter than the idle-in-transaction bound: the worker commits after
+CONTENDED = 3  # such pauses with a higher-priority job for a key the paused worker admitted to
+FREEZE_IN_TX = 15.0  # past the idle-in-transaction bound (5 s), so a missing bound shows
+SLACK = 3.0  # beyond that bound: the waiters wake, a pass runs, on a loaded machine
+
+# What the paused worker's open transaction admitted (uncommitted: the committed versions of
+# those rows carry its transaction id as xmax) and the jobs it completed there.
+PAUSED_ROWS = """
+SELECT j.partition_key AS key, j.status::text AS status FROM jobs j
+JOIN pg_stat_activity a ON j.xmax = a.backend_xid
+WHERE a.datname = current_database() AND a.application_name = 'conveyor-worker'
+  AND a.state = 'idle in transaction' AND a.state_change < now() - interval '0.1 s'
+"""
+
+
+@dataclass
+class Pausing:
+    """Three workers, the first under ``pausing_statement`` (it SIGSTOPs itself just after
+    ``admit`` in an outcome transaction, once per ``pause``), with the API, relay and duty in the
+    test's loop, a feeder and a sampler."""
+
+    proc: Proc
+    flag: Path
+    feeder: Feeder
+    sampler: Sampler
+
+    async def pause(self, timeout: float = 30.0) -> None:
+        seen = self.proc.log().count("pausing_statement: frozen admit")
+        await asyncio.to_thread(self.flag.write_text, "")  # any call of admit in a transaction
+        await wait_until(
+            lambda: self.proc.log().count("pausing_statement: frozen admit") > seen,
+            timeout=timeout, what="the worker pausing in admit",
+        )  # fmt: skip
+        await wait_until(lambda: _state(self.proc.pid) == "T", timeout=5, what="SIGSTOP")
+
+
+@contextlib.asynccontextmanager
+async def pausing(settings: Settings, feeder: Feeder, tmp_path: Path) -> Any:
+    url = settings.database_url
+    await _register(url)
+    flag = tmp_path / "pause"
+    args = [sys.executable, "-m", "tests.faults.pausing_statement", str(flag), "admit", "--",
+            "worker", "--app", APP, "--concurrency", "4"]  # fmt: skip
+    paused = Proc("paused-worker", args, component_env(settings), tmp_path).start()
+    procs = [paused] + [worker_proc(settings, tmp_path, f"worker-{i}", concurrency=4,
+                                    app=APP).start() for i in range(2)]  # fmt: skip
+    try:
+        for p in procs:
+            await p.wait_for_log("worker_started", 60)
+        async with running(settings) as _stack, sampling(url, [KEYED]) as sampler:
+            async with feeding(feeder):
+                await asyncio.sleep(2)
+                yield Pausing(paused, flag, feeder, sampler)
+                await asyncio.sleep(3)
+            v = await check(url, feeder.ids, feeder.ledger, label="admission-paused-in-admit",
+                            timeout=90)  # fmt: skip
+        codes = await asyncio.gather(*(p.stop() for p in procs))
+    finally:
+        for p in procs:
+            p.signal(signal.SIGCONT)
+    v.assert_clean()
+    assert not sampler.over, sampler.over[:10]
+    assert codes == [0, 0, 0], codes
+
+
+@pytest.mark.timeout(240)
+async def test_a_worker_paused_inside_its_admitting_outcome_makes_the_others_wait(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A worker pauses (a GC, a VM hiccup: shorter than the session bound) right after ``admit``
+    in its outcome transaction: its session holds the type's advisory lock and the jobs it
+    admitted, uncommitted. For a key it admitted a job to whose slot every admitter sees free
+    (not one its own outcome freed), the test submits a higher-priority job of that key: the
+    other admitters (the duty, two workers' outcomes) must wait for the paused one, not see the
+    slot free and admit that job too. After it resumes and commits, no key has two jobs admitted
+    (the sampler), nothing was claimed twice. ``CONTENDED`` such pauses.
+
+    A small admission window (4) makes such keys common: keys wait with room for their turn. Jobs
+    of 0.3-1.2 s keep the other workers' outcomes (and their admission passes) coming all through
+    a pause."""
+    settings = _settings(fsettings, admission_window=4)
+    assert settings.db_idle_in_transaction_timeout > PAUSE_IN_TX + 1.5
+    seed = int(os.environ.get("FAULTS_SEED", time.time()))
+    rng = random.Random(seed)
+    feeder = Feeder(settings.database_url, ledger, tmp_path / "spans.txt", rng, sleep=(0.3, 1.2))
+    contended: list[str] = []  # keys given a higher-priority job while the worker was paused
+    pauses = 0
+    conn = await tdb.connect(settings.database_url, timeout=10)
+    try:
+        async with pausing(settings, feeder, tmp_path) as w:
+            while len(contended) < CONTENDED and pauses < 40:
+                await w.pause()
+                paused_at = time.monotonic()
+                await asyncio.sleep(0.15)  # idle in transaction for 0.1 s: the paused one
+                rows = await conn.fetch(PAUSED_ROWS)
+                own = {r["key"] for r in rows if r["status"] == "IN_PROGRESS"}
+                keys = sorted({r["key"] for r in rows if r["status"] == "WAITING"} - own)
+                for key in keys:
+                    payload = _payload(ledger, feeder.span_file, rng, acct=key)
+                    feeder.ids.append(await enqueue(conn, KEYED, payload, priority=9))
+                if keys:  # the others' outcomes come meanwhile
+                    await asyncio.sleep(max(0.0, paused_at + PAUSE_IN_TX - time.monotonic()))
+                w.proc.signal(signal.SIGCONT)
+                pauses += 1
+                contended += keys[:1]
+                await asyncio.sleep(1.0 if keys else 0.2)
+    finally:
+        await conn.close()
+    _, problems = await _final_checks(settings.database_url, [KEYED])
+    print(f"[admission] worker paused in its admitting outcome (seed {seed}): {pauses} pauses, "
+          f"{len(contended)} of {PAUSE_IN_TX:.0f} s with a higher-priority job for a key it "
+          f"admitted to {contended}; {w.sampler.samples} samples, "
+          f"{len(w.sampler.over)} over")  # fmt: skip
+    assert len(contended) >= CONTENDED, "too few pauses caught an admission others could see"
+    assert not problems, problems[:10]
+
+
+@pytest.mark.timeout(180)
+async def test_a_worker_frozen_inside_its_admitting_outcome_is_cut_off_by_the_session_bound(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """The same worker frozen for ``FREEZE_IN_TX``: every other admitter of the type waits for
+    its advisory lock until PostgreSQL ends the frozen session after
+    ``CONVEYOR_DB_IDLE_IN_TRANSACTION_TIMEOUT`` (its admissions roll back); the type's keys are
+    admitted again within that bound (plus ``SLACK``) while it is still frozen, and nothing is
+    admitted past a limit or twice."""
+    settings = _settings(fsettings)
+    idle = settings.db_idle_in_transaction_timeout
+    seed = int(os.environ.get("FAULTS_SEED", time.time()))
+    feeder = Feeder(settings.database_url, ledger, tmp_path / "spans.txt", random.Random(seed),
+                    per_tick=2)  # fmt: skip
+    async with pausing(settings, feeder, tmp_path) as w:
+        await w.pause()
+        frozen_at = time.time()
+        await asyncio.sleep(FREEZE_IN_TX)
+        resumed_at = time.time()
+        w.proc.signal(signal.SIGCONT)
+    events, problems = await _final_checks(settings.database_url, [KEYED])
+    admission, start = longest_gaps(events)
+    admitted = [e.at for e in events if e.old == "WAITING" and e.new == "PENDING"]
+    during = [frozen_at] + [t for t in admitted if frozen_at < t < resumed_at] + [resumed_at]
+    stalled = max(b - a for a, b in itertools.pairwise(during))  # no admission of the type
+    late = [t for t in admitted if frozen_at + idle + SLACK < t < resumed_at]
+    cut = [line for line in w.proc.log().splitlines() if "idle-in-transaction" in line]
+    print(f"[admission] worker frozen in its admitting outcome (seed {seed}) for "
+          f"{FREEZE_IN_TX:.0f} s: the type admitted nothing for {stalled:.1f} s at most; longest "
+          f"wait of a key with room: to admission {admission.seconds:.1f} s ({admission.where}), "
+          f"to a start {start.seconds:.1f} s; bound {idle:.0f} + {SLACK:.0f} s; {len(late)} "
+          f"admissions while still frozen past the bound; session ended by the server: "
+          f"{bool(cut)}; {w.sampler.samples} samples, {len(w.sampler.over)} over")  # fmt: skip
+    assert not problems, problems[:10]
+    assert cut, "the frozen session was not ended by the idle-in-transaction bound"
+    assert late, "no key was admitted while the worker was still frozen"
+    assert stalled <= idle + SLACK, (stalled, idle)
+    assert admission.seconds <= idle + SLACK, (admission, idle)
