@@ -22,6 +22,9 @@ holder's admission duty every 0.05 s. What each test holds:
    again within that bound.
 3. *Dead admitter*: the duty holder SIGKILLed: another process takes the duties over at its next
    election turn, admission goes on within the bound.
+4. *A retry does not bypass admission*: a first attempt that raises on a ``partition_concurrency=1``
+   type waits WAITING for its retry (never RETRYING, no outbox row for a holding pen, the pen
+   never declared) and never runs beside its key's other jobs.
 
 The bound of 2 and 3 (``bound``): a key with room and waiting jobs gets one started within two
 leases plus the duties' takeover. The takeover, from ``cli/duties.py``: a frozen holder keeps the
@@ -67,7 +70,9 @@ from .harness import (
     Proc,
     WorkerFleet,
     component_env,
+    queue_ready,
     running,
+    topology,
     wait_until,
     worker_proc,
 )
@@ -838,3 +843,77 @@ async def test_a_worker_frozen_inside_its_admitting_outcome_is_cut_off_by_the_se
     assert late, "no key was admitted while the worker was still frozen"
     assert stalled <= idle + SLACK, (stalled, idle)
     assert admission.seconds <= idle + SLACK, (admission, idle)
+
+
+# --------------------------------------------------------------------------- 4. retries
+
+
+@pytest.mark.timeout(120)
+async def test_a_retry_waits_for_admission_and_never_runs_beside_its_key(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Per key, a job whose first attempt raises (retry after 1 s) then two more of its key.
+    The failed job waits WAITING (never RETRYING, no outbox row but a work one, its holding pen
+    never declared) while its key's next job runs, and is admitted again only when the key has
+    room: no two bodies of a key overlap, nothing is admitted past the limit."""
+    settings = _settings(fsettings)
+    url = settings.database_url
+    await _register(url)
+    span_file = tmp_path / "spans.txt"
+    rng = random.Random(0)
+    keys = [f"k{i}" for i in range(6)]
+    worker = worker_proc(settings, tmp_path, "worker", concurrency=4, app=APP).start()
+    pen_rows = 0
+    conn = await tdb.connect(url, timeout=10)
+    try:
+        await worker.wait_for_log("worker_started", 60)
+        async with running(settings) as stack, sampling(url, [FLAKY]) as sampler:
+            stop = asyncio.Event()
+
+            async def watch_outbox() -> None:
+                nonlocal pen_rows
+                while not stop.is_set():
+                    pen_rows += await conn.fetchval(
+                        "SELECT count(*) FROM job_outbox WHERE job_type = $1 "
+                        "AND destination <> 'work'", FLAKY)  # fmt: skip
+                    await asyncio.sleep(0.02)
+
+            watching = asyncio.create_task(watch_outbox())
+            first = await stack.submit_batch(FLAKY, [
+                _payload(ledger, span_file, rng, acct=k, fail_first=True, sleep=0.3)
+                for k in keys])  # fmt: skip
+            await asyncio.sleep(0.01)  # the others' ids come after (admission: priority, id)
+            await stack.submit_batch(FLAKY, [
+                _payload(ledger, span_file, rng, acct=k, sleep=s)
+                for s in (1.5, 0.3) for k in keys])  # fmt: skip
+            v = await check(url, stack.accepted, ledger, label="admission-retry", timeout=60)
+            stop.set()
+            await watching
+        pen = await queue_ready(settings.amqp_url, topology(settings).pen_queue(1))
+        waited = await conn.fetch(
+            "SELECT job_id, count(*) FILTER (WHERE new_status = 'WAITING' AND attempts = 1 "
+            "AND old_status = 'IN_PROGRESS') AS n FROM fault_audit "
+            "WHERE job_id = ANY($1::uuid[]) GROUP BY 1",
+            [uuid.UUID(i) for i in first],
+        )
+        outcomes = await conn.fetch(
+            "SELECT job_id, array_agg(outcome ORDER BY attempt) AS o FROM job_attempts "
+            "WHERE job_id = ANY($1::uuid[]) GROUP BY 1",
+            [uuid.UUID(i) for i in first],
+        )
+    finally:
+        await conn.close()
+        await worker.stop()
+    _, problems = await _final_checks(url, [FLAKY])
+    pairs = overlaps(spans(span_file), {})
+    print(f"[admission] retries: outbox rows for a pen seen {pen_rows}; pen queue "
+          f"{'never declared' if pen < 0 else f'{pen} ready'}; {len(pairs)} overlapping bodies; "
+          f"{sampler.samples} samples, {len(sampler.over)} over the limit; attempts of the "
+          f"failing jobs: {sorted(tuple(r['o']) for r in outcomes)}")  # fmt: skip
+    v.assert_clean()
+    assert pen_rows == 0 and pen == -1, (pen_rows, pen)
+    assert not problems, problems[:10]  # no RETRYING, no claim without an admission
+    assert {r["job_id"]: r["n"] for r in waited} == {uuid.UUID(i): 1 for i in first}
+    assert all(list(r["o"]) == ["retry", "completed"] for r in outcomes), outcomes
+    assert not pairs, pairs[:5]
+    assert not sampler.over, sampler.over[:10]
