@@ -25,6 +25,8 @@ holder's admission duty every 0.05 s. What each test holds:
 4. *A retry does not bypass admission*: a first attempt that raises on a ``partition_concurrency=1``
    type waits WAITING for its retry (never RETRYING, no outbox row for a holding pen, the pen
    never declared) and never runs beside its key's other jobs.
+5. *An application's open transaction* holding a waiting job's row (a debounced submit folded
+   into it): known bugs, ``xfail(strict=True)`` (``HELD_ROW``, ``FOLDED_RUN_AT``).
 
 The bound of 2 and 3 (``bound``): a key with room and waiting jobs gets one started within two
 leases plus the duties' takeover. The takeover, from ``cli/duties.py``: a frozen holder keeps the
@@ -58,7 +60,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from conveyor import enqueue
+from conveyor import JobSpec, enqueue, enqueue_many
 from conveyor.cli.duties import IDLE_TURNS, TICK
 from conveyor.core.config import Settings
 from conveyor.jobs.types import register_router_types
@@ -917,3 +919,131 @@ async def test_a_retry_waits_for_admission_and_never_runs_beside_its_key(
     assert all(list(r["o"]) == ["retry", "completed"] for r in outcomes), outcomes
     assert not pairs, pairs[:5]
     assert not sampler.over, sampler.over[:10]
+
+
+# --------------------------------------------------------------------------- 5. a held waiting job
+
+HOLD_OPEN = 12.0  # how long the application's transaction stays open
+
+# The bug both tests below show, in admit() (admission.sql): a pass picks its jobs from its
+# snapshot, then takes them with ``UPDATE ... WHERE id = ANY(picked) AND status = 'WAITING'``,
+# which waits for a row another transaction holds, under the type's advisory lock, and, once
+# that transaction ends, re-checks the status alone.
+HELD_ROW = (
+    "admit() waits for the row lock of a WAITING job it picked while holding the type's "
+    "advisory lock: an application's transaction that folded a debounced submit into that job "
+    "(enqueue() on its own connection: no session bounds) stops every admission of the type, "
+    "and the admission duty's whole pass (the types after it too), until it ends (each waiter "
+    "fails at CONVEYOR_DB_LOCK_TIMEOUT and comes back)"
+)
+FOLDED_RUN_AT = (
+    "admit() re-checks only status = 'WAITING' after waiting for a picked job's row: a job "
+    "whose committed run_at was due when the pass read it is admitted when the transaction "
+    "holding it commits, though that transaction (a debounced submit folding into it) moved "
+    "its run_at debounce_seconds ahead"
+)
+
+
+async def _debounced(
+    conn: asyncpg.Connection, job_type: str, payload: dict[str, Any], seconds: float,
+    most: float | None = None,
+) -> uuid.UUID:  # fmt: skip
+    spec = JobSpec(job_type, payload, debounce_seconds=seconds, debounce_max_seconds=most)
+    return (await enqueue_many(conn, [spec]))[0]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=HELD_ROW)
+@pytest.mark.timeout(180)
+async def test_an_open_transaction_holding_a_waiting_job_does_not_stall_admission(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """An application folds a debounced submit into its key's waiting job inside its own
+    transaction and keeps it open ``HOLD_OPEN`` s (a slow request, a frozen application). The
+    other keys of the type must keep being admitted (a key with room waits at most ``SLACK``),
+    and so must a job of another limited type (``adm_quiet``, after ``adm_keyed`` in the duty's
+    order) submitted meanwhile."""
+    settings = _settings(fsettings)
+    url = settings.database_url
+    await _register(url)
+    seed = int(os.environ.get("FAULTS_SEED", time.time()))
+    rng = random.Random(seed)
+    span_file = tmp_path / "spans.txt"
+    feeder = Feeder(url, ledger, span_file, rng, per_tick=2)
+    procs = [worker_proc(settings, tmp_path, f"worker-{i}", concurrency=4, app=APP).start()
+             for i in range(2)]  # fmt: skip
+    app = await tdb.connect(url, timeout=10)
+    try:
+        for p in procs:
+            await p.wait_for_log("worker_started", 60)
+        async with running(settings) as _stack, sampling(url, [KEYED]) as sampler:
+            held = await _debounced(app, KEYED, _payload(ledger, span_file, rng, acct="deb"), 1.0)
+            async with feeding(feeder):
+                await asyncio.sleep(0.5)
+                async with app.transaction():
+                    again = _payload(ledger, span_file, rng, acct="deb")
+                    assert await _debounced(app, KEYED, again, 1.0) == held  # folded
+                    opened_at = time.time()
+                    await asyncio.sleep(2)  # its committed run_at is due: a pass picks it
+                    quiet = await enqueue(feeder_conn := await tdb.connect(url), QUIET,
+                                          _payload(ledger, span_file, rng))  # fmt: skip
+                    await feeder_conn.close()
+                    await asyncio.sleep(HOLD_OPEN - 2)
+                closed_at = time.time()
+                await asyncio.sleep(3)
+            v = await check(url, [*feeder.ids, held, quiet], ledger, label="admission-held-job",
+                            timeout=90)  # fmt: skip
+        codes = await asyncio.gather(*(p.stop() for p in procs))
+    finally:
+        await app.close()
+    events, problems = await _final_checks(url, [KEYED, QUIET])
+    admission, start = longest_gaps(e for e in events if e.key != "deb" and e.job_type == KEYED)
+    admitted = [e.at for e in events if e.old == "WAITING" and e.new == "PENDING"]
+    stalled = max(b - a for a, b in itertools.pairwise(admitted) if opened_at < b and a < closed_at)
+    blocked = sum(p.log().count("outcome_write_isolated") for p in procs)  # their outcomes too
+    trail = [e for e in events if e.job_id == quiet]
+    waited = next(e.at for e in trail if e.new == "PENDING") - trail[0].at
+    print(f"[admission] an open transaction held key 'deb''s waiting job for {HOLD_OPEN:.0f} s: "
+          f"the other keys' longest wait with room: to admission {admission.seconds:.1f} s "
+          f"({admission.where}), to a start {start.seconds:.1f} s; no admission of any type for "
+          f"{stalled:.1f} s; the {QUIET} job waited {waited:.1f} s for admission; outcomes "
+          f"set aside after a lock timeout {blocked} (jobs run again: "
+          f"{v.duplicates_executed}); {sampler.samples} samples, "
+          f"{len(sampler.over)} over")  # fmt: skip
+    v.assert_clean()
+    assert not sampler.over, sampler.over[:10]
+    assert not problems, problems[:10]
+    assert codes == [0, 0], codes
+    assert waited <= SLACK, waited
+    assert admission.seconds <= SLACK, admission
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=FOLDED_RUN_AT)
+@pytest.mark.timeout(120)
+async def test_a_job_folded_in_an_open_transaction_waits_for_its_new_run_at(
+    fsettings: Settings, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A debounced job (1 s) is folded into by a submit with a 60 s debounce inside a
+    transaction that stays open 3 s: its run_at moves 60 s ahead when it commits, so it must
+    still be WAITING afterwards. The admission duty runs (in the test's loop); no worker."""
+    settings = _settings(fsettings)
+    url = settings.database_url
+    await _register(url)
+    rng = random.Random(0)
+    span_file = tmp_path / "spans.txt"
+    app = await tdb.connect(url, timeout=10)
+    try:
+        async with running(settings):
+            payload = _payload(ledger, span_file, rng, acct="deb")
+            job = await _debounced(app, KEYED, payload, 1.0, most=600.0)
+            async with app.transaction():
+                assert await _debounced(app, KEYED, payload, 60.0) == job  # folded
+                await asyncio.sleep(3)  # the committed run_at (1 s) is due: a pass picks the job
+            await asyncio.sleep(2)
+            row = await app.fetchrow(
+                "SELECT status::text AS status, round(extract(epoch FROM run_at - now())) AS ahead "
+                "FROM jobs WHERE id = $1", job)  # fmt: skip
+    finally:
+        await app.close()
+    print(f"[admission] a job folded into (debounce 60 s) in a transaction open 3 s: "
+          f"{row['status']}, its run_at {row['ahead']} s ahead")  # fmt: skip
+    assert row["status"] == "WAITING", dict(row)
