@@ -385,3 +385,28 @@ async def test_an_outcome_admits_the_next_job_in_its_own_transaction(
         await pool.close()
     assert await _outbox(db, "adm_next") == {ids[1]}
     assert await _by_status(db, "adm_next") == {"COMPLETED": 1, "PENDING": 1, "WAITING": 1}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="admit() declares budget and ends its keys CTE with LIMIT budget, but never assigns "
+    "it: LIMIT NULL, so every pass probes every key with waiting jobs, not at most twice its "
+    "room plus 100",
+)
+async def test_a_pass_reads_at_most_twice_its_room_plus_100_keys(db: asyncpg.Connection) -> None:
+    """2,000 keys with a waiting job each, a window of 1: one pass may read 2 x 1 + 100 keys (a
+    probe of ``jobs_admit_idx`` each, and one for each key it considers), not all 2,000.
+    Counted with the index scans of this transaction (``pg_stat_get_xact_numscans``)."""
+    await _register(db, "adm_budget", partition_by="k")
+    await db.execute(
+        "INSERT INTO jobs (id, job_type, status, priority, payload, partition_key) "
+        "SELECT gen_random_uuid(), 'adm_budget', 'WAITING', 5, '{}', 'k' || lpad(i::text, 4, '0') "
+        "FROM generate_series(1, 2000) i"
+    )
+    scans = "SELECT pg_stat_get_xact_numscans('jobs_admit_idx'::regclass)"
+    async with db.transaction():
+        before = await db.fetchval(scans)
+        assert await _admit(db, "adm_budget", window=1) == 1
+        read = await db.fetchval(scans) - before
+    assert read <= 2 * (2 * 1 + 100) + 10, f"one pass scanned jobs_admit_idx {read} times"
