@@ -8,7 +8,8 @@ stops (finished, raised, or cancelled), each ``what job attempt pid key time`` (
 ``end`` adds how it ended). A body killed with its process has no ``end``.
 
 Payload: ``acct`` (the partition key of the keyed types), ``sleep`` (seconds per attempt),
-``fail_first`` (``adm_flaky``), ``ledger``, ``spans``."""
+``gate`` (a file: the attempt waits for it to exist before its sleep), ``fail_first``
+(``adm_flaky``), ``ledger``, ``spans``."""
 
 from __future__ import annotations
 
@@ -37,11 +38,19 @@ def _span(job: Job, what: str, *rest: object) -> None:
         os.close(fd)
 
 
+def _exists(path: str) -> bool:
+    """A stat: not worth a thread."""
+    return os.path.exists(path)
+
+
 async def _body(job: Job, *, fail_first: bool = False) -> dict[str, Any]:
     record(job, "start")
     _span(job, "begin")
     how = "cancelled"
+    gate = job.payload.get("gate")
     try:
+        while gate and not _exists(gate):
+            await asyncio.sleep(0.02)
         await asyncio.sleep(float(job.payload.get("sleep", 0.05)))
         if fail_first and job.attempt == 1:
             how = "raised"

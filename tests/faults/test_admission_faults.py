@@ -691,7 +691,7 @@ async def test_a_killed_duty_holder_is_replaced_and_admission_goes_on(
 # --------------------------------------------------------------------------- 2b: paused in admit
 
 PAUSE_IN_TX = 2.0  # a pause shorter than the idle-in-transaction bound: the worker commits after
-CONTENDED = 3  # such pauses with a higher-priority job for a key the paused worker admitted to
+CONTENDED = 2  # such pauses with a higher-priority job for a key the paused worker admitted to
 FREEZE_IN_TX = 15.0  # past the idle-in-transaction bound (5 s), so a missing bound shows
 SLACK = 3.0  # beyond that bound: the waiters wake, a pass runs, on a loaded machine
 
@@ -715,15 +715,22 @@ class Pausing:
     flag: Path
     feeder: Feeder
     sampler: Sampler
+    _seen: int = 0
 
-    async def pause(self, timeout: float = 30.0) -> None:
-        seen = self.proc.log().count("pausing_statement: frozen admit")
-        await asyncio.to_thread(self.flag.write_text, "")  # any call of admit in a transaction
+    def arm(self) -> None:
+        self._seen = self.proc.log().count("pausing_statement: frozen admit")
+        self.flag.write_text("")  # any call of admit inside a transaction
+
+    async def paused(self, timeout: float = 30.0) -> None:
         await wait_until(
-            lambda: self.proc.log().count("pausing_statement: frozen admit") > seen,
+            lambda: self.proc.log().count("pausing_statement: frozen admit") > self._seen,
             timeout=timeout, what="the worker pausing in admit",
         )  # fmt: skip
         await wait_until(lambda: _state(self.proc.pid) == "T", timeout=5, what="SIGSTOP")
+
+    async def pause(self, timeout: float = 30.0) -> None:
+        await asyncio.to_thread(self.arm)
+        await self.paused(timeout)
 
 
 @contextlib.asynccontextmanager
@@ -762,26 +769,55 @@ async def test_a_worker_paused_inside_its_admitting_outcome_makes_the_others_wai
     """A worker pauses (a GC, a VM hiccup: shorter than the session bound) right after ``admit``
     in its outcome transaction: its session holds the type's advisory lock and the jobs it
     admitted, uncommitted. For a key it admitted a job to whose slot every admitter sees free
-    (not one its own outcome freed), the test submits a higher-priority job of that key: the
-    other admitters (the duty, two workers' outcomes) must wait for the paused one, not see the
-    slot free and admit that job too. After it resumes and commits, no key has two jobs admitted
-    (the sampler), nothing was claimed twice. ``CONTENDED`` such pauses.
+    (not one its own outcome freed), the test submits a higher-priority job of that key, then
+    opens the gate of jobs the other workers hold, so their outcomes run admission passes that
+    see that job. They must wait for the paused worker, not see the slot free and admit the
+    job too: after it resumes and commits, no key has two jobs admitted (the sampler), nothing
+    was claimed twice. ``CONTENDED`` such pauses.
 
-    A small admission window (4) makes such keys common: keys wait with room for their turn. Jobs
-    of 0.3-1.2 s keep the other workers' outcomes (and their admission passes) coming all through
-    a pause."""
-    settings = _settings(fsettings, admission_window=4)
+    The duty passes every second (``CONVEYOR_ADMISSION_INTERVAL=1``) instead of 0.05 s: new jobs
+    of idle keys wait that long with room, so a worker's pass often admits to such keys."""
+    settings = _settings(fsettings, admission_interval=1.0)
     assert settings.db_idle_in_transaction_timeout > PAUSE_IN_TX + 1.5
     seed = int(os.environ.get("FAULTS_SEED", time.time()))
     rng = random.Random(seed)
-    feeder = Feeder(settings.database_url, ledger, tmp_path / "spans.txt", rng, sleep=(0.3, 1.2))
+    feeder = Feeder(settings.database_url, ledger, tmp_path / "spans.txt", rng, sleep=(0.1, 0.6))
     contended: list[str] = []  # keys given a higher-priority job while the worker was paused
     pauses = 0
+    missed: Counter[str] = Counter()  # why the other tries did not count
     conn = await tdb.connect(settings.database_url, timeout=10)
     try:
         async with pausing(settings, feeder, tmp_path) as w:
-            while len(contended) < CONTENDED and pauses < 40:
-                await w.pause()
+            deadline = time.monotonic() + 120
+            while len(contended) < CONTENDED and time.monotonic() < deadline:
+                pauses += 1
+                gate = tmp_path / f"gate-{pauses}"
+                for i in range(3):  # held by the other workers (some of them) until the gate
+                    payload = _payload(ledger, feeder.span_file, rng, acct=f"g{pauses}-{i}",
+                                       gate=str(gate), sleep=0)  # fmt: skip
+                    feeder.ids.append(await enqueue(conn, KEYED, payload))
+
+                async def held_elsewhere(gate: Path = gate) -> bool:
+                    rows = await conn.fetch(
+                        "SELECT worker_id FROM jobs WHERE payload->>'gate' = $1 "
+                        "AND status = 'IN_PROGRESS'", str(gate))  # fmt: skip
+                    return any(_pid_of(r["worker_id"]) != w.proc.pid for r in rows)
+
+                try:
+                    await wait_until(held_elsewhere, timeout=10, what="gated jobs elsewhere")
+                except AssertionError:  # all on the worker to pause, or not admitted yet
+                    await asyncio.to_thread(gate.touch)
+                    missed["gated jobs not elsewhere"] += 1
+                    continue
+                await asyncio.to_thread(w.arm)
+                try:
+                    await w.paused(timeout=10)
+                except AssertionError:  # its slots held by gated jobs: no outcome to pause in
+                    await asyncio.to_thread(gate.touch)
+                    await w.paused()
+                    w.proc.signal(signal.SIGCONT)
+                    missed["no outcome"] += 1
+                    continue
                 paused_at = time.monotonic()
                 await asyncio.sleep(0.15)  # idle in transaction for 0.1 s: the paused one
                 rows = await conn.fetch(PAUSED_ROWS)
@@ -790,19 +826,19 @@ async def test_a_worker_paused_inside_its_admitting_outcome_makes_the_others_wai
                 for key in keys:
                     payload = _payload(ledger, feeder.span_file, rng, acct=key)
                     feeder.ids.append(await enqueue(conn, KEYED, payload, priority=9))
-                if keys:  # the others' outcomes come meanwhile
-                    await asyncio.sleep(max(0.0, paused_at + PAUSE_IN_TX - time.monotonic()))
+                await asyncio.to_thread(gate.touch)  # the others' outcomes: admission passes
+                await asyncio.sleep(max(0.0, paused_at + PAUSE_IN_TX - time.monotonic()))
                 w.proc.signal(signal.SIGCONT)
-                pauses += 1
                 contended += keys[:1]
-                await asyncio.sleep(1.0 if keys else 0.2)
+                missed["its own keys only"] += not keys
+                await asyncio.sleep(0.5)
     finally:
         await conn.close()
     _, problems = await _final_checks(settings.database_url, [KEYED])
-    print(f"[admission] worker paused in its admitting outcome (seed {seed}): {pauses} pauses, "
-          f"{len(contended)} of {PAUSE_IN_TX:.0f} s with a higher-priority job for a key it "
-          f"admitted to {contended}; {w.sampler.samples} samples, "
-          f"{len(w.sampler.over)} over")  # fmt: skip
+    print(f"[admission] worker paused in its admitting outcome (seed {seed}): {pauses} tries, "
+          f"{len(contended)} with a higher-priority job for a key it admitted to {contended}, "
+          f"the others {dict(missed)}; "
+          f"{w.sampler.samples} samples, {len(w.sampler.over)} over")  # fmt: skip
     assert len(contended) >= CONTENDED, "too few pauses caught an admission others could see"
     assert not problems, problems[:10]
 
