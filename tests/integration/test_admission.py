@@ -400,3 +400,21 @@ async def test_an_operators_retry_skips_the_delay_of_a_retry_waiting_for_admissi
     assert await _waiting_for(db, job_id) == "run_at"
     assert await db.fetchval("SELECT conveyor.retry_job($1)", job_id) == "WAITING"
     assert await _admit(db, "adm_rt") == 1
+
+
+async def test_a_pass_reads_at_most_twice_its_room_plus_100_keys(db: asyncpg.Connection) -> None:
+    """2,000 keys with a waiting job each, a window of 1: one pass may read 2 x 1 + 100 keys (a
+    probe of ``jobs_admit_idx`` each, and one for each key it considers), not all 2,000.
+    Counted with the index scans of this transaction (``pg_stat_get_xact_numscans``)."""
+    await _register(db, "adm_budget", partition_by="k")
+    await db.execute(
+        "INSERT INTO jobs (id, job_type, status, priority, payload, partition_key) "
+        "SELECT gen_random_uuid(), 'adm_budget', 'WAITING', 5, '{}', 'k' || lpad(i::text, 4, '0') "
+        "FROM generate_series(1, 2000) i"
+    )
+    scans = "SELECT pg_stat_get_xact_numscans('jobs_admit_idx'::regclass)"
+    async with db.transaction():
+        before = await db.fetchval(scans)
+        assert await _admit(db, "adm_budget", window=1) == 1
+        read = await db.fetchval(scans) - before
+    assert read <= 2 * (2 * 1 + 100) + 10, f"one pass scanned jobs_admit_idx {read} times"
