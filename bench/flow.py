@@ -704,7 +704,7 @@ class Flow:
             )
             for t, c in counts.items()
         }
-        admission = ("partition_key_for", "admission_wake", "ordered_place", "admit")
+        admission = ("partition_key_for", "ordered_place", "admit", "admissible")
         plain_calls = sum(calls["noop"].get(f, 0) for f in admission)
         self.details["statements"] = {
             "requests": STATEMENT_REQUESTS, "log": str(log),
