@@ -423,10 +423,11 @@ async def test_a_pass_reads_at_most_twice_its_room_plus_100_keys(db: asyncpg.Con
 async def test_a_keys_rate_window_is_read_by_its_own_index_with_stale_statistics(
     db: asyncpg.Connection,
 ) -> None:
-    """Statistics taken before the window's starts (ANALYZE of an empty table): a pass still
-    counts each key's starts through ``jobs_key_starts_idx``, never through the type's index
-    (each key would read every start of the type: 20 s a pass at 10,000 keys), and locks the
-    jobs it admits by their ids (not a sequential scan)."""
+    """Statistics taken before the window's starts (ANALYZE of an empty table): a pass counts
+    each key's starts through ``jobs_key_starts_idx``, never through the type's index (which
+    cannot serve a key's query: at 10,000 keys the bench saw it chosen, each key reading every
+    start of the type), and locks the jobs it admits by their ids: without ``enable_seqscan =
+    off`` on ``admit()`` that lock read the whole table (12,000 rows here)."""
     await _register(db, "adm_stale", partition_by="k", partition_rate_limit="10/h")
     await db.execute("ANALYZE jobs")
     await db.execute(

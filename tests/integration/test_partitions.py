@@ -15,36 +15,16 @@ from typing import Any
 import asyncpg
 import pytest
 
-from conveyor import JobRouter, enqueue
+from conveyor import enqueue
 from conveyor.jobs.types import register_router_types
 from conveyor.store import PartitionRow, for_schema
 from conveyor.store.registry import bind
 
 from .plans import partition_keys_sql, scans
+from .test_admission import _register, _start
 
 store = for_schema()
 ADMISSION_DOC = (Path(__file__).resolve().parents[2] / "docs" / "admission.md").read_text()
-
-
-async def _noop(job: object) -> None:
-    return None
-
-
-async def _register(db: asyncpg.Connection, name: str, **options: Any) -> None:
-    r = JobRouter()
-    r.job(name, **options)(_noop)
-    await register_router_types(db, r)
-
-
-async def _start(db: asyncpg.Connection, name: str) -> None:
-    """What a worker's claim does to the admitted jobs (PENDING → IN_PROGRESS)."""
-    await db.execute(
-        "UPDATE jobs SET status = 'IN_PROGRESS', attempts = attempts + 1, started_at = now(), "
-        "lease_expires_at = now() + interval '30 seconds' "
-        "WHERE job_type = $1 AND status = 'PENDING'",
-        name,
-    )
-    await db.execute("DELETE FROM job_outbox WHERE job_type = $1", name)
 
 
 async def _set(db: asyncpg.Connection, name: str, key: str, **kw: Any) -> PartitionRow | None:
